@@ -1,0 +1,55 @@
+"""ggopt: ggml's training API (ggml-opt) as a Python library.
+
+Graphs are built with ggml's names and argument order (``ggopt.add(ctx, a, b)``), computed by
+Cython + OpenMP kernels on the CPU (or CuPy on a GPU), and trained with :mod:`ggopt.opt`.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._threads import get_n_threads, openmp_enabled, set_n_threads
+from .context import Context
+from .errors import (
+    BackendUnavailableError,
+    DTypeError,
+    GgoptError,
+    OutOfMemoryError,
+    ShapeError,
+    StateError,
+)
+from .graph import (
+    GRAPH_DEFAULT_SIZE,
+    Graph,
+    build_backward_expand,
+    build_forward_expand,
+    graph_dup,
+    graph_get_grad,
+    graph_get_grad_acc,
+    graph_reset,
+    new_graph,
+    new_graph_custom,
+)
+from .ops import *  # noqa: F401,F403 - the op constructors, ggml names
+from .ops import __all__ as _ops_all
+from .tensor import Op, Tensor, UnaryOp
+from .types import F16, F32, I32, I64, GGType, TensorFlag
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "errors", "get_n_threads", "set_n_threads", "openmp_enabled", "Context",
+    "GgoptError", "ShapeError", "DTypeError", "StateError", "BackendUnavailableError",
+    "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
+    "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",
+    "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "I32",
+    "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
+]
+
+
+def __getattr__(name: str):
+    # Sub-packages load on first use so that ``import ggopt`` stays light.
+    if name in ("backend", "opt", "io"):
+        import importlib
+
+        return importlib.import_module(f"ggopt.{name}")
+    raise AttributeError(f"module 'ggopt' has no attribute {name!r}")

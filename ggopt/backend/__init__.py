@@ -1,0 +1,63 @@
+"""Backends, buffers and the scheduler (ggml-backend).
+
+``cpu_init`` gives the CPU backend; ``cupy_init`` (imported only when called) the GPU one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import Context
+from ..errors import DTypeError
+from ..tensor import Tensor
+from .base import Backend, _check_transfer
+from .buffer import Buffer, align, init_view
+from .cpu import CPUBackend, cpu_init
+from .sched import Scheduler
+
+__all__ = [
+    "Backend", "Buffer", "CPUBackend", "Scheduler", "cpu_init", "cupy_init",
+    "alloc_ctx_tensors", "tensor_set", "tensor_get",
+]
+
+
+def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
+    """Give every tensor of ``ctx`` without memory a place in one new buffer of ``backend``
+    (ggml_backend_alloc_ctx_tensors). Returns the buffer, or None when nothing needed memory."""
+    if not isinstance(ctx, Context):
+        raise DTypeError(f"ggml_backend_alloc_ctx_tensors: expected a Context, got {type(ctx).__name__}")
+    if not isinstance(backend, Backend):
+        raise DTypeError(f"ggml_backend_alloc_ctx_tensors: expected a Backend, got "
+                         f"{type(backend).__name__}")
+    todo = [t for t in ctx.tensors if t.buffer is None and t.view_src is None]
+    offsets = []
+    size = 0
+    for t in todo:
+        offsets.append(size)
+        size += align(max(t.nbytes(), 1))
+    buf = backend.alloc_buffer(size) if todo else None
+    for t, off in zip(todo, offsets):
+        t.buffer, t.offset = buf, off
+    for t in ctx.tensors:
+        if t.view_src is not None and t.buffer is None and t.view_src.buffer is not None:
+            init_view(t)
+    return buf
+
+
+def tensor_set(t: Tensor, array) -> None:
+    """Copy ``array`` (same element count and dtype) into ``t``'s memory (ggml_backend_tensor_set)."""
+    _check_transfer(t)
+    t.buffer.backend.tensor_set(t, array)
+
+
+def tensor_get(t: Tensor) -> np.ndarray:
+    """A host copy of ``t``'s data in NumPy order (ggml_backend_tensor_get)."""
+    _check_transfer(t)
+    return t.buffer.backend.tensor_get(t)
+
+
+def cupy_init(device: int = 0) -> Backend:
+    """The CuPy (CUDA) backend on GPU ``device``; raises BackendUnavailableError without CuPy/GPU."""
+    from .cupy import CuPyBackend
+
+    return CuPyBackend(device)

@@ -1,0 +1,97 @@
+"""The backend interface: what the scheduler needs from a device (ggml_backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError, StateError
+from ..tensor import Tensor
+from .buffer import Buffer
+
+__all__ = ["Backend", "Step"]
+
+#: A compiled node: a zero-argument callable that computes it into its memory.
+Step = Callable[[], None]
+
+
+class Backend:
+    """Base class of backends. Subclasses fill in the primitive hooks; this class validates.
+
+    A backend owns buffers, can view a tensor's memory as an array, copy to and from host
+    NumPy arrays, and compile graph nodes into zero-argument callables.
+    """
+
+    name = "backend"
+    #: True when buffers are host RAM (NumPy arrays), so tensors there have a NumPy view.
+    is_host = False
+
+    # --- hooks --------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int):
+        raise NotImplementedError("need _alloc")
+
+    def array_view(self, buf: Buffer, t: Tensor):
+        """The 4-D array (NumPy order) of ``t`` in ``buf``."""
+        raise NotImplementedError("need array_view")
+
+    def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
+        raise NotImplementedError("need _copy_in")
+
+    def _copy_out(self, t: Tensor) -> np.ndarray:
+        raise NotImplementedError("need _copy_out")
+
+    def fill(self, t: Tensor, value: float) -> None:
+        raise NotImplementedError("need fill")
+
+    def supports_op(self, node: Tensor) -> bool:
+        """True when this backend can compute ``node``."""
+        raise NotImplementedError("need supports_op")
+
+    def can_read(self, buf: Buffer) -> bool:
+        """True when kernels of this backend can read tensors that live in ``buf`` directly."""
+        return buf.backend is self
+
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
+        """A callable that computes ``node`` from ``srcs`` (its sources, or copies of them on
+        this backend); None for ops that compute nothing."""
+        raise NotImplementedError("need compile_node")
+
+    def copy_step(self, src: Tensor, dst: Tensor) -> Step:
+        """A callable that copies ``src`` (on any backend) into ``dst`` (on this backend)."""
+        raise NotImplementedError("need copy_step")
+
+    def synchronize(self) -> None:
+        """Wait for queued work to finish (a no-op on the CPU)."""
+
+    # --- public, validated ----------------------------------------------------------------
+    def alloc_buffer(self, nbytes: int) -> Buffer:
+        """A new buffer of ``nbytes`` bytes (ggml_backend_alloc_buffer)."""
+        if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
+            raise ShapeError(f"buffer size must be a non-negative int, got {nbytes!r}")
+        return Buffer(self, int(nbytes), self._alloc(int(nbytes)))
+
+    def tensor_set(self, t: Tensor, array) -> None:
+        _check_transfer(t)
+        arr = np.asarray(array)
+        if arr.dtype != t.type.dtype:
+            raise DTypeError(f"ggml_backend_tensor_set: tensor '{t.name}' is {t.type.name} "
+                             f"({t.type.dtype}), the array is {arr.dtype}")
+        if arr.size != t.nelements():
+            raise ShapeError(f"ggml_backend_tensor_set: tensor '{t.name}' has {t.nelements()} "
+                             f"elements, the array {arr.size}")
+        self._copy_in(t, arr)
+
+    def tensor_get(self, t: Tensor) -> np.ndarray:
+        _check_transfer(t)
+        return self._copy_out(t)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+def _check_transfer(t: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise DTypeError(f"expected a Tensor, got {type(t).__name__}")
+    if t.buffer is None:
+        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")

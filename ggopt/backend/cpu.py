@@ -1,0 +1,108 @@
+"""The CPU backend: host buffers (NumPy arrays) and nodes compiled to Cython kernel calls.
+
+Matrix products go to NumPy's BLAS sgemm (the fastest engine on the machine, limited to the
+same thread count as the kernels); everything else is a ``ggopt._kernels`` function.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _threads
+from ..errors import ShapeError
+from ..tensor import Op, Tensor, VIEW_OPS
+from .base import Backend, Step
+from .buffer import ALIGNMENT, Buffer
+from .cpu_ops import COMPILERS
+
+__all__ = ["CPUBackend", "cpu_init", "host_backend"]
+
+
+class CPUBackend(Backend):
+    """Computes on the host with the OpenMP kernels (ggml_backend_cpu).
+
+    ``n_threads`` None follows the process-wide :func:`ggopt.set_n_threads` setting.
+    """
+
+    name = "CPU"
+    is_host = True
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                      or n_threads < 1):
+            raise ShapeError(f"ggml_backend_cpu_init: n_threads must be a positive int or None, "
+                             f"got {n_threads!r}")
+        self._n_threads = n_threads
+
+    @property
+    def n_threads(self) -> int:
+        return self._n_threads if self._n_threads is not None else _threads.get_n_threads()
+
+    def set_n_threads(self, n_threads: int | None) -> None:
+        """Pin this backend's thread count (None: follow the process-wide setting)."""
+        self.__init__(n_threads)
+
+    # --- memory -------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        start = (-raw.ctypes.data) % ALIGNMENT
+        return raw[start:start + nbytes]
+
+    def array_view(self, buf: Buffer, t: Tensor) -> np.ndarray:
+        ne, nb = t.ne, t.nb
+        if 0 in ne:
+            return np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=t.type.dtype)
+        return np.ndarray(
+            (ne[3], ne[2], ne[1], ne[0]),
+            dtype=t.type.dtype,
+            buffer=buf.data,
+            offset=t.offset,
+            strides=(nb[3], nb[2], nb[1], nb[0]),
+        )
+
+    def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
+        view = t.array4d()
+        np.copyto(view, array.reshape(view.shape))
+
+    def _copy_out(self, t: Tensor) -> np.ndarray:
+        return np.array(t.numpy(), copy=True)
+
+    def fill(self, t: Tensor, value: float) -> None:
+        t.array4d()[...] = value
+
+    def can_read(self, buf: Buffer) -> bool:
+        return buf.is_host
+
+    # --- compute ------------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> bool:
+        return node.op in VIEW_OPS or node.op in COMPILERS
+
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
+        if node.op in VIEW_OPS:
+            return None
+        return COMPILERS[node.op](self, node, srcs)
+
+    def copy_step(self, src: Tensor, dst: Tensor) -> Step:
+        backend = src.data_owner().buffer.backend
+        out = dst.array4d()
+
+        def step() -> None:
+            np.copyto(out, backend.tensor_get(src).reshape(out.shape))
+
+        return step
+
+
+_HOST: CPUBackend | None = None
+
+
+def host_backend() -> CPUBackend:
+    """The shared CPU backend that holds host-side data (datasets, no_alloc=False contexts)."""
+    global _HOST
+    if _HOST is None:
+        _HOST = CPUBackend()
+    return _HOST
+
+
+def cpu_init(n_threads: int | None = None) -> CPUBackend:
+    """A CPU backend (ggml_backend_cpu_init); ``n_threads`` None follows ggopt.set_n_threads."""
+    return CPUBackend(n_threads)

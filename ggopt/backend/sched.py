@@ -1,0 +1,276 @@
+"""The scheduler: assigns graph nodes to backends, plans their memory and runs them
+(ggml_backend_sched).
+
+A graph is compiled once into *splits* (runs of consecutive nodes on one backend, each a list
+of zero-argument steps) plus a memory plan per backend; the compiled form is cached per graph
+and reused as long as the graph and the memory of its fixed tensors did not change, so
+switching between a few static graphs costs a dictionary lookup and a pointer update per tensor.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+from ..context import Context
+from ..errors import DTypeError, ShapeError, StateError
+from ..graph import Graph
+from ..tensor import Op, Tensor, VIEW_OPS
+from ..types import TensorFlag
+from .alloc import plan_memory
+from .base import Backend, Step
+from .buffer import Buffer
+
+__all__ = ["Scheduler"]
+
+
+class _Split:
+    __slots__ = ("backend", "nodes", "copies", "steps")
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.nodes: list[Tensor] = []
+        self.copies: list[tuple[Tensor, Tensor]] = []  # (source elsewhere, copy here)
+        self.steps: list[Step] = []
+
+
+class _Compiled:
+    """A graph compiled for this scheduler's backends and buffers."""
+
+    __slots__ = ("version", "placed", "views", "fixed", "splits", "sizes", "buffers", "steps")
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.placed: list[tuple[Tensor, Backend, int]] = []   # tensors given memory
+        self.views: list[Tensor] = []                         # views to point at their source
+        self.fixed: list[tuple[Tensor, Buffer, int]] = []     # tensors that had memory already
+        self.splits: list[_Split] = []
+        self.sizes: dict[Backend, int] = {}
+        self.buffers: dict[Backend, Buffer] = {}
+        self.steps: list[Step] = []
+
+
+class Scheduler:
+    """Runs graphs over a priority list of backends (ggml_backend_sched).
+
+    ``backends[0]`` has the highest priority; the last backend must be a host (CPU) backend,
+    which computes whatever the others do not support.
+    """
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        backends = list(backends)
+        if not backends:
+            raise ShapeError("ggml_backend_sched_new: at least one backend is needed")
+        for b in backends:
+            if not isinstance(b, Backend):
+                raise DTypeError(f"ggml_backend_sched_new: expected Backend objects, got "
+                                 f"{type(b).__name__}")
+        if len(set(map(id, backends))) != len(backends):
+            raise ShapeError("ggml_backend_sched_new: a backend is listed twice")
+        if not backends[-1].is_host:
+            raise ShapeError("ggml_backend_sched_new: the last backend must be the CPU backend")
+        self.backends = backends
+        self._buffers: dict[Backend, Buffer] = {}
+        self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
+        self._current: _Compiled | None = None
+        self._ctx = Context()  # holds split-input copies
+
+    # --- public API ---------------------------------------------------------------------------
+    @property
+    def n_backends(self) -> int:
+        return len(self.backends)
+
+    def get_backend(self, i: int) -> Backend:
+        """Backend ``i`` in priority order (ggml_backend_sched_get_backend)."""
+        return self.backends[i]
+
+    def reset(self) -> None:
+        """Forget the allocated graph; its compute tensors lose their memory (ggml_backend_sched_reset)."""
+        cur = self._current
+        if cur is not None:
+            for t, _, _ in cur.placed:
+                t.buffer = None
+            for t in cur.views:
+                t.buffer = None
+        self._current = None
+
+    def alloc_graph(self, g: Graph) -> bool:
+        """Assign backends and memory to every tensor of ``g`` that has none (ggml_backend_sched_alloc_graph)."""
+        if not isinstance(g, Graph):
+            raise DTypeError(f"ggml_backend_sched_alloc_graph: expected a Graph, got {type(g).__name__}")
+        if self._current is not None:
+            raise StateError("ggml_backend_sched_alloc_graph: a graph is already allocated; call "
+                             "reset() first")
+        comp = self._cache.get(g)
+        if comp is None or not self._still_valid(g, comp):
+            comp = self._compile(g)
+            self._cache[g] = comp
+        for t, backend, off in comp.placed:
+            t.buffer = comp.buffers[backend]
+            t.offset = off
+        for t in comp.views:
+            src = t.view_src
+            t.buffer = src.buffer
+            t.offset = src.offset + t.view_offs
+        self._current = comp
+        return True
+
+    def graph_compute(self, g: Graph) -> None:
+        """Run the allocated graph, allocating ``g`` first if nothing is (ggml_backend_sched_graph_compute)."""
+        if self._current is None:
+            self.alloc_graph(g)
+        for step in self._current.steps:
+            step()
+        for b in self.backends:
+            b.synchronize()
+
+    def get_n_splits(self) -> int:
+        """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""
+        return len(self._current.splits) if self._current else 0
+
+    def get_n_copies(self) -> int:
+        """Number of tensor copies between backends per compute (ggml_backend_sched_get_n_copies)."""
+        return sum(len(s.copies) for s in self._current.splits) if self._current else 0
+
+    def get_buffer_size(self, backend: Backend) -> int:
+        """Bytes of compute memory planned on ``backend`` for the allocated graph."""
+        return self._current.sizes.get(backend, 0) if self._current else 0
+
+    def get_tensor_backend(self, t: Tensor) -> Backend | None:
+        """The backend whose memory holds ``t``, or None."""
+        owner = t.data_owner()
+        return owner.buffer.backend if owner.buffer is not None else None
+
+    # --- compilation --------------------------------------------------------------------------
+    def _still_valid(self, g: Graph, comp: _Compiled) -> bool:
+        if comp.version != g.version:
+            return False
+        for b, buf in comp.buffers.items():
+            if self._buffers.get(b) is not buf:
+                return False
+        for t, _, _ in comp.placed:
+            if t.buffer is not None:
+                return False
+        for t, buf, off in comp.fixed:
+            if t.buffer is not buf or t.offset != off:
+                return False
+        return True
+
+    def _memory_backend(self, t: Tensor) -> Backend | None:
+        owner = t.data_owner()
+        return owner.buffer.backend if owner.buffer is not None else None
+
+    def _assign(self, g: Graph) -> dict[Tensor, Backend]:
+        cpu = self.backends[-1]
+        where: dict[Tensor, Backend] = {}
+        for t in g.leafs:
+            b = self._memory_backend(t)
+            if b is None and t.flags & TensorFlag.INPUT:
+                b = cpu
+            if b is not None:
+                where[t] = b
+        for node in g.nodes:
+            b = self._memory_backend(node)
+            if b is None and node.view_src is not None:
+                b = where.get(node.view_src)
+            if b is None and node.flags & TensorFlag.INPUT and node.op is Op.NONE:
+                b = cpu
+            if b is None:
+                b = next((x for x in self.backends if x.supports_op(node)), cpu)
+            where[node] = b
+            for s in node.src:
+                if s is not None and s not in where:  # leafs without memory follow their consumer
+                    where[s] = b
+        return where
+
+    def _compile(self, g: Graph) -> _Compiled:
+        comp = _Compiled()
+        comp.version = g.version
+        where = self._assign(g)
+
+        # Splits: runs of computing nodes on one backend, with copies of foreign inputs.
+        splits: list[_Split] = []
+        srcs_of: dict[Tensor, tuple[Tensor, ...]] = {}
+        keep: dict[Backend, set[Tensor]] = {b: set() for b in self.backends}
+        copies: dict[Backend, list[Tensor]] = {b: [] for b in self.backends}
+        for node in g.nodes:
+            if node.op in VIEW_OPS:
+                continue
+            b = where[node]
+            if not splits or splits[-1].backend is not b:
+                splits.append(_Split(b))
+            split = splits[-1]
+            split.nodes.append(node)
+            srcs = []
+            for s in node.src:
+                if s is None:
+                    srcs.append(s)
+                    continue
+                home = where.get(s.data_owner(), where.get(s))
+                if home is None or home is b or (home.is_host and b.is_host):
+                    srcs.append(s)
+                    continue
+                cp = next((c for src, c in split.copies if src is s), None)
+                if cp is None:
+                    cp = self._ctx.new_tensor(s.type, s.ne)
+                    cp.name = f"{s.name}#{b.name}"
+                    split.copies.append((s, cp))
+                    copies[b].append(cp)
+                    keep[home].add(s.data_owner())
+                srcs.append(cp)
+            srcs_of[node] = tuple(srcs)
+        self._ctx.tensors.clear()  # the scheduler keeps the copies alive through its splits
+
+        # Memory: one plan and one buffer per backend.
+        fixed = {}
+        for t in list(g.leafs) + g.nodes:
+            if t.buffer is not None:
+                fixed[t] = (t.buffer, t.offset)
+        for b in self.backends:
+            nodes_b = [n for n in g.nodes if where.get(n) is b]
+            leafs_b = [t for t in g.leafs if where.get(t) is b]
+            plan = plan_memory(
+                nodes_b, leafs_b, copies[b],
+                owns=lambda t, b=b: t.buffer is None and where.get(t, b) is b,
+                keep=keep[b],
+            )
+            comp.sizes[b] = plan.size
+            buf = self._buffers.get(b)
+            if plan.offsets and (buf is None or buf.size < plan.size):
+                buf = b.alloc_buffer(plan.size)
+                self._buffers[b] = buf
+                self._cache.clear()  # every cached plan pointed into the old buffer
+            if buf is not None:
+                comp.buffers[b] = buf
+            for t, off in plan.offsets.items():
+                comp.placed.append((t, b, off))
+        comp.fixed = [(t, buf, off) for t, (buf, off) in fixed.items()]
+
+        # Point tensors at their memory so the steps can bind their arrays.
+        for t, b, off in comp.placed:
+            t.buffer = comp.buffers[b]
+            t.offset = off
+        for t in list(g.leafs) + g.nodes:
+            if t.view_src is not None and t not in fixed:
+                comp.views.append(t)
+                t.buffer = t.view_src.buffer
+                t.offset = t.view_src.offset + t.view_offs
+        for t in comp.views:
+            if t.buffer is None:
+                raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
+                                 f"'{t.view_src.name}', which has no memory")
+        for split in splits:
+            for src, cp in split.copies:
+                split.steps.append(split.backend.copy_step(src, cp))
+            for node in split.nodes:
+                step = split.backend.compile_node(node, srcs_of[node])
+                if step is not None:
+                    split.steps.append(step)
+            comp.steps.extend(split.steps)
+        comp.splits = splits
+        # Leave the tensors unallocated: alloc_graph applies the plan.
+        for t, _, _ in comp.placed:
+            t.buffer = None
+        for t in comp.views:
+            t.buffer = None
+        return comp

@@ -1,0 +1,145 @@
+"""Contexts: the owners of tensor metadata (ggml_context)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import OutOfMemoryError, ShapeError
+from .tensor import Op, Tensor, contiguous_strides
+from .types import GGML_MAX_DIMS, GGType, as_type
+
+__all__ = ["Context"]
+
+
+def normalize_ne(ne: Sequence[int]) -> tuple[int, int, int, int]:
+    """Validate a ggml shape of 1-4 non-negative ints and pad it to four dimensions."""
+    if not 1 <= len(ne) <= GGML_MAX_DIMS:
+        raise ShapeError(f"a tensor has 1 to 4 dimensions, got ne={list(ne)}")
+    out = []
+    for i, n in enumerate(ne):
+        if isinstance(n, bool) or not hasattr(n, "__index__"):
+            raise ShapeError(f"ne[{i}] must be an int, got {n!r}")
+        n = int(n)
+        if n < 0:
+            raise ShapeError(f"ne[{i}] must be >= 0, got {n}")
+        out.append(n)
+    out += [1] * (GGML_MAX_DIMS - len(out))
+    return (out[0], out[1], out[2], out[3])
+
+
+class Context:
+    """A collection of tensors and the ops built on them (ggml_init / ggml_context).
+
+    Parameters
+    ----------
+    mem_size:
+        With ``no_alloc=False``, the most bytes of tensor data the context may hold
+        (None: no limit). Ignored with ``no_alloc=True``, where data lives in backend buffers.
+    no_alloc:
+        True (the default, as ggml-opt uses it): tensors get memory later, from
+        :func:`ggopt.backend.alloc_ctx_tensors` or a scheduler. False: every new tensor gets
+        host memory at once.
+
+    ggml: ``ggml_init``.
+    """
+
+    def __init__(self, mem_size: int | None = None, no_alloc: bool = True) -> None:
+        if mem_size is not None and (not isinstance(mem_size, int) or mem_size < 0):
+            raise ShapeError(f"mem_size must be a non-negative int or None, got {mem_size!r}")
+        self.mem_size = mem_size
+        self.no_alloc = bool(no_alloc)
+        self.tensors: list[Tensor] = []
+        self._mem_used = 0
+
+    # --- creation --------------------------------------------------------------------------
+    def _add(self, t: Tensor) -> Tensor:
+        if not self.no_alloc and t.view_src is None:
+            from .backend.cpu import host_backend
+
+            nbytes = t.nbytes()
+            if self.mem_size is not None and self._mem_used + nbytes > self.mem_size:
+                raise OutOfMemoryError(
+                    f"context is full: tensor needs {nbytes} bytes, "
+                    f"{self.mem_size - self._mem_used} of mem_size={self.mem_size} left (ggml_new_tensor)"
+                )
+            buf = host_backend().alloc_buffer(nbytes)
+            t.buffer, t.offset = buf, 0
+            self._mem_used += nbytes
+        elif t.view_src is not None and t.view_src.buffer is not None:
+            t.buffer = t.view_src.buffer
+            t.offset = t.view_src.offset + t.view_offs
+        self.tensors.append(t)
+        return t
+
+    def new_tensor(self, type: GGType, ne: Sequence[int]) -> Tensor:
+        """A new tensor of element type ``type`` and ggml shape ``ne`` (ne0 fastest)."""
+        t = as_type(type)
+        return self._add(Tensor(self, t, normalize_ne(ne)))
+
+    def new_tensor_1d(self, type: GGType, ne0: int) -> Tensor:
+        return self.new_tensor(type, (ne0,))
+
+    def new_tensor_2d(self, type: GGType, ne0: int, ne1: int) -> Tensor:
+        return self.new_tensor(type, (ne0, ne1))
+
+    def new_tensor_3d(self, type: GGType, ne0: int, ne1: int, ne2: int) -> Tensor:
+        return self.new_tensor(type, (ne0, ne1, ne2))
+
+    def new_tensor_4d(self, type: GGType, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
+        return self.new_tensor(type, (ne0, ne1, ne2, ne3))
+
+    def dup_tensor(self, src: Tensor) -> Tensor:
+        """A new tensor with the type and shape of ``src`` (no data copied; ggml_dup_tensor)."""
+        return self.new_tensor(src.type, src.ne)
+
+    def new_op(
+        self,
+        type: GGType,
+        ne: tuple[int, int, int, int],
+        op: Op,
+        src: tuple[Tensor, ...],
+        op_params=None,
+    ) -> Tensor:
+        """A new contiguous result tensor of ``op`` (used by the op constructors)."""
+        return self._add(Tensor(self, type, ne, None, op, src, op_params))
+
+    def new_view(
+        self,
+        base: Tensor,
+        ne: tuple[int, int, int, int],
+        nb: tuple[int, int, int, int] | None,
+        offset: int,
+        op: Op,
+        src: tuple[Tensor, ...],
+        op_params=None,
+        type: GGType | None = None,
+    ) -> Tensor:
+        """A tensor that shares ``base``'s memory at byte ``offset`` with strides ``nb``."""
+        owner = base.data_owner()
+        t_type = type or base.type
+        t = Tensor(
+            self,
+            t_type,
+            ne,
+            nb if nb is not None else contiguous_strides(t_type, ne),
+            op,
+            src,
+            op_params,
+            view_src=owner,
+            view_offs=base.view_offs + offset if base.view_src is not None else offset,
+        )
+        return self._add(t)
+
+    # --- lookup ----------------------------------------------------------------------------
+    def get_tensor(self, name: str) -> Tensor | None:
+        """The first tensor called ``name``, or None (ggml_get_tensor)."""
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        return None
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)

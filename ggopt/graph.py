@@ -1,0 +1,323 @@
+"""Computation graphs and reverse-mode autodiff (ggml_cgraph and its builders).
+
+All walks are iterative, so graph depth is limited by memory, not by Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .context import Context
+from .errors import DTypeError, ShapeError, StateError
+from .ops import BACKWARD, _sub_inplace, add, add_inplace, ignored_sources, neg, sub
+from .tensor import Op, Tensor
+from .types import F16, F32, I32, TensorFlag
+
+__all__ = [
+    "Graph",
+    "GRAPH_DEFAULT_SIZE",
+    "new_graph",
+    "new_graph_custom",
+    "build_forward_expand",
+    "graph_dup",
+    "build_backward_expand",
+    "graph_reset",
+    "graph_get_grad",
+    "graph_get_grad_acc",
+]
+
+GRAPH_DEFAULT_SIZE = 2048
+
+#: Ops that may produce a gradient-carrying result although they are views of another tensor.
+_VIEW_LIKE_WITH_GRADS = frozenset({Op.CPY, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
+
+
+class Graph:
+    """An ordered list of nodes (ops and parameters) and leafs (constants, inputs).
+
+    ``grads``/``grad_accs`` are dicts from forward tensor to gradient tensor, or None when the
+    graph was created without gradient slots. ggml: ``struct ggml_cgraph``.
+    """
+
+    __slots__ = ("size", "nodes", "leafs", "visited", "grads", "grad_accs", "version", "__weakref__")
+
+    def __init__(self, size: int, grads: bool) -> None:
+        self.size = size
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.visited: set[Tensor] = set()
+        self.grads: dict[Tensor, Tensor] | None = {} if grads else None
+        self.grad_accs: dict[Tensor, Tensor] | None = {} if grads else None
+        #: bumped on every change, so a scheduler can tell whether its plan still fits
+        self.version = 0
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def n_leafs(self) -> int:
+        return len(self.leafs)
+
+    def node(self, i: int) -> Tensor:
+        """Node ``i``; negative indices count from the end (ggml_graph_node)."""
+        return self.nodes[i]
+
+    def __repr__(self) -> str:
+        return f"Graph(n_nodes={self.n_nodes}, n_leafs={self.n_leafs}, size={self.size})"
+
+
+def _check_graph(fn: str, g: object) -> Graph:
+    if not isinstance(g, Graph):
+        raise DTypeError(f"{fn}: expected a ggopt Graph, got {type(g).__name__}")
+    return g
+
+
+def new_graph(ctx: Context) -> Graph:
+    """An empty graph of the default size without gradient slots (ggml_new_graph)."""
+    return new_graph_custom(ctx, GRAPH_DEFAULT_SIZE, False)
+
+
+def new_graph_custom(ctx: Context, size: int = GRAPH_DEFAULT_SIZE, grads: bool = False) -> Graph:
+    """An empty graph holding up to ``size`` nodes; ``grads`` adds gradient slots."""
+    if not isinstance(ctx, Context):
+        raise DTypeError(f"ggml_new_graph_custom: ctx must be a Context, got {type(ctx).__name__}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ShapeError(f"ggml_new_graph_custom: size must be a positive int, got {size!r}")
+    return Graph(size, bool(grads))
+
+
+def build_forward_expand(g: Graph, tensor: Tensor) -> None:
+    """Add ``tensor`` and every ancestor not yet in ``g``, sources first (ggml_build_forward_expand).
+
+    Sources are visited in order src[0], src[1], ...; op-less non-parameter tensors become
+    leafs, everything else nodes (flagged COMPUTE). Raises ShapeError, leaving ``g`` unchanged,
+    when the nodes would not fit.
+    """
+    _check_graph("ggml_build_forward_expand", g)
+    if not isinstance(tensor, Tensor):
+        raise DTypeError(f"ggml_build_forward_expand: expected a Tensor, got {type(tensor).__name__}")
+    if tensor in g.visited:
+        return
+    new_nodes: list[Tensor] = []
+    new_leafs: list[Tensor] = []
+    seen = {tensor}
+    stack = [(tensor, iter(tensor.src))]
+    while stack:
+        node, srcs = stack[-1]
+        for s in srcs:
+            if s is not None and s not in g.visited and s not in seen:
+                seen.add(s)
+                stack.append((s, iter(s.src)))
+                break
+        else:
+            stack.pop()
+            if node.op is Op.NONE and not node.flags & TensorFlag.PARAM:
+                new_leafs.append(node)
+            else:
+                new_nodes.append(node)
+    if len(g.nodes) + len(new_nodes) > g.size:
+        raise ShapeError(f"ggml_build_forward_expand: graph of size {g.size} is full "
+                         f"({len(g.nodes)} nodes + {len(new_nodes)} new); use new_graph_custom "
+                         "with a larger size")
+    for t in new_leafs:
+        if not t.name:
+            t.name = f"leaf_{len(g.leafs)}"
+        g.leafs.append(t)
+    for t in new_nodes:
+        if not t.name:
+            t.name = f"node_{len(g.nodes)}"
+        t.flags |= TensorFlag.COMPUTE
+        g.nodes.append(t)
+    g.visited |= seen
+    g.version += 1
+
+
+def graph_dup(ctx: Context, g: Graph, force_grads: bool = False) -> Graph:
+    """A copy of ``g`` sharing its tensors (ggml_graph_dup); ``force_grads`` adds gradient slots."""
+    _check_graph("ggml_graph_dup", g)
+    out = Graph(g.size, g.grads is not None or bool(force_grads))
+    out.nodes = list(g.nodes)
+    out.leafs = list(g.leafs)
+    out.visited = set(g.visited)
+    if g.grads is not None:
+        out.grads = dict(g.grads)
+        out.grad_accs = dict(g.grad_accs)
+    return out
+
+
+class _Sink:
+    """Collects gradient contributions for the sources of one node (ggml_add_or_set & co)."""
+
+    __slots__ = ("ctx", "g", "node", "needs_grad", "ignored")
+
+    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor]) -> None:
+        self.ctx = ctx
+        self.g = g
+        self.needs_grad = needs_grad
+        self.node: Tensor | None = None
+        self.ignored: frozenset[int] = frozenset()
+
+    def needs(self, isrc: int) -> bool:
+        src = self.node.src[isrc]
+        return isrc not in self.ignored and src in self.needs_grad
+
+    def _set(self, src: Tensor, grad: Tensor) -> None:
+        self.g.grads[src] = grad
+        build_forward_expand(self.g, grad)
+
+    def add(self, isrc: int, t: Tensor) -> None:
+        src = self.node.src[isrc]
+        prev = self.g.grads.get(src)
+        if prev is None:
+            self._set(src, t)
+        elif src in self.g.grad_accs:
+            self._set(src, add_inplace(self.ctx, prev, t))
+        else:
+            self._set(src, add(self.ctx, prev, t))
+
+    def sub(self, isrc: int, t: Tensor) -> None:
+        src = self.node.src[isrc]
+        prev = self.g.grads.get(src)
+        if prev is None:
+            self._set(src, neg(self.ctx, t))
+        elif src in self.g.grad_accs:
+            self._set(src, _sub_inplace(self.ctx, prev, t))
+        else:
+            self._set(src, sub(self.ctx, prev, t))
+
+
+def build_backward_expand(
+    ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None = None
+) -> None:
+    """Append the backward pass of ``g`` to ``g`` (ggml_build_backward_expand).
+
+    Parameters
+    ----------
+    ctx:
+        Context for the new gradient tensors.
+    g:
+        A forward graph with gradient slots, containing at least one PARAM and one LOSS node.
+    grad_accs:
+        Optional list indexed like ``g.nodes``: a persistent accumulator per forward node (or
+        None). A node with an accumulator sums its gradient into it in place on every eval.
+    """
+    _check_graph("ggml_build_backward_expand", g)
+    if not isinstance(ctx, Context):
+        raise DTypeError(f"ggml_build_backward_expand: ctx must be a Context, got {type(ctx).__name__}")
+    n_fwd = len(g.nodes)
+    if n_fwd == 0:
+        raise ShapeError("ggml_build_backward_expand: the graph has no nodes")
+    if g.grads is None:
+        raise StateError("ggml_build_backward_expand: the graph has no gradient slots; create it "
+                         "with new_graph_custom(ctx, size, grads=True) or graph_dup(..., True)")
+    if not any(n.flags & TensorFlag.PARAM for n in g.nodes):
+        raise ShapeError("ggml_build_backward_expand: no parameter in the graph; did you forget "
+                         "to call set_param?")
+    if not any(n.flags & TensorFlag.LOSS for n in g.nodes):
+        raise ShapeError("ggml_build_backward_expand: no loss in the graph; did you forget to "
+                         "call set_loss?")
+    if grad_accs is not None and len(grad_accs) < n_fwd:
+        raise ShapeError(f"ggml_build_backward_expand: grad_accs has {len(grad_accs)} entries, "
+                         f"the graph {n_fwd} nodes")
+
+    # Decide which nodes need gradients and check everything before changing the graph.
+    needs_grad: set[Tensor] = set()
+    for i, node in enumerate(g.nodes):
+        if node.type is I32:
+            continue
+        need = bool(node.flags & (TensorFlag.PARAM | TensorFlag.LOSS))
+        ignored = ignored_sources(node)
+        for j, s in enumerate(node.src):
+            if s is None or j in ignored or s not in needs_grad:
+                continue
+            if s.type not in (F32, F16):
+                raise DTypeError(f"ggml_build_backward_expand: '{s.name}' needs a gradient but is "
+                                 f"{s.type.name}; only F32/F16 tensors can")
+            need = True
+        if not need:
+            continue
+        if node.view_src is not None and node.op not in _VIEW_LIKE_WITH_GRADS and \
+                not (node.op is Op.NONE and node.flags & TensorFlag.PARAM):
+            raise ShapeError(f"ggml_build_backward_expand: '{node.name}' ({node.op.name}) is an "
+                             "in-place result and cannot carry a gradient")
+        if node.op not in BACKWARD and node.op is not Op.NONE:
+            raise ShapeError(f"ggml_build_backward_expand: op {node.op.name} of '{node.name}' has "
+                             "no backward rule")
+        needs_grad.add(node)
+
+    g.grads.clear()
+    g.grad_accs.clear()
+    for i, node in enumerate(g.nodes[:n_fwd]):
+        if node not in needs_grad:
+            continue
+        acc = grad_accs[i] if grad_accs is not None else None
+        if acc is None and node.flags & TensorFlag.LOSS:
+            acc = ctx.new_tensor(F32, node.ne)
+            acc.name = f"{node.name} (grad acc)"
+        if acc is not None:
+            g.grad_accs[node] = acc
+            g.grads[node] = acc
+
+    sink = _Sink(ctx, g, needs_grad)
+    for i in range(n_fwd - 1, -1, -1):
+        node = g.nodes[i]
+        grad = g.grads.get(node)
+        if grad is None or node.op in (Op.NONE,):
+            continue
+        rule = BACKWARD[node.op]
+        sink.node = node
+        sink.ignored = ignored_sources(node)
+        rule(ctx, node, grad, sink)
+        for j, s in enumerate(node.src):
+            sg = g.grads.get(s) if s is not None else None
+            if sg is not None and sg.ne != s.ne:
+                raise ShapeError(f"ggml_build_backward_expand: gradient of '{s.name}' has shape "
+                                 f"{list(sg.ne)}, expected {list(s.ne)} (backward of {node.op.name})")
+    g.version += 1
+
+
+def graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
+    """The final gradient of ``node`` in ``g``, or None (ggml_graph_get_grad)."""
+    _check_graph("ggml_graph_get_grad", g)
+    return g.grads.get(node) if g.grads is not None else None
+
+
+def graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
+    """The persistent accumulator of ``node`` in ``g``, or None (ggml_graph_get_grad_acc)."""
+    _check_graph("ggml_graph_get_grad_acc", g)
+    return g.grad_accs.get(node) if g.grad_accs is not None else None
+
+
+def graph_reset(g: Graph | None) -> None:
+    """Zero the accumulators and AdamW moments of ``g``; set the loss gradient to 1 (ggml_graph_reset).
+
+    ``None`` is a no-op. Every affected tensor must have memory.
+    """
+    if g is None:
+        return
+    _check_graph("ggml_graph_reset", g)
+    if g.grads is None:
+        raise StateError("ggml_graph_reset: the graph has no gradient slots")
+    from .backend.buffer import fill_tensor
+
+    work: list[tuple[Tensor, float]] = []
+    for node in g.nodes:
+        if node.op is Op.OPT_STEP_ADAMW:
+            work.append((node.src[2], 0.0))
+            work.append((node.src[3], 0.0))
+        acc = g.grad_accs.get(node)
+        if acc is None:
+            continue
+        if node.flags & TensorFlag.LOSS:
+            if acc.type is not F32 or not acc.is_scalar():
+                raise ShapeError("ggml_graph_reset: the loss gradient must be a scalar F32")
+            work.append((acc, 1.0))
+        else:
+            work.append((acc, 0.0))
+    for t, _ in work:
+        if t.buffer is None:
+            raise StateError(f"ggml_graph_reset: '{t.name}' has no memory; allocate it first")
+    for t, value in work:
+        fill_tensor(t, value)
+

@@ -1,0 +1,241 @@
+"""GGUF files through llama.cpp's ``gguf`` package (``gguf_write_to_file``/``gguf_init_from_file``).
+
+Tensors go in and come out in NumPy order, shape ``(ne3, ne2, ne1, ne0)``; the file stores
+ggml's order ``[ne0, ne1, ...]`` (the gguf writer reverses NumPy shapes itself), so ggml's own
+loader sees the tensors with ggml shapes.
+
+Metadata values map to GGUF types as follows: ``str`` STRING, ``bool`` BOOL, ``int`` INT32
+(INT64 when it does not fit), ``float`` FLOAT64 (lossless), ``numpy.float32`` FLOAT32, other
+NumPy scalars like the Python value they hold; a non-empty list or tuple of one of these kinds
+becomes an ARRAY. On load, every value comes back as the Python value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+
+from ..errors import DTypeError, GgoptError, ShapeError
+from ..types import GGML_MAX_DIMS
+
+__all__ = ["save", "load"]
+
+_ARCH_KEY = "general.architecture"
+_ALIGNMENT_KEY = "general.alignment"
+_READER_KEYS = "GGUF."  # prefix of the bookkeeping fields GGUFReader adds
+_MAX_NAME = 64  # GGML_MAX_NAME: names must be shorter, counting the terminating NUL
+_TENSOR_TYPES = {
+    np.dtype(np.float32): GGMLQuantizationType.F32,
+    np.dtype(np.float16): GGMLQuantizationType.F16,
+    np.dtype(np.int32): GGMLQuantizationType.I32,
+}
+_TENSOR_DTYPES = {v: k for k, v in _TENSOR_TYPES.items()}
+_INT32 = (-(1 << 31), 1 << 31)
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+class _ShortRead(Exception):
+    """A read ran past the end of the file."""
+
+
+class _StrictReader(GGUFReader):
+    """GGUFReader whose reads past the end of the file raise.
+
+    The base class's ``_get`` (every read goes through it) silently shortens such reads, which
+    lets a file cut inside its last string pass as valid.
+    """
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        arr = super()._get(offset, dtype, count, override_order)
+        if len(arr) != int(count):
+            raise _ShortRead(
+                f"{int(count)} x {np.dtype(dtype).name} at offset {offset}, "
+                f"but the file has {len(self.data)} bytes"
+            )
+        return arr
+
+
+def _scalar_type(value: object) -> tuple[GGUFValueType, object] | None:
+    """The GGUF type and the value to write for a scalar, or None when it has no GGUF type."""
+    if isinstance(value, (bool, np.bool_)):
+        return GGUFValueType.BOOL, bool(value)
+    if isinstance(value, (int, np.integer)):
+        v = int(value)
+        if _INT32[0] <= v < _INT32[1]:
+            return GGUFValueType.INT32, v
+        if _INT64[0] <= v < _INT64[1]:
+            return GGUFValueType.INT64, v
+        return None
+    if isinstance(value, np.float32):
+        return GGUFValueType.FLOAT32, float(value)
+    if isinstance(value, (float, np.floating)):
+        return GGUFValueType.FLOAT64, float(value)
+    if isinstance(value, str):
+        return GGUFValueType.STRING, value
+    return None
+
+
+def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, Any]:
+    """Check one metadata entry; return (value to write, GGUF type, array element type)."""
+    where = f"gguf_write_to_file {path!r}: metadata key {key!r}"
+    if not isinstance(key, str) or not key:
+        raise ShapeError(f"{where}: expected a non-empty str key, got {key!r}")
+    if key.startswith(_READER_KEYS) or key == _ALIGNMENT_KEY:
+        raise ShapeError(
+            f"{where}: expected a key the writer does not manage, got a reserved key "
+            f"(keys starting with {_READER_KEYS!r} and {_ALIGNMENT_KEY!r} are reserved)"
+        )
+    kinds = "str, bool, int, float or a non-empty list of one of these"
+    if not isinstance(value, (list, tuple)):
+        typed = _scalar_type(value)
+        if typed is None:
+            raise DTypeError(f"{where}: expected {kinds} (int within int64), got {value!r}")
+        return typed[1], typed[0], None
+    if not value:
+        raise ShapeError(f"{where}: expected a non-empty list (the gguf writer cannot "
+                         f"store empty arrays), got {value!r}")
+    typed_items = [_scalar_type(v) for v in value]
+    types = {t[0] if t else None for t in typed_items}
+    if types == {GGUFValueType.INT32, GGUFValueType.INT64}:
+        types = {GGUFValueType.INT64}
+    if None in types or len(types) != 1:
+        raise DTypeError(f"{where}: expected {kinds} (one kind per list), got {value!r}")
+    return [t[1] for t in typed_items], GGUFValueType.ARRAY, types.pop()
+
+
+def _tensor(path: str, name: object, array: object) -> np.ndarray:
+    """Check one tensor; return it C-contiguous in native byte order."""
+    if not isinstance(name, str) or not name or len(name.encode()) >= _MAX_NAME:
+        raise ShapeError(
+            f"gguf_write_to_file {path!r}: tensor name: expected a non-empty str of at most "
+            f"{_MAX_NAME - 1} UTF-8 bytes (GGML_MAX_NAME), got {name!r}"
+        )
+    arr = np.asarray(array)
+    dtype = arr.dtype.newbyteorder("=")
+    if dtype not in _TENSOR_TYPES:
+        raise DTypeError(
+            f"gguf_write_to_file {path!r}: tensor {name!r}: expected float32, float16 or "
+            f"int32, got {arr.dtype}"
+        )
+    if not 1 <= arr.ndim <= GGML_MAX_DIMS:
+        raise ShapeError(
+            f"gguf_write_to_file {path!r}: tensor {name!r}: expected 1..{GGML_MAX_DIMS} "
+            f"dimensions (GGML_MAX_DIMS), got shape {arr.shape}"
+        )
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray],
+         metadata: Mapping[str, object]) -> None:
+    """Write ``tensors`` (NumPy order) and ``metadata`` to a GGUF file (``gguf_write_to_file``).
+
+    ``metadata["general.architecture"]`` (a non-empty str) is required. Tensors may be
+    float32, float16 or int32 with 1 to 4 dimensions; names are shorter than 64 bytes.
+    Everything is checked before the file is opened.
+
+    Raises
+    ------
+    ShapeError
+        Architecture missing, a reserved or empty key, an empty list, a bad tensor name or
+        a tensor with 0 or more than 4 dimensions.
+    DTypeError
+        A metadata value or a tensor element type that GGUF cannot hold here.
+    """
+    spath = os.fspath(path)
+    if not isinstance(metadata, Mapping) or not isinstance(tensors, Mapping):
+        raise DTypeError(
+            f"gguf_write_to_file {spath!r}: expected tensors and metadata as mappings, got "
+            f"{type(tensors).__name__} and {type(metadata).__name__}"
+        )
+    arch = metadata.get(_ARCH_KEY)
+    if not isinstance(arch, str) or not arch:
+        raise ShapeError(
+            f"gguf_write_to_file {spath!r}: metadata[{_ARCH_KEY!r}]: expected a non-empty "
+            f"str, got {arch!r}"
+        )
+    kvs = {k: _kv(spath, k, v) for k, v in metadata.items() if k != _ARCH_KEY}
+    arrays = {name: _tensor(spath, name, a) for name, a in tensors.items()}
+
+    writer = GGUFWriter(spath, arch)
+    try:
+        for key, (value, vtype, sub_type) in kvs.items():
+            writer.add_key_value(key, value, vtype, sub_type)
+        for name, arr in arrays.items():
+            writer.add_tensor(name, arr)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+    finally:
+        writer.close()
+
+
+def _decode(field: Any) -> object:
+    if len(field.types) > 2:
+        raise DTypeError(f"value of {field.name!r}: expected a scalar or a flat array, got "
+                         f"nested arrays ({'/'.join(t.name for t in field.types)})")
+    return field.contents()
+
+
+def _read(path: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    reader = _StrictReader(path)
+    metadata = {name: _decode(f) for name, f in reader.fields.items()
+                if not name.startswith(_READER_KEYS)}
+    size = len(reader.data)
+    align = int(reader.alignment)
+    expected_offset = 0
+    tensors: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        where = f"tensor {t.name!r}"
+        if not t.name or len(t.name.encode()) >= _MAX_NAME:
+            raise ShapeError(f"{where}: name: expected 1..{_MAX_NAME - 1} bytes "
+                             "(GGML_MAX_NAME)")
+        if not 1 <= len(t.shape) <= GGML_MAX_DIMS:
+            raise ShapeError(f"{where}: n_dims: expected 1..{GGML_MAX_DIMS}, "
+                             f"got {len(t.shape)}")
+        dtype = _TENSOR_DTYPES.get(t.tensor_type)
+        if dtype is None:
+            raise DTypeError(f"{where}: type: expected F32, F16 or I32, "
+                             f"got {t.tensor_type.name}")
+        offset = t.data_offset - reader.data_offset
+        if offset != expected_offset:
+            raise ShapeError(f"{where}: data offset: expected {expected_offset}, got {offset}")
+        expected_offset += -(-t.n_bytes // align) * align
+        tensors[t.name] = np.array(t.data, dtype=dtype, order="C")
+    end = reader.data_offset + expected_offset
+    if end > size:
+        raise ShapeError(f"data section: expected the file to hold {end} bytes "
+                         f"(data offset {reader.data_offset} + {expected_offset}), got {size}")
+    return metadata, tensors
+
+
+def load(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+    """Read a GGUF file (ggml's ``gguf_init_from_file``): ``(metadata, tensors)``.
+
+    ``metadata`` holds every key/value pair of the file as Python values (the reader's own
+    ``GGUF.*`` bookkeeping entries left out); ``tensors`` maps names to writable copies in
+    NumPy order, shape ``(ne3, ne2, ne1, ne0)`` trimmed to the tensor's dimensions.
+
+    Raises
+    ------
+    ShapeError
+        The file is not GGUF, is truncated or malformed (the message says what was wrong).
+    DTypeError
+        A tensor type other than F32, F16 and I32, or a nested metadata array.
+    """
+    spath = os.fspath(path)
+    where = f"gguf_init_from_file {spath!r}"
+    try:
+        return _read(spath)
+    except GgoptError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    except _ShortRead as exc:
+        raise ShapeError(f"{where}: truncated file: expected {exc}") from None
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise ShapeError(
+            f"{where}: expected a valid GGUF file, got one the gguf reader rejects "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc

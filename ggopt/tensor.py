@@ -1,0 +1,240 @@
+"""The tensor node: ggml's ``struct ggml_tensor`` as a Python object.
+
+A tensor is metadata (type, ``ne``, ``nb``, op, sources, flags, name) plus, once it has memory, a
+backend buffer and a byte offset into it. Shapes are ggml's: ``ne[0]`` varies fastest; the NumPy
+view of a tensor has shape ``(ne3, ne2, ne1, ne0)`` trimmed to :attr:`Tensor.n_dims`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import StateError
+from .types import GGML_MAX_DIMS, GGType, TensorFlag
+
+if TYPE_CHECKING:
+    from .backend.buffer import Buffer
+    from .context import Context
+
+__all__ = ["Op", "UnaryOp", "Tensor", "VIEW_OPS"]
+
+
+class Op(enum.Enum):
+    """Graph operations (ggml's ``enum ggml_op`` names)."""
+
+    NONE = "none"
+    DUP = "dup"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    SQR = "sqr"
+    SQRT = "sqrt"
+    LOG = "log"
+    SUM = "sum"
+    SUM_ROWS = "sum_rows"
+    MEAN = "mean"
+    ARGMAX = "argmax"
+    COUNT_EQUAL = "count_equal"
+    REPEAT = "repeat"
+    REPEAT_BACK = "repeat_back"
+    ACC = "acc"
+    SCALE = "scale"
+    CPY = "cpy"
+    CONT = "cont"
+    RESHAPE = "reshape"
+    VIEW = "view"
+    PERMUTE = "permute"
+    TRANSPOSE = "transpose"
+    GET_ROWS = "get_rows"
+    GET_ROWS_BACK = "get_rows_back"
+    SOFT_MAX = "soft_max"
+    SOFT_MAX_BACK = "soft_max_back"
+    IM2COL = "im2col"
+    IM2COL_BACK = "im2col_back"
+    POOL_2D = "pool_2d"
+    POOL_2D_BACK = "pool_2d_back"
+    MUL_MAT = "mul_mat"
+    OUT_PROD = "out_prod"
+    UNARY = "unary"
+    UNARY_BACK = "unary_back"
+    CROSS_ENTROPY_LOSS = "cross_entropy_loss"
+    CROSS_ENTROPY_LOSS_BACK = "cross_entropy_loss_back"
+    OPT_STEP_ADAMW = "opt_step_adamw"
+    OPT_STEP_SGD = "opt_step_sgd"
+
+
+class UnaryOp(enum.Enum):
+    """Element-wise functions behind ``Op.UNARY`` (ggml's ``enum ggml_unary_op`` names)."""
+
+    ABS = "abs"
+    NEG = "neg"
+    STEP = "step"
+    TANH = "tanh"
+    RELU = "relu"
+    SIGMOID = "sigmoid"
+    GELU = "gelu"
+    SILU = "silu"
+    EXP = "exp"
+
+
+#: Ops whose result shares its source's memory and that compute nothing.
+VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
+
+
+class Tensor:
+    """A node of a computation graph (ggml_tensor).
+
+    Create tensors through a :class:`~ggopt.Context` or an op function, never directly.
+    """
+
+    __slots__ = (
+        "ctx",
+        "type",
+        "ne",
+        "nb",
+        "op",
+        "op_params",
+        "src",
+        "flags",
+        "name",
+        "view_src",
+        "view_offs",
+        "buffer",
+        "offset",
+        "__weakref__",
+    )
+
+    def __init__(
+        self,
+        ctx: Context,
+        type: GGType,
+        ne: tuple[int, int, int, int],
+        nb: tuple[int, int, int, int] | None = None,
+        op: Op = Op.NONE,
+        src: tuple[Tensor, ...] = (),
+        op_params: Any = None,
+        view_src: Tensor | None = None,
+        view_offs: int = 0,
+    ) -> None:
+        self.ctx = ctx
+        self.type = type
+        self.ne = ne
+        self.nb = nb if nb is not None else contiguous_strides(type, ne)
+        self.op = op
+        self.op_params = op_params
+        self.src = src
+        self.flags = TensorFlag(0)
+        self.name = ""
+        self.view_src = view_src
+        self.view_offs = view_offs
+        self.buffer: Buffer | None = None
+        self.offset = 0
+
+    # --- shape helpers -------------------------------------------------------------------
+    def nelements(self) -> int:
+        """Number of elements (ggml_nelements)."""
+        ne = self.ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
+
+    def nrows(self) -> int:
+        """Number of rows of ``ne[0]`` elements (ggml_nrows)."""
+        return self.ne[1] * self.ne[2] * self.ne[3]
+
+    def nbytes(self) -> int:
+        """Bytes spanned by the tensor's memory (ggml_nbytes)."""
+        if self.nelements() == 0:
+            return 0
+        size = self.type.size
+        for i in range(GGML_MAX_DIMS):
+            size += (self.ne[i] - 1) * self.nb[i]
+        return size
+
+    @property
+    def n_dims(self) -> int:
+        """Number of dimensions, ignoring trailing dimensions of size 1 (ggml_n_dims)."""
+        for i in range(GGML_MAX_DIMS - 1, 0, -1):
+            if self.ne[i] > 1:
+                return i + 1
+        return 1
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The NumPy shape: ``ne`` reversed and trimmed to :attr:`n_dims`."""
+        return tuple(reversed(self.ne[: self.n_dims]))
+
+    def is_contiguous(self) -> bool:
+        """True when the elements are densely packed in ggml order (ggml_is_contiguous)."""
+        return self.nb == contiguous_strides(self.type, self.ne) or self.nelements() <= 1
+
+    def is_transposed(self) -> bool:
+        """True when dims 0 and 1 are swapped in memory (ggml_is_transposed)."""
+        return self.nb[0] > self.nb[1]
+
+    def is_scalar(self) -> bool:
+        return self.ne == (1, 1, 1, 1)
+
+    def is_vector(self) -> bool:
+        return self.ne[1] == 1 and self.ne[2] == 1 and self.ne[3] == 1
+
+    def is_matrix(self) -> bool:
+        return self.ne[2] == 1 and self.ne[3] == 1
+
+    def same_shape(self, other: Tensor) -> bool:
+        return self.ne == other.ne
+
+    # --- flags ---------------------------------------------------------------------------
+    def has_flag(self, flag: TensorFlag) -> bool:
+        return bool(self.flags & flag)
+
+    @property
+    def is_param(self) -> bool:
+        return bool(self.flags & TensorFlag.PARAM)
+
+    # --- memory --------------------------------------------------------------------------
+    @property
+    def is_host(self) -> bool:
+        """True when the tensor has memory in host RAM (a NumPy view is possible)."""
+        return self.buffer is not None and self.buffer.is_host
+
+    def data_owner(self) -> Tensor:
+        """The tensor that owns this tensor's memory (follows ``view_src``)."""
+        return self.view_src if self.view_src is not None else self
+
+    def array4d(self):
+        """The backend array of the tensor's memory, 4-D in NumPy order ``(ne3, ne2, ne1, ne0)``."""
+        if self.buffer is None:
+            raise StateError(
+                f"tensor '{self.name}' has no memory yet: allocate its context "
+                "(backend.alloc_ctx_tensors) or its graph (Scheduler.alloc_graph) first"
+            )
+        return self.buffer.view(self)
+
+    def numpy(self) -> np.ndarray:
+        """A zero-copy NumPy view of the tensor's memory, shape :attr:`shape`.
+
+        Raises :class:`~ggopt.errors.StateError` when the tensor has no memory yet or its
+        memory is not host RAM (use :func:`ggopt.backend.tensor_get` for device tensors).
+        """
+        if self.buffer is not None and not self.buffer.is_host:
+            raise StateError(
+                f"tensor '{self.name}' lives on backend {self.buffer.backend.name}; "
+                "use ggopt.backend.tensor_get(t) to copy it to the host"
+            )
+        return self.array4d()[(0,) * (GGML_MAX_DIMS - self.n_dims)]
+
+    def __repr__(self) -> str:
+        dims = ", ".join(str(n) for n in self.ne[: self.n_dims])
+        return f"Tensor('{self.name}', {self.type.name}, ne=[{dims}], op={self.op.name})"
+
+
+def contiguous_strides(type: GGType, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """Byte strides of a densely packed tensor of shape ``ne``."""
+    nb0 = type.size
+    nb1 = nb0 * ne[0]
+    nb2 = nb1 * ne[1]
+    nb3 = nb2 * ne[2]
+    return (nb0, nb1, nb2, nb3)

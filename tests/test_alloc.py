@@ -1,0 +1,106 @@
+"""The memory planner: ggml-alloc's properties 1-5 (spec §6.2)."""
+
+from __future__ import annotations
+
+import ggopt
+from ggopt.backend.alloc import FreeList, plan_memory
+from ggopt.backend.buffer import ALIGNMENT
+
+
+def _chain(n: int, size: int = 100):
+    """x -> sqr -> sqr -> ... (n ops), each result ``size`` floats."""
+    ctx = ggopt.Context()
+    x = ctx.new_tensor_1d(ggopt.F32, size)
+    ggopt.set_input(x)
+    t = x
+    for _ in range(n):
+        t = ggopt.sqr(ctx, t)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, t)
+    return g, x, t
+
+
+def test_free_list_best_fit_and_merge():
+    fl = FreeList()
+    a, b, c = fl.alloc(64), fl.alloc(128), fl.alloc(64)
+    assert (a, b, c) == (0, 64, 192) and fl.high == 256
+    fl.free(b, 128)
+    assert fl.alloc(64) == 64  # best fit reuses the hole
+    fl.free(64, 64)
+    fl.free(a, 64)
+    assert fl.blocks == [(0, 192)]  # neighbours merged
+    fl.free(c, 64)
+    assert fl.blocks == [(0, 256)]
+
+
+def test_inputs_first_and_never_reused():
+    g, x, out = _chain(6)
+    plan = plan_memory(g.nodes, g.leafs)
+    assert plan.offsets[x] == 0
+    others = [plan.offsets[n] for n in g.nodes]
+    assert 0 not in others
+
+
+def test_inplace_chain_reuses_one_block():
+    # sqr is an in-place-able op: every step can take over its parent's memory
+    g, x, out = _chain(8)
+    plan = plan_memory(g.nodes, g.leafs)
+    assert len({plan.offsets[n] for n in g.nodes}) == 1
+    assert plan.size == 2 * ((400 + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT)
+
+
+def test_outputs_are_never_freed_or_reused():
+    ctx = ggopt.Context()
+    x = ctx.new_tensor_1d(ggopt.F32, 100)
+    ggopt.set_input(x)
+    a = ggopt.sqr(ctx, x)
+    ggopt.set_output(a)
+    b = ggopt.sqr(ctx, a)
+    c = ggopt.sqr(ctx, b)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, c)
+    plan = plan_memory(g.nodes, g.leafs)
+    offs = plan.offsets
+    assert offs[a] not in (offs[b], offs[c])
+
+
+def test_liveness_frees_after_last_consumer():
+    # mul_mat is not in-place, so each result needs its own block while its sources live
+    ctx = ggopt.Context()
+    w = ctx.new_tensor_2d(ggopt.F32, 16, 16)
+    ggopt.set_input(w)
+    t = w
+    for _ in range(10):
+        t = ggopt.mul_mat(ctx, w, t)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, t)
+    plan = plan_memory(g.nodes, g.leafs)
+    # w + at most two live products at any time, not eleven tensors
+    assert plan.size <= 3 * 16 * 16 * 4
+    assert len({plan.offsets[n] for n in g.nodes}) == 2
+
+
+def test_tensors_with_memory_are_not_planned():
+    ctx = ggopt.Context(no_alloc=False)
+    w = ctx.new_tensor_1d(ggopt.F32, 8)
+    cctx = ggopt.Context()
+    y = ggopt.sqr(cctx, w)
+    g = ggopt.new_graph(cctx)
+    ggopt.build_forward_expand(g, y)
+    plan = plan_memory(g.nodes, g.leafs)
+    assert w not in plan.offsets and y in plan.offsets
+
+
+def test_views_keep_their_source_alive():
+    ctx = ggopt.Context()
+    x = ctx.new_tensor_2d(ggopt.F32, 8, 8)
+    ggopt.set_input(x)
+    a = ggopt.sqr(ctx, x)
+    v = ggopt.transpose(ctx, a)  # a view of a: a must outlive v's consumer
+    c = ggopt.cont(ctx, v)
+    d = ggopt.mul_mat(ctx, x, c)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, d)
+    plan = plan_memory(g.nodes, g.leafs)
+    assert v not in plan.offsets
+    assert plan.offsets[c] != plan.offsets[a]
