@@ -246,6 +246,23 @@ def build_backward_expand(
                              "no backward rule")
         needs_grad.add(node)
 
+    snapshot = (list(g.nodes), list(g.leafs), set(g.visited), dict(g.grads), dict(g.grad_accs),
+                len(ctx.tensors), {t: t.name for t in g.nodes + g.leafs}, g.version)
+    try:
+        _propagate(ctx, g, grad_accs, needs_grad, n_fwd)
+    except BaseException:
+        # a backward rule refused: leave the graph and the context as they were
+        g.nodes, g.leafs, g.visited, g.grads, g.grad_accs, n_ctx, names, g.version = snapshot
+        for t in ctx.tensors[n_ctx:]:
+            t.flags &= ~TensorFlag.COMPUTE
+        del ctx.tensors[n_ctx:]
+        for t, name in names.items():
+            t.name = name
+        raise
+    g.version += 1
+
+
+def _propagate(ctx: Context, g: Graph, grad_accs, needs_grad: set[Tensor], n_fwd: int) -> None:
     g.grads.clear()
     g.grad_accs.clear()
     for i, node in enumerate(g.nodes[:n_fwd]):
@@ -255,6 +272,7 @@ def build_backward_expand(
         if acc is None and node.flags & TensorFlag.LOSS:
             acc = ctx.new_tensor(F32, node.ne)
             acc.name = f"{node.name} (grad acc)"
+            acc.flags |= TensorFlag.INPUT  # holds the seed 1.0: placed first, never overwritten
         if acc is not None:
             g.grad_accs[node] = acc
             g.grads[node] = acc
@@ -274,7 +292,6 @@ def build_backward_expand(
             if sg is not None and sg.ne != s.ne:
                 raise ShapeError(f"ggml_build_backward_expand: gradient of '{s.name}' has shape "
                                  f"{list(sg.ne)}, expected {list(s.ne)} (backward of {node.op.name})")
-    g.version += 1
 
 
 def graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:

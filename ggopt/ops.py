@@ -565,11 +565,28 @@ def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return ctx.new_op(F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]), Op.OUT_PROD, (a, b))
 
 
+def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
+    """``t=[K, M, B2, B3]`` summed over the blocks that mul_mat's broadcast of ``a=[K, M, A2, A3]``
+    maps to one slice of ``a`` (slice ``i`` of ``a`` serves slices ``i*r .. i*r + r-1``)."""
+    K, M, B2, B3 = t.ne
+    A2, A3 = a.ne[2], a.ne[3]
+    r2, r3 = B2 // A2, B3 // A3
+    if r2 > 1:  # rows of K*M floats: [K*M, r2, A2, B3] with the block index j in dim 1
+        v = view_4d(ctx, t, K * M, r2, A2, B3, t.nb[2], t.nb[2] * r2, t.nb[3], 0)
+        t = reshape_4d(ctx, repeat_back(ctx, v, ctx.new_tensor(F32, (K * M, 1, A2, B3))),
+                       K, M, A2, B3)
+    if r3 > 1:
+        v = view_4d(ctx, t, K * M * A2, r3, 1, A3, t.nb[3], t.nb[3], t.nb[3] * r3, 0)
+        t = reshape_4d(ctx, repeat_back(ctx, v, ctx.new_tensor(F32, (K * M * A2, 1, 1, A3))),
+                       K, M, A2, A3)
+    return t
+
+
 @backward(Op.MUL_MAT)
 def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     a, b = node.src
     if sink.needs(0):
-        sink.add(0, _reduce_to(ctx, out_prod(ctx, b, g), a))
+        sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
     if sink.needs(1):
         sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
 
@@ -655,9 +672,11 @@ def _conv_out(fn: str, size: int, k: int, s: int, p: int, d: int) -> int:
     return out
 
 
-def _conv_params(fn: str, **params: int) -> tuple[int, ...]:
+def _conv_params(fn: str, **params: int | float) -> tuple[int, ...]:
     vals = []
     for name, v in params.items():
+        if isinstance(v, float) and v.is_integer():  # ggml passes pool padding as float
+            v = int(v)
         v = _int(fn, name, v)
         if (name[0] in "sd" and v < 1) or (name[0] == "p" and v < 0):
             raise ShapeError(f"ggml_{fn}: {name} must be {'>= 1' if name[0] in 'sd' else '>= 0'}, "

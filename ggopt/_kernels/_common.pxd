@@ -1,0 +1,146 @@
+# Helpers shared by the kernels: a strided 4-D array descriptor, and scalar float32 math written
+# so that the compiler can vectorize loops that call it (no libm call, no branch).
+
+from cython.parallel cimport prange
+
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+
+    /* exp(x) in float32, within about 2 ulp of the correctly rounded result.
+       exp(x) = 2^n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r) is Cephes'
+       degree-7 polynomial. 2^n is applied as two factors so that n from -150 to 129 never
+       leaves the normal exponent range: large x overflow to +inf, very negative x underflow
+       to 0, NaN stays NaN. Branch-free, so loops over it vectorize. */
+    static inline float ggopt_expf(float x) {
+        union { float f; int32_t i; } s1, s2;
+        float xc = x > 89.0f ? 89.0f : x;
+        xc = xc < -104.0f ? -104.0f : xc;
+        float t = xc * 1.44269504088896341f;
+        t = (t == t) ? t : 0.0f;
+        float fn = (t + 12582912.0f) - 12582912.0f;
+        float r = xc - fn * 0.693359375f;
+        r = r - fn * -2.12194440e-4f;
+        float z = r * r;
+        float p = 1.9875691500e-4f;
+        p = p * r + 1.3981999507e-3f;
+        p = p * r + 8.3334519073e-3f;
+        p = p * r + 4.1665795894e-2f;
+        p = p * r + 1.6666665459e-1f;
+        p = p * r + 5.0000001201e-1f;
+        p = p * z + r + 1.0f;
+        int32_t n = (int32_t)fn;
+        int32_t n1 = n >> 1;
+        s1.i = (n1 + 127) << 23;
+        s2.i = (n - n1 + 127) << 23;
+        return p * s1.f * s2.f;
+    }
+
+    /* 1 / (1 + exp(-x)); 0 for x below about -88, 1 for large x. */
+    static inline float ggopt_sigmoidf(float x) {
+        return 1.0f / (1.0f + ggopt_expf(-x));
+    }
+    """
+    float ggopt_expf(float x) noexcept nogil
+    float ggopt_sigmoidf(float x) noexcept nogil
+
+
+cdef struct Arr4:
+    char *data
+    Py_ssize_t n[4]   # shape, NumPy order (ne3, ne2, ne1, ne0)
+    Py_ssize_t s[4]   # byte strides
+
+
+cdef inline void arr4_set(Arr4 *a, const float[:, :, :, :] m) noexcept:
+    cdef int k
+    a.data = <char *>&m[0, 0, 0, 0]
+    for k in range(4):
+        a.n[k] = m.shape[k]
+        a.s[k] = m.strides[k]
+
+
+cdef inline Py_ssize_t arr4_size(const Arr4 *a) noexcept nogil:
+    return a.n[0] * a.n[1] * a.n[2] * a.n[3]
+
+
+cdef inline bint arr4_c_contig(const Arr4 *a) noexcept nogil:
+    """True when the float32 array is C-contiguous (strides of length-1 dims do not matter)."""
+    cdef Py_ssize_t expect = 4
+    cdef int k
+    for k in range(3, -1, -1):
+        if a.n[k] != 1 and a.s[k] != expect:
+            return False
+        expect *= a.n[k]
+    return True
+
+
+cdef inline void arr4_flatten(Arr4 *a) noexcept nogil:
+    """View a C-contiguous array as a single row."""
+    a.n[3] = arr4_size(a)
+    a.n[0] = 1
+    a.n[1] = 1
+    a.n[2] = 1
+    a.s[3] = 4
+
+
+cdef inline bint arr4_same_shape(const Arr4 *a, const Arr4 *b) noexcept nogil:
+    return (a.n[0] == b.n[0] and a.n[1] == b.n[1] and a.n[2] == b.n[2]
+            and a.n[3] == b.n[3])
+
+
+cdef inline str arr4_shape_str(const Arr4 *a):
+    return f"({a.n[0]}, {a.n[1]}, {a.n[2]}, {a.n[3]})"
+
+
+cdef inline Py_ssize_t tile_index(Py_ssize_t i, Py_ssize_t nb, Py_ssize_t n) noexcept nogil:
+    """Index into a dim of length nb that tiles a dim of length n (ggml's repeat rule)."""
+    if nb == n:
+        return i
+    if nb == 1:
+        return 0
+    return i % nb
+
+
+# A row-piece function: handles columns [c0, c1) of the row (i3, i2, i1) and may add to *acc.
+ctypedef void (*row_piece_fn)(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                              Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil
+
+
+cdef inline void walk_elements(const Py_ssize_t *shape, row_piece_fn f, void *ctx,
+                               Py_ssize_t e0, Py_ssize_t e1, double *acc) noexcept nogil:
+    """Call f on every row piece of the flattened element range [e0, e1) of ``shape``."""
+    cdef Py_ssize_t n0 = shape[3], n1 = shape[2], n2 = shape[1]
+    cdef Py_ssize_t row = e0 // n0
+    cdef Py_ssize_t c = e0 - row * n0, cend
+    cdef Py_ssize_t i1 = row % n1, i2 = (row // n1) % n2, i3 = row // (n1 * n2)
+    while e0 < e1:
+        cend = min(n0, c + (e1 - e0))
+        f(ctx, i3, i2, i1, c, cend, acc)
+        e0 += cend - c
+        c = 0
+        i1 += 1
+        if i1 == n1:
+            i1 = 0
+            i2 += 1
+            if i2 == n2:
+                i2 = 0
+                i3 += 1
+
+
+cdef inline double drive_elements(const Py_ssize_t *shape, row_piece_fn f, void *ctx,
+                                  bint par, int n_threads) noexcept nogil:
+    """Split the elements of ``shape`` into one equal range per thread (one range unless par)
+    and walk them in parallel; returns the sum of what f added to acc."""
+    cdef Py_ssize_t total = shape[0] * shape[1] * shape[2] * shape[3]
+    cdef Py_ssize_t nr = n_threads if (par and n_threads > 1) else 1
+    cdef Py_ssize_t k
+    cdef double acc = 0
+    cdef double part
+    if total == 0:
+        return 0
+    for k in prange(nr, num_threads=n_threads, use_threads_if=nr > 1, schedule="static"):
+        part = 0
+        walk_elements(shape, f, ctx, total * k // nr, total * (k + 1) // nr, &part)
+        acc += part
+    return acc

@@ -1,0 +1,465 @@
+"""Convolution and pooling kernels: im2col, im2col_back, pool_2d, pool_2d_back.
+
+float32 only. Arrays are in NumPy order (a ggml ``ne=[W, H, C, N]`` tensor is ``(N, C, H, W)``).
+Inputs may have any byte strides; outputs are C-contiguous and are never allocated here. Each
+kernel releases the GIL and runs an OpenMP ``prange`` over independent output blocks (an image
+row, an image plane), so no two threads ever write the same element. The Python layer validates
+shapes and parameters; these functions trust them.
+
+Parameter names follow ggml: index 0 acts on the width (last axis), index 1 on the height.
+"""
+
+import numpy as np
+
+from cython.parallel cimport prange
+from libc.float cimport FLT_MAX
+from libc.string cimport memset
+
+from ggopt._kernels._openmp cimport omp_get_thread_num
+
+cdef enum:
+    C_POOL_MAX = 0
+    C_POOL_AVG = 1
+
+POOL_MAX = C_POOL_MAX
+POOL_AVG = C_POOL_AVG
+
+# Below this many output elements a kernel runs on the calling thread only.
+cdef Py_ssize_t MIN_PARALLEL_WORK = 1 << 15
+
+
+cdef inline Py_ssize_t _padded_extent(Py_ssize_t size, int pad, Py_ssize_t n_out, int stride,
+                                      int k, int dil) noexcept nogil:
+    """Length of a zero-padded axis that covers ``size + pad`` and every window read."""
+    cdef Py_ssize_t need = (n_out - 1) * stride + (k - 1) * dil + 1
+    return need if need > size + pad else size + pad
+
+
+cdef inline void _padded_row(float* prow, Py_ssize_t PW, const char* xrow, Py_ssize_t IW,
+                             Py_ssize_t sx, int p0) noexcept nogil:
+    """Write ``[0]*p0 + x_row + [0]*...`` into ``prow`` (PW floats); NULL ``xrow``: all zeros.
+
+    Plain loops rather than memset/memcpy: the rows are short and the calls would dominate.
+    """
+    cdef Py_ssize_t j
+    cdef const float* xf = <const float*>xrow
+    if xrow == NULL:
+        for j in range(PW):
+            prow[j] = 0.0
+        return
+    for j in range(p0):
+        prow[j] = 0.0
+    if sx == <Py_ssize_t>sizeof(float):
+        for j in range(IW):
+            prow[p0 + j] = xf[j]
+    else:
+        for j in range(IW):
+            prow[p0 + j] = (<const float*>(xrow + j * sx))[0]
+    for j in range(p0 + IW, PW):
+        prow[j] = 0.0
+
+
+cdef void _im2col_row(const char* xn, float* drow, float* strip, Py_ssize_t oh,
+                      Py_ssize_t IC, Py_ssize_t IH, Py_ssize_t IW, Py_ssize_t OW, Py_ssize_t PW,
+                      Py_ssize_t sc, Py_ssize_t sy, Py_ssize_t sx,
+                      int KH, int KW, int s0, int s1, int p0, int p1,
+                      int d0, int d1) noexcept nogil:
+    """Fill ``drow`` (OW, IC*KH*KW), the im2col block of output row ``oh`` of one image.
+
+    The IC*KH input rows it reads are first copied, zero-padded, into ``strip`` (IC*KH, PW),
+    so that the gather writes ``drow`` in order without bounds checks.
+    """
+    cdef Py_ssize_t R = IC * KH
+    cdef Py_ssize_t ic, kh, kw, ow, iy, r
+    cdef const float* s
+    cdef float* d = drow
+    for ic in range(IC):
+        for kh in range(KH):
+            iy = oh * s1 + kh * d1 - p1
+            _padded_row(strip + (ic * KH + kh) * PW, PW,
+                        xn + ic * sc + iy * sy if 0 <= iy < IH else NULL, IW, sx, p0)
+    for ow in range(OW):
+        s = strip + ow * s0
+        if KW == 3 and d0 == 1:
+            for r in range(R):
+                d[0] = s[0]
+                d[1] = s[1]
+                d[2] = s[2]
+                d += 3
+                s += PW
+        else:
+            for r in range(R):
+                for kw in range(KW):
+                    d[kw] = s[kw * d0]
+                d += KW
+                s += PW
+
+
+def im2col(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int KH, int KW,
+           int s0, int s1, int p0, int p1, int d0, int d1, int n_threads):
+    """Unfold convolution windows: ``dst[n, oh, ow, (ic*KH + kh)*KW + kw]``.
+
+    Parameters
+    ----------
+    x : (N, IC, IH, IW) float32, any strides
+    dst : (N, OH, OW, IC*KH*KW) float32, C-contiguous, overwritten. Entry
+        ``x[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]``, or 0 outside ``x``.
+    KH, KW, s0, s1, p0, p1, d0, d1 : int
+        Kernel size, stride, padding, dilation (index 0: width, 1: height).
+    n_threads : int
+
+    ggml: ggml_compute_forward_im2col (F32 destination)
+    """
+    cdef Py_ssize_t N = dst.shape[0], OH = dst.shape[1], OW = dst.shape[2], K = dst.shape[3]
+    cdef Py_ssize_t IC = x.shape[1], IH = x.shape[2], IW = x.shape[3]
+    cdef Py_ssize_t nrows = N * OH, row
+    if nrows * OW * K == 0:
+        return
+    if IH == 0 or IW == 0:
+        memset(&dst[0, 0, 0, 0], 0, nrows * OW * K * sizeof(float))
+        return
+    cdef Py_ssize_t PW = _padded_extent(IW, p0, OW, s0, KW, d0)
+    # One padded row strip per OpenMP thread, indexed by omp_get_thread_num().
+    cdef Py_ssize_t strip_size = IC * KH * PW
+    cdef float[:, ::1] scratch = np.empty((max(n_threads, 1), strip_size), np.float32)
+    cdef float* sb = &scratch[0, 0]
+    cdef const char* xb = <const char*>&x[0, 0, 0, 0]
+    cdef float* db = &dst[0, 0, 0, 0]
+    cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
+    for row in prange(nrows, nogil=True, schedule="static", num_threads=n_threads,
+                      use_threads_if=nrows * OW * K >= MIN_PARALLEL_WORK):
+        _im2col_row(xb + (row // OH) * sn, db + row * OW * K,
+                    sb + omp_get_thread_num() * strip_size, row % OH, IC, IH, IW, OW, PW,
+                    sc, sy, sx, KH, KW, s0, s1, p0, p1, d0, d1)
+
+
+cdef void _im2col_back_image(const char* gn, Py_ssize_t gsy, Py_ssize_t gsx, Py_ssize_t gsk,
+                             float* pad, Py_ssize_t PH, Py_ssize_t PW, float* dn,
+                             Py_ssize_t IC, Py_ssize_t IH, Py_ssize_t IW,
+                             Py_ssize_t OH, Py_ssize_t OW,
+                             int KH, int KW, int s0, int s1, int p0, int p1,
+                             int d0, int d1) noexcept nogil:
+    """Fold one image's ``gn`` (OH, OW, K) into ``dn`` (IC, IH, IW).
+
+    Sums go to the zero-padded copy ``pad`` (IC, PH, PW) in ``g``'s order, without bounds
+    checks, and the interior is copied out at the end.
+    """
+    cdef Py_ssize_t oh, ow, ic, kh, kw, iy, ix
+    cdef const char* gp
+    cdef const float* gf
+    cdef float* base
+    cdef float* prow
+    cdef bint g_contiguous = gsk == <Py_ssize_t>sizeof(float)
+    memset(pad, 0, IC * PH * PW * sizeof(float))
+    for oh in range(OH):
+        for ow in range(OW):
+            gp = gn + oh * gsy + ow * gsx
+            gf = <const float*>gp
+            base = pad + oh * s1 * PW + ow * s0
+            for ic in range(IC):
+                for kh in range(KH):
+                    prow = base + (ic * PH + kh * d1) * PW
+                    if g_contiguous and KW == 3 and d0 == 1:
+                        prow[0] += gf[0]
+                        prow[1] += gf[1]
+                        prow[2] += gf[2]
+                        gf += 3
+                    elif g_contiguous:
+                        for kw in range(KW):
+                            prow[kw * d0] += gf[kw]
+                        gf += KW
+                    else:
+                        for kw in range(KW):
+                            prow[kw * d0] += (<const float*>gp)[0]
+                            gp += gsk
+    for ic in range(IC):
+        for iy in range(IH):
+            base = pad + (ic * PH + iy + p1) * PW + p0
+            prow = dn + (ic * IH + iy) * IW
+            for ix in range(IW):
+                prow[ix] = base[ix]
+
+
+def im2col_back(const float[:, :, :, :] g, float[:, :, :, ::1] dst, int KH, int KW,
+                int s0, int s1, int p0, int p1, int d0, int d1, int n_threads):
+    """Fold ``g`` back onto the image: the adjoint of :func:`im2col`.
+
+    Parameters
+    ----------
+    g : (N, OH, OW, IC*KH*KW) float32, any strides
+    dst : (N, IC, IH, IW) float32, C-contiguous, overwritten with, for every pixel, the sum
+        of the ``g`` entries whose im2col source is that pixel.
+    KH, KW, s0, s1, p0, p1, d0, d1 : int
+        As for :func:`im2col`.
+    n_threads : int
+
+    ggml: ggml_compute_forward_im2col_back_f32
+    """
+    cdef Py_ssize_t N = dst.shape[0], IC = dst.shape[1], IH = dst.shape[2], IW = dst.shape[3]
+    cdef Py_ssize_t OH = g.shape[1], OW = g.shape[2]
+    cdef Py_ssize_t n
+    if N * IC * IH * IW == 0:
+        return
+    cdef float* db = &dst[0, 0, 0, 0]
+    if OH == 0 or OW == 0:
+        memset(db, 0, N * IC * IH * IW * sizeof(float))
+        return
+    cdef Py_ssize_t PH = _padded_extent(IH, p1, OH, s1, KH, d1)
+    cdef Py_ssize_t PW = _padded_extent(IW, p0, OW, s0, KW, d0)
+    # One padded image per OpenMP thread, indexed by omp_get_thread_num().
+    cdef Py_ssize_t pad_size = IC * PH * PW
+    cdef float[:, ::1] scratch = np.empty((max(n_threads, 1), pad_size), np.float32)
+    cdef float* sb = &scratch[0, 0]
+    cdef const char* gb = <const char*>&g[0, 0, 0, 0]
+    cdef Py_ssize_t gsn = g.strides[0], gsy = g.strides[1], gsx = g.strides[2]
+    cdef Py_ssize_t gsk = g.strides[3]
+    for n in prange(N, nogil=True, schedule="static", num_threads=n_threads,
+                    use_threads_if=N * OH * OW * g.shape[3] >= MIN_PARALLEL_WORK):
+        _im2col_back_image(gb + n * gsn, gsy, gsx, gsk, sb + omp_get_thread_num() * pad_size,
+                           PH, PW, db + n * IC * IH * IW, IC, IH, IW, OH, OW,
+                           KH, KW, s0, s1, p0, p1, d0, d1)
+
+
+cdef inline bint _is_max_2x2(int op, int k0, int k1, int s0, int s1, int p0, int p1,
+                             Py_ssize_t sx, Py_ssize_t IH, Py_ssize_t IW, Py_ssize_t OH,
+                             Py_ssize_t OW) noexcept nogil:
+    """True when the 2x2 stride-2 MAX fast path applies: every window lies inside ``x``
+    (a 1-pixel-wide input still gets one clipped window) and ``x`` rows are contiguous."""
+    return (op == C_POOL_MAX and k0 == 2 and k1 == 2 and s0 == 2 and s1 == 2 and p0 == 0
+            and p1 == 0 and sx == <Py_ssize_t>sizeof(float) and 2 * OH <= IH and 2 * OW <= IW)
+
+
+cdef void _pool_plane(const char* xp, Py_ssize_t sy, Py_ssize_t sx, Py_ssize_t IH,
+                      Py_ssize_t IW, float* out, Py_ssize_t OH, Py_ssize_t OW, int op,
+                      int k0, int k1, int s0, int s1, int p0, int p1) noexcept nogil:
+    """Pool one (IH, IW) plane into ``out`` (OH, OW)."""
+    cdef Py_ssize_t oy, ox, iy, ix, ky, kx, ky_lo, ky_hi, kx_lo, kx_hi
+    cdef const char* xrow
+    cdef float res, v
+    cdef float ka = <float>(k0 * k1)
+    for oy in range(OH):
+        iy = oy * s1 - p1
+        ky_lo = 0 if iy >= 0 else -iy
+        ky_hi = k1 if iy + k1 <= IH else IH - iy
+        for ox in range(OW):
+            ix = ox * s0 - p0
+            kx_lo = 0 if ix >= 0 else -ix
+            kx_hi = k0 if ix + k0 <= IW else IW - ix
+            if op == C_POOL_MAX:
+                res = -FLT_MAX
+                for ky in range(ky_lo, ky_hi):
+                    xrow = xp + (iy + ky) * sy
+                    for kx in range(kx_lo, kx_hi):
+                        v = (<const float*>(xrow + (ix + kx) * sx))[0]
+                        res = v if v > res else res
+            else:
+                res = 0.0
+                for ky in range(ky_lo, ky_hi):
+                    xrow = xp + (iy + ky) * sy
+                    for kx in range(kx_lo, kx_hi):
+                        res = res + (<const float*>(xrow + (ix + kx) * sx))[0]
+                res = res / ka
+            out[oy * OW + ox] = res
+
+
+cdef void _max_pool_2x2_plane(const char* xp, Py_ssize_t sy, float* out, Py_ssize_t OH,
+                              Py_ssize_t OW) noexcept nogil:
+    """MAX pool with k=2, s=2, p=0 over a plane whose rows are contiguous."""
+    cdef Py_ssize_t oy, ox
+    cdef const float* r0
+    cdef const float* r1
+    cdef float res, v
+    for oy in range(OH):
+        r0 = <const float*>(xp + 2 * oy * sy)
+        r1 = <const float*>(xp + (2 * oy + 1) * sy)
+        for ox in range(OW):
+            # Same scan order and strict '>' as the general loop.
+            res = -FLT_MAX
+            v = r0[2 * ox]
+            res = v if v > res else res
+            v = r0[2 * ox + 1]
+            res = v if v > res else res
+            v = r1[2 * ox]
+            res = v if v > res else res
+            v = r1[2 * ox + 1]
+            res = v if v > res else res
+            out[oy * OW + ox] = res
+
+
+def pool_2d(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int op, int k0, int k1,
+            int s0, int s1, int p0, int p1, int n_threads):
+    """2-D max or average pooling over the last two axes.
+
+    Parameters
+    ----------
+    x : (N, C, IH, IW) float32, any strides
+    dst : (N, C, OH, OW) float32, C-contiguous, overwritten
+    op : int
+        ``POOL_MAX`` (starts at ``-FLT_MAX``, padding skipped, NaN never wins) or
+        ``POOL_AVG`` (sum of the in-bounds cells divided by ``k0*k1``).
+    k0, k1, s0, s1, p0, p1 : int
+        Window, stride and padding (index 0: width, 1: height).
+    n_threads : int
+
+    ggml: ggml_compute_forward_pool_2d
+    """
+    cdef Py_ssize_t N = dst.shape[0], C = dst.shape[1], OH = dst.shape[2], OW = dst.shape[3]
+    cdef Py_ssize_t IH = x.shape[2], IW = x.shape[3]
+    cdef Py_ssize_t nplanes = N * C, p
+    if nplanes * OH * OW == 0:
+        return
+    cdef float* db = &dst[0, 0, 0, 0]
+    if IH == 0 or IW == 0:
+        # Every window is empty: MAX keeps its start value, AVG its zero sum.
+        for p in range(nplanes * OH * OW):
+            db[p] = -FLT_MAX if op == C_POOL_MAX else 0.0
+        return
+    cdef const char* xb = <const char*>&x[0, 0, 0, 0]
+    cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
+    cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
+    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+                    use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
+        if fast:
+            _max_pool_2x2_plane(xb + (p // C) * sn + (p % C) * sc, sy, db + p * OH * OW,
+                                OH, OW)
+        else:
+            _pool_plane(xb + (p // C) * sn + (p % C) * sc, sy, sx, IH, IW,
+                        db + p * OH * OW, OH, OW, op, k0, k1, s0, s1, p0, p1)
+
+
+cdef inline Py_ssize_t _pick(bint take, Py_ssize_t new, Py_ssize_t old) noexcept nogil:
+    """``new if take else old`` in arithmetic, so the compiler cannot turn it into a branch
+    (a mispredicted branch per window cell costs more than the memory traffic)."""
+    return old + take * (new - old)
+
+
+cdef void _pool_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gsx, Py_ssize_t OH,
+                           Py_ssize_t OW, const char* xp, Py_ssize_t sy, Py_ssize_t sx,
+                           float* plane, Py_ssize_t IH, Py_ssize_t IW, int op,
+                           int k0, int k1, int s0, int s1, int p0, int p1) noexcept nogil:
+    """Route the gradient of one pooled (OH, OW) plane back onto ``plane`` (IH, IW)."""
+    cdef Py_ssize_t oy, ox, iy, ix, ky, kx, ky_lo, ky_hi, kx_lo, kx_hi, best
+    cdef const char* xrow
+    cdef float gv, v, res
+    cdef float ka = <float>(k0 * k1)
+    memset(plane, 0, IH * IW * sizeof(float))
+    for oy in range(OH):
+        iy = oy * s1 - p1
+        ky_lo = 0 if iy >= 0 else -iy
+        ky_hi = k1 if iy + k1 <= IH else IH - iy
+        for ox in range(OW):
+            ix = ox * s0 - p0
+            kx_lo = 0 if ix >= 0 else -ix
+            kx_hi = k0 if ix + k0 <= IW else IW - ix
+            gv = (<const float*>(gp + oy * gsy + ox * gsx))[0]
+            if op == C_POOL_MAX:
+                # First strict maximum in scan order; none above -FLT_MAX drops the gradient.
+                res = -FLT_MAX
+                best = 0
+                for ky in range(ky_lo, ky_hi):
+                    xrow = xp + (iy + ky) * sy
+                    for kx in range(kx_lo, kx_hi):
+                        v = (<const float*>(xrow + (ix + kx) * sx))[0]
+                        best = _pick(v > res, (iy + ky) * IW + ix + kx, best)
+                        res = v if v > res else res
+                if res > -FLT_MAX:
+                    plane[best] += gv
+            else:
+                gv = gv / ka
+                for ky in range(ky_lo, ky_hi):
+                    for kx in range(kx_lo, kx_hi):
+                        plane[(iy + ky) * IW + ix + kx] += gv
+
+
+cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gsx,
+                                   Py_ssize_t OH, Py_ssize_t OW, const char* xp, Py_ssize_t sy,
+                                   float* plane, Py_ssize_t IH, Py_ssize_t IW) noexcept nogil:
+    """:func:`_pool_back_plane` for MAX, k=2, s=2, p=0 and contiguous ``x`` rows.
+
+    The windows do not overlap, so each one clears its four cells and then stores its
+    gradient at the first maximum (or 0 when nothing beat ``-FLT_MAX``); only the rows and
+    columns no window covers are cleared separately.
+    """
+    cdef Py_ssize_t oy, ox, best, j
+    cdef const float* r0
+    cdef const float* r1
+    cdef float* q0
+    cdef float* q1
+    cdef float res, v, gv
+    for oy in range(OH):
+        r0 = <const float*>(xp + 2 * oy * sy)
+        r1 = <const float*>(xp + (2 * oy + 1) * sy)
+        q0 = plane + 2 * oy * IW
+        q1 = q0 + IW
+        for ox in range(OW):
+            gv = (<const float*>(gp + oy * gsy + ox * gsx))[0]
+            res = -FLT_MAX
+            best = 0
+            v = r0[2 * ox]
+            best = _pick(v > res, 0, best)
+            res = v if v > res else res
+            v = r0[2 * ox + 1]
+            best = _pick(v > res, 1, best)
+            res = v if v > res else res
+            v = r1[2 * ox]
+            best = _pick(v > res, IW, best)
+            res = v if v > res else res
+            v = r1[2 * ox + 1]
+            best = _pick(v > res, IW + 1, best)
+            res = v if v > res else res
+            q0[2 * ox] = 0.0
+            q0[2 * ox + 1] = 0.0
+            q1[2 * ox] = 0.0
+            q1[2 * ox + 1] = 0.0
+            q0[2 * ox + best] = gv if res > -FLT_MAX else 0.0
+        for j in range(2 * OW, IW):
+            q0[j] = 0.0
+            q1[j] = 0.0
+    memset(plane + 2 * OH * IW, 0, (IH - 2 * OH) * IW * sizeof(float))
+
+
+def pool_2d_back(const float[:, :, :, :] g, const float[:, :, :, :] x,
+                 float[:, :, :, ::1] dst, int op, int k0, int k1, int s0, int s1,
+                 int p0, int p1, int n_threads):
+    """Gradient of :func:`pool_2d` with respect to its input.
+
+    Parameters
+    ----------
+    g : (N, C, OH, OW) float32, any strides
+        Gradient of the pooled output.
+    x : (N, C, IH, IW) float32, any strides
+        The forward input (MAX needs it to find each window's maximum).
+    dst : (N, C, IH, IW) float32, C-contiguous, overwritten. MAX: each window's whole
+        gradient goes to its first strict maximum (ky outer, kx inner), ``+=`` where windows
+        overlap. AVG: ``g / (k0*k1)`` goes to every in-bounds cell of the window.
+    op, k0, k1, s0, s1, p0, p1 : int
+        As for :func:`pool_2d`.
+    n_threads : int
+
+    ggml: ggml_compute_forward_pool_2d_back
+    """
+    cdef Py_ssize_t N = dst.shape[0], C = dst.shape[1], IH = dst.shape[2], IW = dst.shape[3]
+    cdef Py_ssize_t OH = g.shape[2], OW = g.shape[3]
+    cdef Py_ssize_t nplanes = N * C, p
+    if nplanes * IH * IW == 0:
+        return
+    cdef float* db = &dst[0, 0, 0, 0]
+    if OH == 0 or OW == 0:
+        memset(db, 0, nplanes * IH * IW * sizeof(float))
+        return
+    cdef const char* gb = <const char*>&g[0, 0, 0, 0]
+    cdef const char* xb = <const char*>&x[0, 0, 0, 0]
+    cdef Py_ssize_t gsn = g.strides[0], gsc = g.strides[1], gsy = g.strides[2]
+    cdef Py_ssize_t gsx = g.strides[3]
+    cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
+    cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
+    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+                    use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
+        if fast:
+            _max_pool_2x2_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, gsx, OH, OW,
+                                     xb + (p // C) * sn + (p % C) * sc, sy,
+                                     db + p * IH * IW, IH, IW)
+        else:
+            _pool_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, gsx, OH, OW,
+                             xb + (p // C) * sn + (p % C) * sc, sy, sx,
+                             db + p * IH * IW, IH, IW, op, k0, k1, s0, s1, p0, p1)

@@ -1,0 +1,119 @@
+"""Row gather and its gradient: get_rows, get_rows_back.
+
+float32 rows, int32 indices. Inputs may have any byte strides; outputs are C-contiguous and are
+never allocated here. Indices are trusted: the Python layer checks them against the row count.
+"""
+
+from cython.parallel cimport prange
+from libc.stdint cimport int32_t
+from libc.string cimport memcpy, memset
+
+# Below this many copied elements a kernel runs on the calling thread only.
+cdef Py_ssize_t MIN_PARALLEL_WORK = 1 << 15
+# Column blocks of get_rows_back are whole multiples of this many floats (one cache line), so
+# threads never share a line of dst.
+cdef Py_ssize_t COL_ALIGN = 16
+
+
+cdef inline void _copy_row(float* d, const char* s, Py_ssize_t n,
+                           Py_ssize_t stride) noexcept nogil:
+    cdef Py_ssize_t j
+    if stride == <Py_ssize_t>sizeof(float):
+        memcpy(d, s, n * sizeof(float))
+    else:
+        for j in range(n):
+            d[j] = (<const float*>(s + j * stride))[0]
+
+
+def get_rows(const float[:, :, :, :] a, const int32_t[:, :, :] idx, float[:, :, :, ::1] dst,
+             int n_threads):
+    """Gather rows: ``dst[i2, i1, i0, :] = a[i2, i1, idx[i2, i1, i0], :]``.
+
+    Parameters
+    ----------
+    a : (ne3, ne2, ne1, ne0) float32, any strides
+    idx : (ne3, ne2, I0) int32, any strides, every entry in ``[0, ne1)``
+    dst : (ne3, ne2, I0, ne0) float32, C-contiguous, overwritten
+    n_threads : int
+
+    ggml: ggml_compute_forward_get_rows (F32)
+    """
+    cdef Py_ssize_t I2 = idx.shape[0], I1 = idx.shape[1], I0 = idx.shape[2]
+    cdef Py_ssize_t ne0 = a.shape[3]
+    cdef Py_ssize_t nrows = I2 * I1 * I0, r, i0, i12
+    if nrows * ne0 == 0:
+        return
+    cdef const char* ab = <const char*>&a[0, 0, 0, 0]
+    cdef const char* ib = <const char*>&idx[0, 0, 0]
+    cdef float* db = &dst[0, 0, 0, 0]
+    cdef Py_ssize_t as3 = a.strides[0], as2 = a.strides[1], as1 = a.strides[2]
+    cdef Py_ssize_t as0 = a.strides[3]
+    cdef Py_ssize_t is2 = idx.strides[0], is1 = idx.strides[1], is0 = idx.strides[2]
+    for r in prange(nrows, nogil=True, schedule="static", num_threads=n_threads,
+                    use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
+        i0 = r % I0
+        i12 = r // I0
+        _copy_row(
+            db + r * ne0,
+            ab + (i12 // I1) * as3 + (i12 % I1) * as2
+            + (<const int32_t*>(ib + (i12 // I1) * is2 + (i12 % I1) * is1 + i0 * is0))[0]
+            * as1,
+            ne0, as0)
+
+
+cdef void _scatter_add_cols(const char* gb, Py_ssize_t gs1, Py_ssize_t gs0, const char* ib,
+                            Py_ssize_t is0, Py_ssize_t n, float* db, Py_ssize_t nrows,
+                            Py_ssize_t ne0, Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
+    """Zero columns ``[c0, c1)`` of every dst row, then add each ``g`` row onto its target."""
+    cdef Py_ssize_t i, j, row
+    cdef float* drow
+    cdef const char* grow
+    cdef const float* gf
+    for row in range(nrows):
+        memset(db + row * ne0 + c0, 0, (c1 - c0) * sizeof(float))
+    for i in range(n):
+        drow = db + (<const int32_t*>(ib + i * is0))[0] * ne0
+        grow = gb + i * gs1
+        if gs0 == <Py_ssize_t>sizeof(float):
+            gf = <const float*>grow
+            for j in range(c0, c1):
+                drow[j] += gf[j]
+        else:
+            for j in range(c0, c1):
+                drow[j] += (<const float*>(grow + j * gs0))[0]
+
+
+def get_rows_back(const float[:, :] g, const int32_t[:] idx, float[:, ::1] dst,
+                  int n_threads):
+    """Scatter-add rows: ``dst[:] = 0`` then ``dst[idx[i], :] += g[i, :]`` for every ``i``.
+
+    Repeated indices accumulate, in order of ``i``. Threads split the columns, so the result
+    does not depend on ``n_threads``.
+
+    Parameters
+    ----------
+    g : (n, ne0) float32, any strides
+    idx : (n,) int32, any stride, every entry in ``[0, nrows)``
+    dst : (nrows, ne0) float32, C-contiguous, overwritten
+    n_threads : int
+
+    ggml: ggml_compute_forward_get_rows_back (F32)
+    """
+    cdef Py_ssize_t n = g.shape[0], ne0 = dst.shape[1], nrows = dst.shape[0]
+    if nrows * ne0 == 0:
+        return
+    cdef float* db = &dst[0, 0]
+    if n == 0:
+        memset(db, 0, nrows * ne0 * sizeof(float))
+        return
+    cdef const char* gb = <const char*>&g[0, 0]
+    cdef const char* ib = <const char*>&idx[0]
+    cdef Py_ssize_t gs1 = g.strides[0], gs0 = g.strides[1], is0 = idx.strides[0]
+    cdef Py_ssize_t nthr = n_threads if n_threads > 1 else 1
+    cdef Py_ssize_t width = (ne0 + nthr - 1) // nthr
+    width = (width + COL_ALIGN - 1) // COL_ALIGN * COL_ALIGN
+    cdef Py_ssize_t nblocks = (ne0 + width - 1) // width, b
+    for b in prange(nblocks, nogil=True, schedule="static", num_threads=n_threads,
+                    use_threads_if=(n + nrows) * ne0 >= MIN_PARALLEL_WORK):
+        _scatter_add_cols(gb, gs1, gs0, ib, is0, n, db, nrows, ne0,
+                          b * width, min(ne0, (b + 1) * width))

@@ -1,0 +1,106 @@
+"""Optimizer steps: one fused pass over the parameters, updated in place (float32).
+
+The formulas are ggml's ``ggml_opt_step_adamw`` and ``ggml_opt_step_sgd``, evaluated in float32
+in the same order.
+"""
+
+from cython.parallel cimport prange
+from libc.math cimport sqrtf
+
+from ggopt.errors import ShapeError
+
+# Below this many parameters a step stays on one thread.
+cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
+# Parameters per work item: threads take contiguous chunks of this size.
+cdef Py_ssize_t _CHUNK = 1 << 14
+
+
+cdef void _adamw_chunk(float *w, const float *g, float *m, float *v, Py_ssize_t n,
+                       float alpha, float b1, float b2, float eps, float keep, float b1h,
+                       float b2h) noexcept nogil:
+    cdef Py_ssize_t i
+    cdef float gi, mi, vi, mh, vh
+    cdef float omb1 = 1 - b1, omb2 = 1 - b2
+    for i in range(n):
+        gi = g[i]
+        mi = m[i] * b1 + gi * omb1
+        vi = v[i] * b2 + gi * gi * omb2
+        m[i] = mi
+        v[i] = vi
+        mh = mi * b1h
+        vh = sqrtf(vi * b2h) + eps
+        w[i] = w[i] * keep - alpha * mh / vh
+
+
+def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
+               const float[::1] params, int n_threads):
+    """One AdamW step in place (ggml_opt_step_adamw).
+
+    ``params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]`` where ``beta1h = 1/(1 - beta1^t)``
+    and ``beta2h = 1/(1 - beta2^t)``. Per element, in float32::
+
+        m = m*beta1 + g*(1 - beta1);  v = v*beta2 + g*g*(1 - beta2)
+        w = w*(1 - alpha*wd) - alpha*(m*beta1h) / (sqrt(v*beta2h) + eps)
+    """
+    cdef Py_ssize_t n = w.shape[0], nchunks, k, start
+    cdef float alpha, b1, b2, eps, keep, b1h, b2h
+    if g.shape[0] != n or m.shape[0] != n or v.shape[0] != n:
+        raise ShapeError(
+            f"adamw_step (ggml_opt_step_adamw): w, g, m and v must have the same length; "
+            f"got {n}, {g.shape[0]}, {m.shape[0]}, {v.shape[0]}"
+        )
+    if params.shape[0] != 7:
+        raise ShapeError(
+            f"adamw_step (ggml_opt_step_adamw): params must hold 7 values "
+            f"[alpha, beta1, beta2, eps, wd, beta1h, beta2h], got {params.shape[0]}"
+        )
+    if n == 0:
+        return
+    alpha = params[0]
+    b1 = params[1]
+    b2 = params[2]
+    eps = params[3]
+    keep = 1 - alpha * params[4]
+    b1h = params[5]
+    b2h = params[6]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static",
+                    use_threads_if=n_threads > 1 and n >= _PAR_MIN_WORK):
+        start = k * _CHUNK
+        _adamw_chunk(&w[start], &g[start], &m[start], &v[start], min(_CHUNK, n - start),
+                     alpha, b1, b2, eps, keep, b1h, b2h)
+
+
+cdef void _sgd_chunk(float *w, const float *g, Py_ssize_t n, float alpha,
+                     float keep) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        w[i] = w[i] * keep - alpha * g[i]
+
+
+def sgd_step(float[::1] w, const float[::1] g, const float[::1] params, int n_threads):
+    """One SGD step in place (ggml_opt_step_sgd): ``w = w*(1 - alpha*wd) - alpha*g``.
+
+    ``params = [alpha, wd]``.
+    """
+    cdef Py_ssize_t n = w.shape[0], nchunks, k, start
+    cdef float alpha, keep
+    if g.shape[0] != n:
+        raise ShapeError(
+            f"sgd_step (ggml_opt_step_sgd): w and g must have the same length; "
+            f"got {n} and {g.shape[0]}"
+        )
+    if params.shape[0] != 2:
+        raise ShapeError(
+            f"sgd_step (ggml_opt_step_sgd): params must hold 2 values [alpha, wd], "
+            f"got {params.shape[0]}"
+        )
+    if n == 0:
+        return
+    alpha = params[0]
+    keep = 1 - alpha * params[1]
+    nchunks = (n + _CHUNK - 1) // _CHUNK
+    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static",
+                    use_threads_if=n_threads > 1 and n >= _PAR_MIN_WORK):
+        start = k * _CHUNK
+        _sgd_chunk(&w[start], &g[start], min(_CHUNK, n - start), alpha, keep)

@@ -1,0 +1,282 @@
+"""Reductions and tiling: sum_rows, sum_all, repeat, repeat_back, argmax, count_equal.
+
+4-D arrays are in NumPy order ``(ne3, ne2, ne1, ne0)`` with any byte strides. Sums accumulate
+in double like ggml's ``ggml_float``.
+"""
+
+from cython.parallel cimport prange
+from libc.math cimport INFINITY
+from libc.stdint cimport int32_t
+from libc.string cimport memmove
+
+from ggopt._kernels._common cimport (
+    Arr4,
+    arr4_c_contig,
+    arr4_flatten,
+    arr4_same_shape,
+    arr4_set,
+    arr4_shape_str,
+    arr4_size,
+    drive_elements,
+    tile_index,
+)
+
+from ggopt.errors import ShapeError
+
+# Below this many elements a kernel stays on one thread.
+cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
+
+
+cdef struct Pair:
+    Arr4 src
+    Arr4 dst
+
+
+cdef inline const char *_row(const Arr4 *a, Py_ssize_t i3, Py_ssize_t i2,
+                             Py_ssize_t i1) noexcept nogil:
+    return a.data + i3 * a.s[0] + i2 * a.s[1] + i1 * a.s[2]
+
+
+cdef inline double _sum_f32(const char *p, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
+    """Sum of n floats at byte stride s, in double (four partial sums when contiguous)."""
+    cdef const float *f = <const float *>p
+    cdef double a0 = 0, a1 = 0, a2 = 0, a3 = 0
+    cdef Py_ssize_t i = 0
+    if s != 4:
+        for i in range(n):
+            a0 += (<const float *>(p + i * s))[0]
+        return a0
+    while i + 4 <= n:
+        a0 += f[i]
+        a1 += f[i + 1]
+        a2 += f[i + 2]
+        a3 += f[i + 3]
+        i += 4
+    while i < n:
+        a0 += f[i]
+        i += 1
+    return (a0 + a1) + (a2 + a3)
+
+
+cdef str _mismatch(str fn, str what, const Arr4 *a, const Arr4 *b):
+    return f"{fn}: {what}; got {arr4_shape_str(a)} and {arr4_shape_str(b)}"
+
+
+# ----------------------------------------------------------------------------------------------
+# sums
+
+cdef void _sum_rows_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                          Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    # walks dst (ne0 == 1): one call per row of src
+    cdef Pair *p = <Pair *>ctx
+    (<float *>_row(&p.dst, i3, i2, i1))[0] = <float>_sum_f32(
+        _row(&p.src, i3, i2, i1), p.src.s[3], p.src.n[3]
+    )
+
+
+def sum_rows(const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threads):
+    """``dst[i3, i2, i1, 0] = sum(a[i3, i2, i1, :])`` (ggml_sum_rows), summed in double."""
+    cdef Pair p
+    arr4_set(&p.src, a)
+    arr4_set(&p.dst, dst)
+    if (p.dst.n[0] != p.src.n[0] or p.dst.n[1] != p.src.n[1] or p.dst.n[2] != p.src.n[2]
+            or p.dst.n[3] != 1):
+        raise ShapeError(_mismatch("sum_rows (ggml_sum_rows)",
+                                   "dst must have a's shape with a last dim of 1", &p.src, &p.dst))
+    with nogil:
+        drive_elements(p.dst.n, _sum_rows_piece, &p, arr4_size(&p.src) >= _PAR_MIN_WORK,
+                       n_threads)
+
+
+cdef void _sum_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                     Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    cdef Arr4 *a = <Arr4 *>ctx
+    acc[0] += _sum_f32(_row(a, i3, i2, i1) + c0 * a.s[3], a.s[3], c1 - c0)
+
+
+def sum_all(const float[:, :, :, :] a, int n_threads):
+    """Sum of every element (ggml_sum): accumulated in double, returned rounded to float32."""
+    cdef Arr4 x
+    cdef double total
+    arr4_set(&x, a)
+    if arr4_c_contig(&x):
+        arr4_flatten(&x)
+    with nogil:
+        total = drive_elements(x.n, _sum_piece, &x, arr4_size(&x) >= _PAR_MIN_WORK, n_threads)
+    return <float>total
+
+
+# ----------------------------------------------------------------------------------------------
+# repeat and its backward
+
+cdef void _repeat_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                        Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    cdef Pair *p = <Pair *>ctx
+    cdef Py_ssize_t ds = p.dst.s[3], ss = p.src.s[3], ns = p.src.n[3]
+    cdef char *d = <char *>_row(&p.dst, i3, i2, i1)
+    cdef const char *s = _row(&p.src, tile_index(i3, p.src.n[0], p.dst.n[0]),
+                              tile_index(i2, p.src.n[1], p.dst.n[1]),
+                              tile_index(i1, p.src.n[2], p.dst.n[2]))
+    cdef Py_ssize_t q, bj, run, i
+    while c0 < c1:
+        bj = c0 % ns
+        run = min(c1 - c0, ns - bj)
+        if ds == 4 and ss == 4:
+            memmove(d + c0 * 4, s + bj * 4, run * 4)
+        else:
+            for i in range(run):
+                (<float *>(d + (c0 + i) * ds))[0] = (<const float *>(s + (bj + i) * ss))[0]
+        c0 += run
+
+
+def repeat(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
+    """Tile ``src`` over ``dst`` (ggml_repeat); every dim of src must divide dst's."""
+    cdef Pair p
+    cdef int k
+    arr4_set(&p.src, src)
+    arr4_set(&p.dst, dst)
+    for k in range(4):
+        if p.src.n[k] == 0 or p.dst.n[k] % p.src.n[k] != 0:
+            raise ShapeError(_mismatch("repeat (ggml_repeat / ggml_can_repeat)",
+                                       "every dim of src must divide the matching dim of dst",
+                                       &p.src, &p.dst))
+    if arr4_same_shape(&p.src, &p.dst) and arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
+        arr4_flatten(&p.src)
+        arr4_flatten(&p.dst)
+    with nogil:
+        drive_elements(p.dst.n, _repeat_piece, &p, arr4_size(&p.dst) >= _PAR_MIN_WORK,
+                       n_threads)
+
+
+cdef void _repeat_back_piece(void *ctx, Py_ssize_t j3, Py_ssize_t j2, Py_ssize_t j1,
+                             Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    # dst[j, c] = sum over tiles t of src[t*D + j, t0*D0 + c], in float, tiles in ggml's order
+    cdef Pair *p = <Pair *>ctx
+    cdef Py_ssize_t ds = p.dst.s[3], ss = p.src.s[3], n = c1 - c0
+    cdef Py_ssize_t D0 = p.dst.n[3], D1 = p.dst.n[2], D2 = p.dst.n[1], D3 = p.dst.n[0]
+    cdef Py_ssize_t t0, t1, t2, t3, i
+    cdef bint first = True
+    cdef char *d = <char *>_row(&p.dst, j3, j2, j1) + c0 * ds
+    cdef float *fd = <float *>d
+    cdef const char *s
+    cdef const float *fs
+    for t3 in range(p.src.n[0] // D3):
+        for t2 in range(p.src.n[1] // D2):
+            for t1 in range(p.src.n[2] // D1):
+                for t0 in range(p.src.n[3] // D0):
+                    s = _row(&p.src, t3 * D3 + j3, t2 * D2 + j2, t1 * D1 + j1)
+                    s += (t0 * D0 + c0) * ss
+                    fs = <const float *>s
+                    if ds == 4 and ss == 4:
+                        if first:
+                            for i in range(n):
+                                fd[i] = fs[i]
+                        else:
+                            for i in range(n):
+                                fd[i] += fs[i]
+                    elif first:
+                        for i in range(n):
+                            (<float *>(d + i * ds))[0] = (<const float *>(s + i * ss))[0]
+                    else:
+                        for i in range(n):
+                            (<float *>(d + i * ds))[0] += (<const float *>(s + i * ss))[0]
+                    first = False
+
+
+def repeat_back(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
+    """``dst`` = the sum of ``src`` over all tiles of dst's shape (ggml_repeat_back).
+
+    Every dim of dst must divide src's. dst is overwritten, not accumulated into.
+    """
+    cdef Pair p
+    cdef int k
+    arr4_set(&p.src, src)
+    arr4_set(&p.dst, dst)
+    for k in range(4):
+        if p.dst.n[k] == 0 or p.src.n[k] % p.dst.n[k] != 0:
+            raise ShapeError(_mismatch("repeat_back (ggml_repeat_back / ggml_can_repeat)",
+                                       "every dim of dst must divide the matching dim of src",
+                                       &p.src, &p.dst))
+    if arr4_same_shape(&p.src, &p.dst) and arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
+        arr4_flatten(&p.src)
+        arr4_flatten(&p.dst)
+    with nogil:
+        drive_elements(p.dst.n, _repeat_back_piece, &p, arr4_size(&p.src) >= _PAR_MIN_WORK,
+                       n_threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# argmax and count_equal
+
+cdef inline int32_t _argmax_row(const char *p, Py_ssize_t s, Py_ssize_t n) noexcept nogil:
+    # ggml_vec_argmax_f32: the last index at which x equals the running maximum
+    cdef float m = -INFINITY, v
+    cdef int32_t idx = 0
+    cdef Py_ssize_t i
+    for i in range(n):
+        v = (<const float *>(p + i * s))[0]
+        m = m if m > v else v
+        if m == v:
+            idx = <int32_t>i
+    return idx
+
+
+def argmax(const float[:, :] a, int32_t[:] dst, int n_threads):
+    """``dst[r]`` = index of the maximum of row ``a[r]`` (ggml_argmax); ties give the last index."""
+    cdef Py_ssize_t nrows = a.shape[0], ncols = a.shape[1], r
+    cdef Py_ssize_t s0 = a.strides[0], s1 = a.strides[1]
+    cdef const char *base
+    if dst.shape[0] != nrows:
+        raise ShapeError(f"argmax (ggml_argmax): dst must have one entry per row of a "
+                         f"({nrows}), got {dst.shape[0]}")
+    if nrows == 0:
+        return
+    if ncols == 0:
+        raise ShapeError("argmax (ggml_argmax): a has no columns")
+    base = <const char *>&a[0, 0]
+    for r in prange(nrows, nogil=True, num_threads=n_threads, schedule="static",
+                    use_threads_if=n_threads > 1 and nrows * ncols >= _PAR_MIN_WORK):
+        dst[r] = _argmax_row(base + r * s0, s1, ncols)
+
+
+cdef void _count_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                       Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    cdef Pair *p = <Pair *>ctx
+    cdef const char *a = _row(&p.src, i3, i2, i1)
+    cdef const char *b = _row(&p.dst, i3, i2, i1)
+    cdef Py_ssize_t sa = p.src.s[3], sb = p.dst.s[3], i, n = 0
+    cdef const int32_t *ia = <const int32_t *>a
+    cdef const int32_t *ib = <const int32_t *>b
+    if sa == 4 and sb == 4:
+        for i in range(c0, c1):
+            n += ia[i] == ib[i]
+    else:
+        for i in range(c0, c1):
+            n += (<const int32_t *>(a + i * sa))[0] == (<const int32_t *>(b + i * sb))[0]
+    acc[0] += n
+
+
+cdef void _set_i32(Arr4 *x, const int32_t[:, :, :, :] m) noexcept:
+    cdef int k
+    x.data = <char *>&m[0, 0, 0, 0]
+    for k in range(4):
+        x.n[k] = m.shape[k]
+        x.s[k] = m.strides[k]
+
+
+def count_equal(const int32_t[:, :, :, :] a, const int32_t[:, :, :, :] b, int n_threads):
+    """Number of positions where the int32 arrays a and b are equal (ggml_count_equal)."""
+    cdef Pair p
+    cdef double n
+    _set_i32(&p.src, a)
+    _set_i32(&p.dst, b)
+    if not arr4_same_shape(&p.src, &p.dst):
+        raise ShapeError(_mismatch("count_equal (ggml_count_equal)",
+                                   "a and b must have the same shape", &p.src, &p.dst))
+    if arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
+        arr4_flatten(&p.src)
+        arr4_flatten(&p.dst)
+    with nogil:
+        n = drive_elements(p.src.n, _count_piece, &p, arr4_size(&p.src) >= _PAR_MIN_WORK,
+                           n_threads)
+    return <Py_ssize_t>n

@@ -1,0 +1,102 @@
+"""The process-wide thread setting shared by the OpenMP kernels and BLAS.
+
+ggml passes ``n_threads`` to every CPU graph compute (``ggml_backend_cpu_set_n_threads``); ggopt
+keeps one setting for the whole process. Kernels read it through :func:`get_n_threads`; numpy's
+BLAS (used for matrix products) is limited to the same count with threadpoolctl, so the two
+never oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+from ._kernels._openmp_helpers import omp_max_threads
+from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
+from .errors import DTypeError, ShapeError
+
+__all__ = ["get_n_threads", "openmp_enabled", "set_n_threads"]
+
+
+def openmp_enabled() -> bool:
+    """Whether the kernels were built with OpenMP (without it they always run on one thread)."""
+    return _openmp_enabled()
+
+
+def _default_n_threads() -> int:
+    """``min(os.cpu_count(), omp_get_max_threads())``, or the latter alone if ``OMP_NUM_THREADS``
+    is set.
+
+    This is scikit-learn's ``_openmp_effective_n_threads(None)`` rule: an explicit
+    ``OMP_NUM_THREADS`` wins, otherwise never more threads than CPUs.
+    """
+    max_threads = omp_max_threads() if _openmp_enabled() else 1
+    if os.environ.get("OMP_NUM_THREADS"):
+        return max(1, max_threads)
+    return max(1, min(max_threads, os.cpu_count() or 1))
+
+
+_n_threads: int = _default_n_threads()  # what the kernels use
+_blas_controller = None  # threadpoolctl.ThreadpoolController, created on first use
+_blas_limiter = None  # the active BLAS limit; kept alive so that it stays in force
+_blas_limit: int | None = None  # the count the limiter sets (None: BLAS's own default)
+
+
+def set_n_threads(n: int | None) -> None:
+    """Set how many threads the CPU kernels and BLAS use (``ggml_backend_cpu_set_n_threads``).
+
+    Parameters
+    ----------
+    n : int or None
+        A positive thread count, or None for the default: ``min(os.cpu_count(),
+        omp_get_max_threads())`` (``OMP_NUM_THREADS`` is respected when set). None also hands
+        BLAS back its own default. In a build without OpenMP the kernels always run on one
+        thread, but BLAS still follows ``n``.
+
+    Raises
+    ------
+    DTypeError
+        ``n`` is not an integer (a TypeError).
+    ShapeError
+        ``n`` is not positive (a ValueError).
+    """
+    global _n_threads
+    if n is None:
+        _n_threads = _default_n_threads()
+        _limit_blas(None)
+        return
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise DTypeError(
+            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be an int or None, "
+            f"got {type(n).__name__}"
+        )
+    n = int(n)
+    if n < 1:
+        raise ShapeError(
+            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be a positive number of "
+            f"threads, got {n}"
+        )
+    _n_threads = n if _openmp_enabled() else 1
+    _limit_blas(n)
+
+
+def get_n_threads() -> int:
+    """The number of threads the CPU kernels use (always 1 in a build without OpenMP)."""
+    return _n_threads
+
+
+def _limit_blas(n: int | None) -> None:
+    """Limit BLAS to ``n`` threads, or restore its original limits when ``n`` is None."""
+    global _blas_controller, _blas_limiter, _blas_limit
+    if n == _blas_limit:
+        return
+    if _blas_limiter is not None:
+        _blas_limiter.restore_original_limits()
+        _blas_limiter = None
+    if n is not None:
+        if _blas_controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_controller = ThreadpoolController()  # scans the loaded libraries once
+        _blas_limiter = _blas_controller.limit(limits=n, user_api="blas")
+    _blas_limit = n

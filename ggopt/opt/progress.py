@@ -1,0 +1,122 @@
+"""The epoch progress bar, drawn exactly as ggml draws it, and the clock it reads."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any, TextIO
+
+from ..errors import ShapeError, StateError
+from .result import Result
+
+__all__ = ["time_us", "format_hms", "progress_bar_line", "epoch_callback_progress_bar"]
+
+# Eighth blocks, full (8/8) down to 1/8; a cell filled to less than 1/8 is a space.
+_CELLS = ("\u2588", "\u2589", "\u258a", "\u258b", "\u258c", "\u258d", "\u258e", "\u258f")
+_BAR_LENGTH = 8
+
+
+def time_us() -> int:
+    """Microseconds of a monotonic clock (ggml: ``ggml_time_us``)."""
+    return time.monotonic_ns() // 1000
+
+
+def format_hms(t_us: int) -> str:
+    """Format a duration in microseconds as ``HH:MM:SS`` (hours may take more digits)."""
+    s = t_us // 1_000_000
+    return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _fmt(x: float, decimals: int) -> str:
+    """Format like C's ``%.Nf``, which spells a NaN with the sign bit set ``-nan``."""
+    if math.isnan(x):
+        return "-nan" if math.copysign(1.0, x) < 0 else "nan"
+    return f"{x:.{decimals}f}"
+
+
+def progress_bar_line(
+    train: bool,
+    ibatch: int,
+    ibatch_max: int,
+    batch_size: int,
+    loss: tuple[float, float],
+    accuracy: tuple[float, float],
+    t_us: int,
+) -> str:
+    """Return one redraw of the progress bar, ending in ``" \\r"`` (plus ``"\\n"`` when done).
+
+    Parameters
+    ----------
+    train : bool
+        ``"train: "`` or ``"val:   "`` prefix.
+    ibatch, ibatch_max : int
+        Batches done (``>= 1``) and in total.
+    batch_size : int
+        Datapoints per physical batch.
+    loss, accuracy : (float, float)
+        Values and uncertainties, as :meth:`Result.loss` and :meth:`Result.accuracy` return.
+    t_us : int
+        Microseconds since the loop started; the ETA is extrapolated from it.
+    """
+    if ibatch < 1:
+        raise ShapeError(
+            f"ibatch counts batches done and must be >= 1, got {ibatch} "
+            "(ggml_opt_epoch_callback_progress_bar)"
+        )
+    cells = []
+    for j in range(_BAR_LENGTH):
+        for k in range(_BAR_LENGTH, 0, -1):
+            if ibatch_max * (_BAR_LENGTH * j + k) // _BAR_LENGTH < _BAR_LENGTH * ibatch:
+                cells.append(_CELLS[_BAR_LENGTH - k])
+                break
+        else:
+            cells.append(" ")
+    eta_us = t_us * (ibatch_max - ibatch) // ibatch
+    line = (
+        f"{'train: ' if train else 'val:   '}[{''.join(cells)}] "
+        f"data={ibatch * batch_size:07d}/{ibatch_max * batch_size:07d} "
+        f"loss={_fmt(loss[0], 5)}\u00b1{_fmt(loss[1], 5)} "
+        f"acc={_fmt(100.0 * accuracy[0], 2)}\u00b1{_fmt(100.0 * accuracy[1], 2)}% "
+        f"t={format_hms(t_us)} ETA={format_hms(eta_us)} \r"
+    )
+    if ibatch == ibatch_max:
+        line += "\n"
+    return line
+
+
+def epoch_callback_progress_bar(
+    train: bool,
+    opt_ctx: Any,
+    dataset: Any,
+    result: Result,
+    ibatch: int,
+    ibatch_max: int,
+    t_start_us: int,
+    stream: TextIO | None = None,
+) -> None:
+    """Epoch callback that redraws a progress bar in place on ``stream`` (default stderr).
+
+    Takes ggml's epoch-callback arguments in ggml's order; ``dataset`` is unused. A line
+    reads ``train: [███▋    ] data=0001500/0003000 loss=0.06607±0.01276 acc=97.73±0.27%
+    t=00:00:04 ETA=00:00:04 \\r`` (on one line), with ``\\n`` added after the last batch.
+
+    ggml: ``ggml_opt_epoch_callback_progress_bar``.
+    """
+    if not isinstance(result, Result):
+        raise StateError(
+            f"the progress bar needs a Result to report, got {type(result).__name__} "
+            "(ggml_opt_epoch_callback_progress_bar)"
+        )
+    line = progress_bar_line(
+        train,
+        ibatch,
+        ibatch_max,
+        opt_ctx.inputs.ne[1],
+        result.loss(),
+        result.accuracy(),
+        time_us() - t_start_us,
+    )
+    out = sys.stderr if stream is None else stream
+    out.write(line)
+    out.flush()

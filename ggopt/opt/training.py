@@ -1,0 +1,293 @@
+"""High-level training loops: :func:`epoch` and :func:`fit`.
+
+Like ggml's, these use only the public API of ggopt; copy and adapt them freely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError, StateError
+from ..tensor import Tensor
+from .context import OptContext
+from .dataset import Dataset
+from .enums import LossType, OptimizerType
+from .params import OptimizerParams, default_params, get_default_optimizer_params
+from .progress import epoch_callback_progress_bar, format_hms, time_us
+from .result import Result
+
+__all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
+
+#: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
+EpochCallback = Callable[[bool, OptContext, Dataset, Result, int, int, int], None]
+
+
+def _int(value: object, name: str, fn: str) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise DTypeError(f"{name} must be an int, got {value!r} ({fn})")
+    return int(value)
+
+
+def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: str) -> None:
+    """Raise unless ``dataset`` fits ``inputs`` and the loss's need for labels."""
+    data = dataset.data
+    if data.ne[0] != inputs.ne[0]:
+        raise ShapeError(
+            f"datapoints have {data.ne[0]} elements but inputs.ne[0]={inputs.ne[0]} ({fn})"
+        )
+    takes_labels = loss_type in (LossType.CROSS_ENTROPY, LossType.MEAN_SQUARED_ERROR)
+    if takes_labels != (dataset.labels is not None):
+        raise ShapeError(
+            f"the {loss_type.name} loss {'takes' if takes_labels else 'takes no'} labels but "
+            f"the dataset has {'labels' if dataset.labels is not None else 'none'} ({fn})"
+        )
+
+
+def epoch(
+    opt_ctx: OptContext,
+    dataset: Dataset,
+    result_train: Result | None,
+    result_eval: Result | None,
+    idata_split: int,
+    callback_train: EpochCallback | None = None,
+    callback_eval: EpochCallback | None = None,
+) -> None:
+    """Train on the first ``idata_split`` datapoints, then evaluate on the rest.
+
+    Batches follow the dataset's current shard order (no shuffling here). Each batch is
+    copied into the context's static inputs (and labels), then allocated and evaluated; the
+    callback runs after every eval with ``ibatch`` counting from 1 within its part.
+
+    Parameters
+    ----------
+    opt_ctx : OptContext
+        With static graphs; ``inputs.ne[1]`` datapoints per physical batch.
+    dataset : Dataset
+        ``ne_datapoint`` equal to ``inputs.ne[0]``, ``ndata`` a multiple of the batch size.
+    result_train, result_eval : Result or None
+    idata_split : int
+        Datapoints used for training (a multiple of the batch size); negative means all.
+    callback_train, callback_eval : callable or None
+        E.g. :func:`epoch_callback_progress_bar`.
+
+    ggml: ``ggml_opt_epoch``.
+    """
+    fn = "ggml_opt_epoch"
+    if not isinstance(opt_ctx, OptContext):
+        raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
+    if not isinstance(dataset, Dataset):
+        raise DTypeError(f"dataset must be a Dataset, got {type(dataset).__name__} ({fn})")
+    if not opt_ctx.static_graphs:
+        raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
+    inputs, labels, data = opt_ctx.inputs, opt_ctx.labels, dataset.data
+    _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
+    ndata = data.ne[1]
+    ndata_batch = inputs.ne[1]
+    if ndata % ndata_batch != 0:
+        raise ShapeError(
+            f"ndata={ndata} is not a multiple of the batch size inputs.ne[1]={ndata_batch} ({fn})"
+        )
+    nbatches = ndata // ndata_batch
+    idata_split = _int(idata_split, "idata_split", fn)
+    if idata_split < 0:
+        idata_split = ndata
+    if idata_split % ndata_batch != 0 or idata_split > ndata:
+        raise ShapeError(
+            f"idata_split={idata_split} must be a multiple of the batch size {ndata_batch} and "
+            f"at most ndata={ndata} ({fn})"
+        )
+    ibatch_split = idata_split // ndata_batch
+
+    t_start = time_us()
+    for ibatch in range(ibatch_split):
+        dataset.get_batch(inputs, labels, ibatch)
+        opt_ctx.alloc(True)
+        opt_ctx.eval(result_train)
+        if callback_train is not None:
+            callback_train(True, opt_ctx, dataset, result_train, ibatch + 1, ibatch_split, t_start)
+    t_start = time_us()
+    for ibatch in range(ibatch_split, nbatches):
+        dataset.get_batch(inputs, labels, ibatch)
+        opt_ctx.alloc(False)
+        opt_ctx.eval(result_eval)
+        if callback_eval is not None:
+            callback_eval(
+                False,
+                opt_ctx,
+                dataset,
+                result_eval,
+                ibatch + 1 - ibatch_split,
+                nbatches - ibatch_split,
+                t_start,
+            )
+
+
+def fit_split(
+    ndata: int, nbatch_logical: int, nbatch_physical: int, val_split: float
+) -> tuple[int, int]:
+    """Return ``(opt_period, idata_split)`` as :func:`fit` computes them.
+
+    The training part is ``int(float32(1 - val_split) * float32(ndata // nbatch_logical))``
+    logical batches, computed in float32 and truncated as ggml's C expression does.
+    """
+    fn = "ggml_opt_fit"
+    if nbatch_logical < 1 or nbatch_physical < 1:
+        raise ShapeError(
+            f"nbatch_logical={nbatch_logical} and the physical batch size "
+            f"{nbatch_physical} must be >= 1 ({fn})"
+        )
+    if ndata % nbatch_logical != 0:
+        raise ShapeError(
+            f"ndata={ndata} is not a multiple of nbatch_logical={nbatch_logical} ({fn})"
+        )
+    if nbatch_logical % nbatch_physical != 0:
+        raise ShapeError(
+            f"nbatch_logical={nbatch_logical} is not a multiple of the physical batch size "
+            f"inputs.ne[1]={nbatch_physical} ({fn})"
+        )
+    try:
+        vs = np.float32(val_split)
+    except (TypeError, ValueError):
+        raise DTypeError(f"val_split must be a float, got {val_split!r} ({fn})") from None
+    if not 0.0 <= vs < 1.0:
+        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})")
+    opt_period = nbatch_logical // nbatch_physical
+    nbatches_logical = ndata // nbatch_logical
+    train_logical = int(np.float32((np.float32(1.0) - vs) * np.float32(nbatches_logical)))
+    return opt_period, train_logical * opt_period * nbatch_physical
+
+
+@dataclasses.dataclass
+class FitHistory:
+    """Per-epoch statistics returned by :func:`fit`; every list has one entry per epoch.
+
+    Validation entries are NaN when there is no validation data (``val_split=0``); accuracies
+    are NaN unless the loss is CROSS_ENTROPY.
+    """
+
+    train_loss: list[float] = dataclasses.field(default_factory=list)
+    train_loss_unc: list[float] = dataclasses.field(default_factory=list)
+    train_acc: list[float] = dataclasses.field(default_factory=list)
+    train_acc_unc: list[float] = dataclasses.field(default_factory=list)
+    val_loss: list[float] = dataclasses.field(default_factory=list)
+    val_loss_unc: list[float] = dataclasses.field(default_factory=list)
+    val_acc: list[float] = dataclasses.field(default_factory=list)
+    val_acc_unc: list[float] = dataclasses.field(default_factory=list)
+    seconds: list[float] = dataclasses.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+    def _record(self, train: Result, val: Result, seconds: float) -> None:
+        for prefix, result in (("train", train), ("val", val)):
+            if result.ndata == 0:
+                stats = (math.nan,) * 4
+            else:
+                stats = (*result.loss(), *result.accuracy())
+            for name, value in zip(("loss", "loss_unc", "acc", "acc_unc"), stats, strict=True):
+                getattr(self, f"{prefix}_{name}").append(value)
+        self.seconds.append(seconds)
+
+
+def fit(
+    sched: Any,
+    ctx_compute: Any,
+    inputs: Tensor,
+    outputs: Tensor,
+    dataset: Dataset,
+    loss_type: LossType = LossType.MEAN,
+    optimizer: OptimizerType = OptimizerType.ADAMW,
+    get_opt_pars: Callable[[int], OptimizerParams] = get_default_optimizer_params,
+    nepoch: int = 1,
+    nbatch_logical: int = 1,
+    val_split: float = 0.0,
+    silent: bool = False,
+    *,
+    stream: TextIO | None = None,
+) -> FitHistory:
+    """Train a model with static graphs for ``nepoch`` epochs.
+
+    All shards are shuffled once (fixing the validation part), then the training part
+    again before every epoch; shuffles are skipped when one logical batch holds everything.
+
+    Parameters
+    ----------
+    sched, ctx_compute, inputs, outputs :
+        As for :class:`OptParams`; ``inputs.ne[1]`` is the physical batch size.
+    dataset : Dataset
+    loss_type : LossType
+    optimizer : OptimizerType
+    get_opt_pars : callable
+        ``get_opt_pars(epoch) -> OptimizerParams``, called once per optimizer step with the
+        current 1-based epoch (for learning-rate schedules).
+    nepoch : int
+    nbatch_logical : int
+        Datapoints per optimizer step (torch: effective batch size); a multiple of the
+        physical batch size, dividing ``ndata``. ``opt_period = nbatch_logical/inputs.ne[1]``.
+    val_split : float
+        Fraction in ``[0, 1)`` of logical batches held out for validation.
+    silent : bool
+        False: print a header and progress bars per epoch, as ggml does.
+    stream : text stream, optional
+        Where the progress goes (default ``sys.stderr``).
+
+    Returns
+    -------
+    FitHistory
+        Train and validation loss/accuracy with uncertainties and seconds, per epoch.
+
+    ggml: ``ggml_opt_fit`` (which returns nothing).
+    """
+    fn = "ggml_opt_fit"
+    if not isinstance(dataset, Dataset):
+        raise DTypeError(f"dataset must be a Dataset, got {type(dataset).__name__} ({fn})")
+    if not isinstance(inputs, Tensor):
+        raise DTypeError(f"inputs must be a Tensor, got {type(inputs).__name__} ({fn})")
+    if not callable(get_opt_pars):
+        raise DTypeError(f"get_opt_pars must be callable ({fn})")
+    nepoch = _int(nepoch, "nepoch", fn)
+    if nepoch < 0:
+        raise ShapeError(f"nepoch must be >= 0, got {nepoch} ({fn})")
+    nbatch_logical = _int(nbatch_logical, "nbatch_logical", fn)
+    loss_type = LossType.coerce(loss_type, fn)
+    _check_dataset(dataset, inputs, loss_type, fn)
+    ndata = dataset.data.ne[1]
+    opt_period, idata_split = fit_split(ndata, nbatch_logical, inputs.ne[1], val_split)
+
+    t_start = time.perf_counter()
+    iepoch = 1
+    params = default_params(sched, loss_type)
+    params.ctx_compute, params.inputs, params.outputs = ctx_compute, inputs, outputs
+    params.opt_period = opt_period
+    params.get_opt_pars = lambda _ud: get_opt_pars(iepoch)
+    params.optimizer = optimizer
+    out = sys.stderr if stream is None else stream
+    callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
+    history = FitHistory()
+    with OptContext(params) as opt_ctx:
+        if nbatch_logical < ndata:
+            dataset.shuffle(opt_ctx, -1)
+        result_train, result_val = Result(), Result()
+        for iepoch in range(1, nepoch + 1):
+            t_epoch = time.perf_counter()
+            if nbatch_logical < idata_split:
+                dataset.shuffle(opt_ctx, idata_split)
+            result_train.reset()
+            result_val.reset()
+            if not silent:
+                out.write(f"{fn}: epoch {iepoch:04d}/{nepoch:04d}:\n")
+            epoch(opt_ctx, dataset, result_train, result_val, idata_split, callback, callback)
+            if not silent:
+                out.write("\n")
+            history._record(result_train, result_val, time.perf_counter() - t_epoch)
+    if not silent:
+        out.write(f"{fn}: training took {format_hms(int((time.perf_counter() - t_start) * 1e6))}\n")
+        out.flush()
+    return history

@@ -1,0 +1,125 @@
+"""Result statistics (spec §2.9) on hand-fed evaluations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ggopt.errors import ShapeError
+from ggopt.opt.result import Result
+
+
+def _feed(result, losses, *, per_datapoint=False, opt_period=1, nd=1, pred=None, ncorrect=None):
+    for k, loss in enumerate(losses):
+        result._check_eval(per_datapoint, opt_period, nd)
+        result._add_eval(
+            per_datapoint,
+            opt_period,
+            nd,
+            np.float32(loss),
+            None if pred is None else pred[k],
+            None if ncorrect is None else ncorrect[k],
+        )
+
+
+def test_initial_result():
+    r = Result()
+    assert r.ndata == 0
+    loss, unc = r.loss()
+    assert loss == 0.0 and math.isnan(unc)  # ggml crashes here (Q7)
+    acc, acc_unc = r.accuracy()
+    assert math.isnan(acc) and math.isnan(acc_unc)
+    assert r.pred().dtype == np.int32 and r.pred().size == 0
+
+
+def test_sum_loss_is_total_with_sample_std():
+    r = Result()
+    _feed(r, [3, 4, 5, 6, 7, 8])
+    loss, unc = r.loss()
+    assert r.ndata == 6
+    assert loss == 33.0
+    assert abs(unc - math.sqrt(3.5)) < 1e-10
+    acc, acc_unc = r.accuracy()
+    assert math.isnan(acc) and math.isnan(acc_unc)
+
+
+def test_constant_losses_have_exactly_zero_uncertainty():
+    r = Result()
+    _feed(r, [3.0] * 6)
+    assert r.loss() == (18.0, 0.0)
+
+
+def test_single_batch_has_nan_uncertainty():
+    r = Result()
+    _feed(r, [2.5], per_datapoint=True)
+    loss, unc = r.loss()
+    assert loss == 2.5 and math.isnan(unc)
+
+
+def test_per_datapoint_loss_undoes_opt_period_scaling():
+    r = Result()
+    scaled = [np.float32(v) / np.float32(3) for v in (1.0, 2.0, 4.0)]
+    _feed(r, scaled, per_datapoint=True, opt_period=3)
+    loss, unc = r.loss()
+    s = [np.float32(v * np.float32(3)) for v in scaled]
+    total = sum(float(v) for v in s)
+    total_sq = sum(float(v * v) for v in s)
+    mean = total / 3
+    assert loss == mean
+    assert unc == math.sqrt((total_sq / 3 - mean * mean) / 2)
+    assert abs(loss - 7 / 3) < 1e-6
+
+
+def test_accuracy_and_predictions():
+    r = Result()
+    pred = [np.array([1, 2], np.int32), np.array([3, 0], np.int32)]
+    _feed(r, [0.5, 0.25], per_datapoint=True, nd=2, pred=pred, ncorrect=[2, 1])
+    acc, unc = r.accuracy()
+    assert acc == 0.75
+    assert unc == math.sqrt(0.75 * 0.25 / 3)
+    np.testing.assert_array_equal(r.pred(), [1, 2, 3, 0])
+
+
+def test_one_datapoint_accuracy_has_nan_uncertainty():
+    r = Result()
+    _feed(r, [0.5], per_datapoint=True, nd=1, pred=[np.array([4])], ncorrect=[1])
+    acc, unc = r.accuracy()
+    assert acc == 1.0 and math.isnan(unc)
+
+
+def test_missing_ncorrect_poisons_accuracy():
+    r = Result()
+    _feed(r, [1.0], ncorrect=[None])
+    _feed(r, [1.0], ncorrect=[5])
+    assert math.isnan(r.accuracy()[0])
+
+
+def test_reset_keeps_nothing():
+    r = Result()
+    _feed(r, [1.0, 2.0], per_datapoint=True, opt_period=2, pred=[[1], [2]], ncorrect=[1, 0])
+    r.reset()
+    assert r.ndata == 0
+    assert r.loss()[0] == 0.0
+    assert r.pred().size == 0
+    # After a reset the next evaluation may come from another kind of context.
+    _feed(r, [5.0])
+    assert r.loss()[0] == 5.0
+
+
+def test_varying_batch_size_rejected_without_change():
+    r = Result()
+    _feed(r, [1.0], nd=2)
+    with pytest.raises(ShapeError, match="varying batch size"):
+        r._check_eval(False, 1, 3)
+    assert r.ndata == 2 and r.loss()[0] == 1.0
+
+
+@pytest.mark.parametrize("per_datapoint, opt_period", [(True, 1), (False, 2)])
+def test_other_context_kind_rejected(per_datapoint, opt_period):
+    r = Result()
+    _feed(r, [1.0])
+    with pytest.raises(ShapeError, match="another kind of context"):
+        r._check_eval(per_datapoint, opt_period, 1)
+    assert r.ndata == 1
