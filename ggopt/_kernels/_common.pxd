@@ -6,11 +6,13 @@ from cython.parallel cimport prange
 
 cdef extern from *:
     """
+    #include <math.h>
     #include <stdint.h>
+    #include <stdlib.h>
 
     /* exp(x) in float32, within about 2 ulp of the correctly rounded result.
        exp(x) = 2^n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r) is Cephes'
-       degree-7 polynomial. 2^n is applied as two factors so that n from -150 to 129 never
+       polynomial. 2^n is applied as two factors so that n from -150 to 129 never
        leaves the normal exponent range: large x overflow to +inf, very negative x underflow
        to 0, NaN stays NaN. Branch-free, so loops over it vectorize. */
     static inline float ggopt_expf(float x) {
@@ -41,9 +43,92 @@ cdef extern from *:
     static inline float ggopt_sigmoidf(float x) {
         return 1.0f / (1.0f + ggopt_expf(-x));
     }
+
+    /* Mark the loops that are worth a second, AVX2 + FMA, copy of their machine code: GCC builds
+       both and picks one when the module loads (an ifunc, so glibc on x86-64 only). Only the
+       speed differs, and the last bit of an exp where FMA rounds once instead of twice. The
+       row helpers below are always inlined, so they take the instruction set of their caller. */
+    #if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && \
+        defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    #define GGOPT_MULTIVERSION \
+        __attribute__((unused, target_clones("arch=x86-64-v3", "default")))
+    #elif defined(__GNUC__)
+    #define GGOPT_MULTIVERSION __attribute__((unused))
+    #else
+    #define GGOPT_MULTIVERSION
+    #endif
+    #if defined(__GNUC__)
+    #define GGOPT_ROW_INLINE static inline __attribute__((always_inline))
+    #else
+    #define GGOPT_ROW_INLINE static inline
+    #endif
+
+    /* max_i s*x[i] over a contiguous row (-inf when n == 0). */
+    GGOPT_ROW_INLINE float ggopt_row_max(const float *x, Py_ssize_t n, float s) {
+        float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) {
+                float v = s * x[i + k];
+                m[k] = m[k] > v ? m[k] : v;
+            }
+        for (; i < n; i++) {
+            float v = s * x[i];
+            m[0] = m[0] > v ? m[0] : v;
+        }
+        for (int k = 1; k < 8; k++) m[0] = m[0] > m[k] ? m[0] : m[k];
+        return m[0];
+    }
+
+    /* Sum of a contiguous row in double, with independent partial sums. */
+    GGOPT_ROW_INLINE double ggopt_row_sum_d(const float *x, Py_ssize_t n) {
+        double a[4] = {0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)x[i + k];
+        for (; i < n; i++) a[0] += (double)x[i];
+        return (a[0] + a[1]) + (a[2] + a[3]);
+    }
+
+    /* d[i] = exp(s*x[i] - m) over a contiguous row (d may be x); returns sum(d) in double. */
+    GGOPT_ROW_INLINE double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s, float m) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = ggopt_expf(s * x[i] - m);
+        return ggopt_row_sum_d(d, n);
+    }
+
+    /* sum_i exp(s*x[i] - m) in double over a contiguous row, without storing the exps. */
+    GGOPT_ROW_INLINE double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) {
+        float buf[256];
+        double acc = 0;
+        for (Py_ssize_t start = 0; start < n; start += 256) {
+            Py_ssize_t k = n - start < 256 ? n - start : 256;
+            for (Py_ssize_t i = 0; i < k; i++) buf[i] = ggopt_expf(s * x[start + i] - m);
+            acc += ggopt_row_sum_d(buf, k);
+        }
+        return acc;
+    }
+
+    /* sum_i y[i] * ((x[i] - m) - lsum) in double over contiguous rows: a row's contribution to
+       the cross-entropy sum, log-softmax computed in float32 like ggml. */
+    GGOPT_ROW_INLINE double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n,
+                                         float m, float lsum) {
+        double a[4] = {0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)(y[i + k] * ((x[i + k] - m) - lsum));
+        for (; i < n; i++) a[0] += (double)(y[i] * ((x[i] - m) - lsum));
+        return (a[0] + a[1]) + (a[2] + a[3]);
+    }
     """
     float ggopt_expf(float x) noexcept nogil
     float ggopt_sigmoidf(float x) noexcept nogil
+    float ggopt_row_max(const float *x, Py_ssize_t n, float s) noexcept nogil
+    double ggopt_row_sum_d(const float *x, Py_ssize_t n) noexcept nogil
+    double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s, float m) noexcept nogil
+    double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) noexcept nogil
+    double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n, float m,
+                        float lsum) noexcept nogil
 
 
 cdef struct Arr4:

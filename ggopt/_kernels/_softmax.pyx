@@ -3,8 +3,11 @@
 Each row is max-subtracted; exponentials are float32 (vectorized), their sums double like
 ggml's ``ggml_float``. Rows are split evenly between threads. ``dst`` may be the same memory as
 any input: each element of an input is read before the same element of dst is written.
+Contiguous rows go through the C row loops below (built twice, see GGOPT_MULTIVERSION);
+strided rows through the general loops.
 """
 
+from cython.parallel cimport prange
 from libc.math cimport INFINITY, log
 
 from ggopt._kernels._common cimport (
@@ -19,12 +22,64 @@ from ggopt._kernels._common cimport (
 
 from ggopt.errors import ShapeError
 
+cdef extern from *:
+    """
+    /* softmax(s*x) over one contiguous row into d (d may be x). */
+    GGOPT_MULTIVERSION
+    static void ggopt_softmax_row(float *d, const float *x, Py_ssize_t n, float s) {
+        float m = ggopt_row_max(x, n, s);
+        float inv = (float)(1.0 / ggopt_row_exp(d, x, n, s, m));
+        for (Py_ssize_t i = 0; i < n; i++) d[i] *= inv;
+    }
+
+    /* sum over nrows contiguous rows (byte strides xr, yr) of sum_i y_i * lsm_i, where
+       lsm_i = (x_i - max) - log(sum exp(x - max)) in float32 (ggml_cross_entropy_loss). */
+    GGOPT_MULTIVERSION
+    static double ggopt_ce_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
+                                Py_ssize_t nrows, Py_ssize_t n) {
+        double total = 0;
+        for (Py_ssize_t r = 0; r < nrows; r++) {
+            const float *xp = (const float *)(x + r * xr);
+            const float *yp = (const float *)(y + r * yr);
+            float m = ggopt_row_max(xp, n, 1.0f);
+            float lsum = (float)log(ggopt_row_expsum(xp, n, 1.0f, m));
+            total += ggopt_row_ce(xp, yp, n, m, lsum);
+        }
+        return total;
+    }
+
+    /* d = (softmax(x) - y) * g over nrows contiguous rows. The exps are parked in d, except
+       when d is y's memory: then they are computed again in the write pass. */
+    GGOPT_MULTIVERSION
+    static void ggopt_ce_back_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
+                                   char *d, Py_ssize_t dr, Py_ssize_t nrows, Py_ssize_t n,
+                                   float g) {
+        for (Py_ssize_t r = 0; r < nrows; r++) {
+            const float *xp = (const float *)(x + r * xr);
+            const float *yp = (const float *)(y + r * yr);
+            float *dp = (float *)(d + r * dr);
+            float m = ggopt_row_max(xp, n, 1.0f);
+            if ((const float *)dp == yp) {
+                float inv = (float)(1.0 / ggopt_row_expsum(xp, n, 1.0f, m));
+                for (Py_ssize_t i = 0; i < n; i++)
+                    dp[i] = (ggopt_expf(xp[i] - m) * inv - yp[i]) * g;
+            } else {
+                float inv = (float)(1.0 / ggopt_row_exp(dp, xp, n, 1.0f, m));
+                for (Py_ssize_t i = 0; i < n; i++) dp[i] = (dp[i] * inv - yp[i]) * g;
+            }
+        }
+    }
+    """
+    void ggopt_softmax_row(float *d, const float *x, Py_ssize_t n, float s) noexcept nogil
+    double ggopt_ce_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
+                         Py_ssize_t nrows, Py_ssize_t n) noexcept nogil
+    void ggopt_ce_back_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
+                            char *d, Py_ssize_t dr, Py_ssize_t nrows, Py_ssize_t n,
+                            float g) noexcept nogil
+
 # Below this many element-operations a kernel stays on one thread; one exp counts as _EXP_COST.
 cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
 cdef Py_ssize_t _EXP_COST = 4
-# Exponentials are computed in blocks of this many floats on the stack, then summed in double.
-cdef enum:
-    _BLOCK = 256
 
 
 cdef struct Job:
@@ -44,21 +99,8 @@ cdef inline float _at(const char *p, Py_ssize_t s, Py_ssize_t i) noexcept nogil:
     return (<const float *>(p + i * s))[0]
 
 
-cdef inline double _sum_block(const float *b, Py_ssize_t n) noexcept nogil:
-    """Sum of n contiguous floats in double (four partial sums)."""
-    cdef double a0 = 0, a1 = 0, a2 = 0, a3 = 0
-    cdef Py_ssize_t i = 0
-    while i + 4 <= n:
-        a0 += b[i]
-        a1 += b[i + 1]
-        a2 += b[i + 2]
-        a3 += b[i + 3]
-        i += 4
-    while i < n:
-        a0 += b[i]
-        i += 1
-    return (a0 + a1) + (a2 + a3)
-
+# ----------------------------------------------------------------------------------------------
+# general (strided) rows
 
 cdef inline float _row_max(const char *x, Py_ssize_t xs, Py_ssize_t n, float scale) noexcept nogil:
     """max_i scale*x_i (ggml_vec_max_f32)."""
@@ -73,40 +115,10 @@ cdef inline float _row_max(const char *x, Py_ssize_t xs, Py_ssize_t n, float sca
 cdef inline double _row_expsum(const char *x, Py_ssize_t xs, Py_ssize_t n, float scale,
                                float m) noexcept nogil:
     """sum_i exp(scale*x_i - m): the exps in float32, the sum in double."""
-    cdef float buf[_BLOCK]
-    cdef const float *fx
-    cdef Py_ssize_t start = 0, k, i
-    cdef double acc = 0
-    while start < n:
-        k = min(n - start, <Py_ssize_t>_BLOCK)
-        if xs == 4:
-            fx = <const float *>x + start
-            for i in range(k):
-                buf[i] = ggopt_expf(scale * fx[i] - m)
-        else:
-            for i in range(k):
-                buf[i] = ggopt_expf(scale * _at(x, xs, start + i) - m)
-        acc += _sum_block(buf, k)
-        start += k
-    return acc
-
-
-cdef inline double _exp_into(const char *x, Py_ssize_t xs, char *d, Py_ssize_t ds,
-                             Py_ssize_t n, float scale, float m) noexcept nogil:
-    """d_i = exp(scale*x_i - m) in float32; returns their sum in double. d may be x."""
-    cdef const float *fx = <const float *>x
-    cdef float *fd = <float *>d
-    cdef float e
     cdef double acc = 0
     cdef Py_ssize_t i
-    if xs == 4 and ds == 4:
-        for i in range(n):
-            fd[i] = ggopt_expf(scale * fx[i] - m)
-        return _sum_block(fd, n)
     for i in range(n):
-        e = ggopt_expf(scale * _at(x, xs, i) - m)
-        (<float *>(d + i * ds))[0] = e
-        acc += e
+        acc += ggopt_expf(scale * _at(x, xs, i) - m)
     return acc
 
 
@@ -152,15 +164,19 @@ cdef void _soft_max_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
     cdef const char *x = _row(&j.x, i3, i2, i1)
     cdef char *d = <char *>_row(&j.d, i3, i2, i1)
     cdef Py_ssize_t xs = j.x.s[3], ds = j.d.s[3], n = j.x.n[3], i
-    cdef float m = _row_max(x, xs, n, j.scale)
-    cdef float inv = <float>(1.0 / _exp_into(x, xs, d, ds, n, j.scale, m))
-    cdef float *fd = <float *>d
-    if ds == 4:
-        for i in range(n):
-            fd[i] = fd[i] * inv
-    else:
-        for i in range(n):
-            (<float *>(d + i * ds))[0] *= inv
+    cdef float s = j.scale, m, inv, e
+    cdef double total = 0
+    if xs == 4 and ds == 4:
+        ggopt_softmax_row(<float *>d, <const float *>x, n, s)
+        return
+    m = _row_max(x, xs, n, s)
+    for i in range(n):
+        e = ggopt_expf(s * _at(x, xs, i) - m)
+        (<float *>(d + i * ds))[0] = e
+        total += e
+    inv = <float>(1.0 / total)
+    for i in range(n):
+        (<float *>(d + i * ds))[0] *= inv
 
 
 def soft_max(const float[:, :, :, :] a, float[:, :, :, :] dst, float scale, int n_threads):
@@ -232,28 +248,32 @@ def soft_max_back(const float[:, :, :, :] g, const float[:, :, :, :] y,
 
 cdef void _ce_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
                   Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
-    # sum_i y_i * lsm_i with lsm_i = (x_i - max) - log(sum_k exp(x_k - max))
+    # strided rows: sum_i y_i * ((x_i - max) - log(sum_k exp(x_k - max)))
     cdef Job *j = <Job *>ctx
     cdef const char *x = _row(&j.x, 0, 0, i1)
     cdef const char *y = _row(&j.y, 0, 0, i1)
     cdef Py_ssize_t xs = j.x.s[3], ys = j.y.s[3], n = j.x.n[3], i
     cdef float m = _row_max(x, xs, n, 1)
     cdef float lsum = <float>log(_row_expsum(x, xs, n, 1, m))
-    cdef const float *fx = <const float *>x
-    cdef const float *fy = <const float *>y
-    cdef double a0 = 0, a1 = 0
-    if xs == 4 and ys == 4:
-        i = 0
-        while i + 2 <= n:
-            a0 += fy[i] * ((fx[i] - m) - lsum)
-            a1 += fy[i + 1] * ((fx[i + 1] - m) - lsum)
-            i += 2
-        if i < n:
-            a0 += fy[i] * ((fx[i] - m) - lsum)
-    else:
-        for i in range(n):
-            a0 += _at(y, ys, i) * ((_at(x, xs, i) - m) - lsum)
-    acc[0] += a0 + a1
+    cdef double a0 = 0
+    for i in range(n):
+        a0 += _at(y, ys, i) * ((_at(x, xs, i) - m) - lsum)
+    acc[0] += a0
+
+
+cdef void _ce_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                       Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    # strided rows: the exps are computed twice so that dst may alias logits or labels
+    cdef Job *j = <Job *>ctx
+    cdef const char *x = _row(&j.x, 0, 0, i1)
+    cdef const char *y = _row(&j.y, 0, 0, i1)
+    cdef char *d = <char *>_row(&j.d, 0, 0, i1)
+    cdef Py_ssize_t xs = j.x.s[3], ys = j.y.s[3], ds = j.d.s[3], n = j.x.n[3], i
+    cdef float m = _row_max(x, xs, n, 1)
+    cdef float inv = <float>(1.0 / _row_expsum(x, xs, n, 1, m))
+    cdef float g = j.grad
+    for i in range(n):
+        (<float *>(d + i * ds))[0] = (ggopt_expf(_at(x, xs, i) - m) * inv - _at(y, ys, i)) * g
 
 
 cdef void _prepare_ce(Job *j, const float[:, :] logits, const float[:, :] labels,
@@ -271,44 +291,26 @@ def cross_entropy_loss(const float[:, :] logits, const float[:, :] labels, int n
     """
     cdef Job j
     cdef Py_ssize_t shape[4]
-    cdef Py_ssize_t nrows = logits.shape[0]
-    cdef double total
+    cdef Py_ssize_t nrows = logits.shape[0], ncols = logits.shape[1], nr, k, r0, r1
+    cdef double total = 0
+    cdef bint par
     _prepare_ce(&j, logits, labels, "cross_entropy_loss (ggml_cross_entropy_loss)")
     if nrows == 0:
         raise ShapeError("cross_entropy_loss (ggml_cross_entropy_loss): logits has no rows")
-    _rows_shape(&j.x, shape)
-    with nogil:
-        total = drive_elements(shape, _ce_row, &j, _par(&j.x, n_threads), n_threads)
+    par = _par(&j.x, n_threads)
+    if j.x.s[3] != 4 or j.y.s[3] != 4:
+        _rows_shape(&j.x, shape)
+        with nogil:
+            total = drive_elements(shape, _ce_row, &j, par, n_threads)
+        return <float>(-total / nrows)
+    nr = n_threads if par else 1
+    for k in prange(nr, nogil=True, num_threads=n_threads, use_threads_if=par,
+                    schedule="static"):
+        r0 = nrows * k // nr
+        r1 = nrows * (k + 1) // nr
+        total += ggopt_ce_rows(j.x.data + r0 * j.x.s[2], j.x.s[2], j.y.data + r0 * j.y.s[2],
+                               j.y.s[2], r1 - r0, ncols)
     return <float>(-total / nrows)
-
-
-cdef void _ce_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
-                       Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
-    # dst_i = (softmax(x)_i - y_i) * grad/nrows. The exps go to dst first, unless dst is the
-    # labels' memory: then they are recomputed in the write pass.
-    cdef Job *j = <Job *>ctx
-    cdef const char *x = _row(&j.x, 0, 0, i1)
-    cdef const char *y = _row(&j.y, 0, 0, i1)
-    cdef char *d = <char *>_row(&j.d, 0, 0, i1)
-    cdef Py_ssize_t xs = j.x.s[3], ys = j.y.s[3], ds = j.d.s[3], n = j.x.n[3], i
-    cdef float m = _row_max(x, xs, n, 1)
-    cdef float inv, g = j.grad
-    cdef const float *fy = <const float *>y
-    cdef float *fd = <float *>d
-    if d == y:
-        inv = <float>(1.0 / _row_expsum(x, xs, n, 1, m))
-        for i in range(n):
-            (<float *>(d + i * ds))[0] = (
-                (ggopt_expf(_at(x, xs, i) - m) * inv - _at(y, ys, i)) * g
-            )
-        return
-    inv = <float>(1.0 / _exp_into(x, xs, d, ds, n, 1, m))
-    if ys == 4 and ds == 4:
-        for i in range(n):
-            fd[i] = (fd[i] * inv - fy[i]) * g
-    else:
-        for i in range(n):
-            (<float *>(d + i * ds))[0] = ((<float *>(d + i * ds))[0] * inv - _at(y, ys, i)) * g
 
 
 def cross_entropy_loss_back(float grad, const float[:, :] logits, const float[:, :] labels,
@@ -319,7 +321,8 @@ def cross_entropy_loss_back(float grad, const float[:, :] logits, const float[:,
     """
     cdef Job j
     cdef Py_ssize_t shape[4]
-    cdef Py_ssize_t nrows = logits.shape[0]
+    cdef Py_ssize_t nrows = logits.shape[0], ncols = logits.shape[1], nr, k, r0, r1
+    cdef bint par
     _prepare_ce(&j, logits, labels, "cross_entropy_loss_back (ggml_cross_entropy_loss_back)")
     j.d = _rows_of(dst)
     _check_same(&j.x, &j.d, "cross_entropy_loss_back (ggml_cross_entropy_loss_back)",
@@ -327,6 +330,17 @@ def cross_entropy_loss_back(float grad, const float[:, :] logits, const float[:,
     if nrows == 0:
         return
     j.grad = grad / <float>nrows
-    _rows_shape(&j.x, shape)
-    with nogil:
-        drive_elements(shape, _ce_back_row, &j, _par(&j.x, n_threads), n_threads)
+    par = _par(&j.x, n_threads)
+    if j.x.s[3] != 4 or j.y.s[3] != 4 or j.d.s[3] != 4:
+        _rows_shape(&j.x, shape)
+        with nogil:
+            drive_elements(shape, _ce_back_row, &j, par, n_threads)
+        return
+    nr = n_threads if par else 1
+    for k in prange(nr, nogil=True, num_threads=n_threads, use_threads_if=par,
+                    schedule="static"):
+        r0 = nrows * k // nr
+        r1 = nrows * (k + 1) // nr
+        ggopt_ce_back_rows(j.x.data + r0 * j.x.s[2], j.x.s[2], j.y.data + r0 * j.y.s[2],
+                           j.y.s[2], j.d.data + r0 * j.d.s[2], j.d.s[2], r1 - r0, ncols,
+                           j.grad)

@@ -88,7 +88,7 @@ def _sum_rows(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     a, d = srcs[0].array4d(), node.array4d()
     if node.op is Op.SUM_ROWS:
         return lambda: _reduce.sum_rows(a, d, be.n_threads)
-    inv = 1.0 / a.shape[3]
+    inv = 1.0 / a.shape[3] if a.shape[3] else float("nan")
 
     def step() -> None:
         _reduce.sum_rows(a, d, be.n_threads)

@@ -23,6 +23,9 @@ from .buffer import Buffer
 
 __all__ = ["Scheduler"]
 
+#: Sources an op writes in place besides its own result: they must live on the node's backend.
+_WRITTEN_SOURCES = {Op.OPT_STEP_ADAMW: (2, 3)}
+
 
 class _Split:
     __slots__ = ("backend", "nodes", "copies", "steps")
@@ -202,7 +205,7 @@ class Scheduler:
             split = splits[-1]
             split.nodes.append(node)
             srcs = []
-            for s in node.src:
+            for j, s in enumerate(node.src):
                 if s is None:
                     srcs.append(s)
                     continue
@@ -210,6 +213,11 @@ class Scheduler:
                 if home is None or home is b or (home.is_host and b.is_host):
                     srcs.append(s)
                     continue
+                if j in _WRITTEN_SOURCES.get(node.op, ()):
+                    raise StateError(
+                        f"ggml_backend_sched_alloc_graph: {node.op.name} '{node.name}' runs on "
+                        f"{b.name} but updates '{s.name}' in place, which lives on {home.name}; "
+                        f"allocate the parameters on the scheduler's first backend ({home.name})")
                 cp = next((c for src, c in split.copies if src is s), None)
                 if cp is None:
                     cp = self._ctx.new_tensor(s.type, s.ne)

@@ -21,7 +21,10 @@ from .base import Step
 if TYPE_CHECKING:
     from .xp import ArrayBackend
 
-__all__ = ["COMPILERS", "Compiler", "UNARY", "UNARY_BACK", "split_axes", "tile_split"]
+__all__ = [
+    "COMPILERS", "Compiler", "UNARY", "UNARY_BACK", "ce_rows", "check_unary_back", "split_axes",
+    "tile_split",
+]
 
 Compiler = Callable[["ArrayBackend", Tensor, tuple], Step]
 COMPILERS: dict[Op, Compiler] = {}

@@ -1,0 +1,56 @@
+"""Shared fixtures of the benchmark suite (``pytest bench``; never part of the default run)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import ggopt
+
+# Medians (seconds) of the benchmarks run so far, by (group, id), for same-run ratios.
+_MEDIANS: dict[tuple[str, str], float] = {}
+
+
+@pytest.fixture(scope="module")
+def bench_threads():
+    """Run the module's benchmarks on ``GGOPT_BENCH_THREADS`` threads (default 2).
+
+    ``ggopt.set_n_threads`` limits the OpenMP kernels and NumPy's BLAS alike; the default
+    setting is restored afterwards.
+    """
+    n = int(os.environ.get("GGOPT_BENCH_THREADS", "2"))
+    ggopt.set_n_threads(n)
+    yield n
+    ggopt.set_n_threads(None)
+
+
+@pytest.fixture
+def ratio_to(benchmark):
+    """``ratio_to(name, ref=bound, ...)``, called after ``benchmark(...)``.
+
+    Remembers this row's median under ``(group, name)``. For every reference ``ref`` measured
+    earlier in the same group it stores ``ratio_vs_<ref> = median(ref) / median(this)`` (above
+    1: this row is faster) and, when ``bound`` is not None, the target ``target_vs_<ref>`` and
+    whether the ratio reaches it (``met_vs_<ref>``) in ``benchmark.extra_info``. Returns the
+    ratios; empty under ``--benchmark-disable``.
+    """
+
+    def record(name: str, **refs: float | None) -> dict[str, float]:
+        if benchmark.stats is None:
+            return {}
+        median = benchmark.stats.stats.median
+        _MEDIANS[(benchmark.group, name)] = median
+        ratios = {}
+        for ref, bound in refs.items():
+            ref_median = _MEDIANS.get((benchmark.group, ref))
+            if ref_median is None:
+                continue
+            ratios[ref] = ref_median / median
+            benchmark.extra_info[f"ratio_vs_{ref}"] = round(ratios[ref], 3)
+            if bound is not None:
+                benchmark.extra_info[f"target_vs_{ref}"] = bound
+                benchmark.extra_info[f"met_vs_{ref}"] = bool(ratios[ref] >= bound)
+        return ratios
+
+    return record
