@@ -6,9 +6,16 @@ Cython + OpenMP kernels on the CPU (or CuPy on a GPU), and trained with :mod:`gg
 
 from __future__ import annotations
 
-from . import errors
-from ._threads import get_n_threads, openmp_enabled, set_n_threads
-from .context import Context
+import os as _os
+
+# Idle OpenMP threads sleep instead of spinning, so they do not fight BLAS's threads for the
+# cores between kernels (read by libgomp when the first kernel module loads; set it yourself
+# to override).
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import errors  # noqa: E402
+from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
+from .context import Context  # noqa: E402
 from .errors import (
     BackendUnavailableError,
     DTypeError,

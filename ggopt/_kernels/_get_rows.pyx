@@ -10,8 +10,8 @@ from libc.string cimport memcpy, memset
 
 # Below this many copied elements a kernel runs on the calling thread only.
 cdef Py_ssize_t MIN_PARALLEL_WORK = 1 << 15
-# Column blocks of get_rows_back are whole multiples of this many floats (one cache line), so
-# threads never share a line of dst.
+# Column blocks of get_rows_back are multiples of this many floats (a 64-byte cache line), to
+# limit false sharing between the threads that write neighbouring blocks of a dst row.
 cdef Py_ssize_t COL_ALIGN = 16
 
 

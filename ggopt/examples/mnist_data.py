@@ -145,9 +145,9 @@ def load_mnist(data_dir: str | os.PathLike[str] | None = None) -> MnistData:
         A file is not valid IDX, has the wrong shape, labels outside 0..9, or images and
         labels differ in number.
     """
-    if data_dir is not None:
-        for name in FILES.values():  # name every missing file before reading anything
-            _find(Path(data_dir), name) if Path(data_dir).is_dir() else None
+    if data_dir is not None and Path(data_dir).is_dir():
+        for name in FILES.values():  # fail on a missing file before reading anything
+            _find(Path(data_dir), name)
     source = "the bundled subset" if data_dir is None else os.fspath(data_dir)
     return MnistData(*load_split(data_dir, "train"), *load_split(data_dir, "test"), source)
 
