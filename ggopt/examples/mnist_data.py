@@ -187,7 +187,8 @@ def make_dataset(
 def image_ascii(image: np.ndarray) -> str:
     """A 28-line text picture of one image, as ggml's ``mnist_image_print`` draws it.
 
-    Each pixel is ``round(255*x)`` (halves away from zero): ``█`` from 220, ``░`` from 10, a space below.
+    Each pixel is ``round(255*x)`` (halves away from zero): ``█`` from 220, ``░`` from 10,
+    a space below.
     """
     rgb = np.floor(np.asarray(image, dtype=np.float32).reshape(HW, HW) * np.float32(255.0) + 0.5)
     chars = np.where(rgb >= 220, "█", np.where(rgb >= 10, "░", " "))

@@ -5,15 +5,17 @@ live in a static context on the scheduler's first backend; the graph up to ``log
 ``ctx_compute``, and :func:`ggopt.opt.fit` / :class:`ggopt.opt.OptContext` add the loss,
 backward and optimizer parts to it.
 
-One difference from ggml: the initial weights come from a seeded NumPy generator, so runs are
-reproducible (ggml seeds from ``std::random_device``).
+One difference from ggml: the initial weights come from a seeded NumPy generator, so runs with
+the same seed and thread count give bit-identical models (ggml seeds from
+``std::random_device``; other thread counts change the order of sums, so the last bits).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Literal, Mapping, TextIO
+from collections.abc import Mapping
+from typing import Literal, TextIO
 
 import numpy as np
 
@@ -140,8 +142,9 @@ def make_scheduler(device: Literal["cpu", "cupy"] = "cpu") -> Scheduler:
 
 
 def _check_arch(arch: object, where: str) -> str:
-    if arch not in PARAM_SHAPES:
-        raise ShapeError(f"{where}: architecture: expected one of {', '.join(ARCHS)}, got {arch!r}")
+    if not isinstance(arch, str) or arch not in PARAM_SHAPES:
+        raise ShapeError(f"{where}: architecture ({ARCH_KEY}): expected one of "
+                         f"{', '.join(ARCHS)}, got {arch!r}")
     return arch
 
 
@@ -192,9 +195,6 @@ def build_model(
     forward = _forward_fc if arch == "mnist-fc" else _forward_cnn
     logits = g.set_name(forward(ctx_compute, params, images), "logits")
     g.set_output(logits)
-    if logits.ne != (NCLASSES, nbatch_physical, 1, 1):
-        raise ShapeError(f"build_model: logits: expected [{NCLASSES}, {nbatch_physical}], "
-                         f"got {list(logits.ne)} (mnist_model_build)")
     return MnistModel(arch, sched, ctx_static, ctx_compute, images, logits, params)
 
 
@@ -270,7 +270,6 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[str, dict[str, np.ndarray]]
     metadata, tensors = gguf.load(path)
     where = f"load_gguf {os.fspath(path)!r} (mnist_model_init_from_file)"
     arch = metadata.get(ARCH_KEY)
-    _check_arch(arch, f"{where}: {ARCH_KEY}")
     check_params(arch, tensors, where)
     return arch, tensors
 
