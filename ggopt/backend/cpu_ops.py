@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._kernels import _conv, _elementwise as ew, _get_rows, _optim, _reduce, _softmax
+from .._kernels import _conv, _copy, _get_rows, _optim, _reduce, _softmax
+from .._kernels import _elementwise as ew
 from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
 from .base import Step
@@ -128,8 +129,10 @@ def _acc(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
 
 
 @compiler(Op.CPY, Op.DUP, Op.CONT)
-def _copy(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
+def _copy_node(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     a, d = srcs[0].array4d(), node.array4d()
+    if a.shape == d.shape and a.dtype == d.dtype:
+        return lambda: _copy.copy(a, d, be.n_threads)
     if a.shape == d.shape:
         return lambda: np.copyto(d, a, casting="unsafe")
     return lambda: np.copyto(d, a.reshape(d.shape), casting="unsafe")

@@ -1,0 +1,46 @@
+"""The strided copy kernel (cont / dup / same-type cpy) against NumPy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggopt._kernels._copy import copy
+from ggopt.errors import DTypeError, ShapeError
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int64])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_copy_permuted_and_strided(dtype, n_threads):
+    rng = np.random.default_rng(0)
+    base = (rng.standard_normal((5, 7, 33, 65)) * 100).astype(dtype)
+    for src in (base, base.transpose(1, 2, 0, 3), base.transpose(3, 1, 2, 0),
+                base[:, ::2, 1::3, ::-2]):
+        dst = np.full(src.shape, 7, dtype=dtype)
+        copy(src, dst, n_threads)
+        np.testing.assert_array_equal(dst, src)
+
+
+def test_copy_into_strided_destination_keeps_the_rest():
+    src = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    big = np.zeros((2, 3, 4, 10), np.float32)
+    copy(src, big[..., ::2], 2)
+    np.testing.assert_array_equal(big[..., ::2], src)
+    assert not big[..., 1::2].any()
+
+
+def test_copy_preserves_negative_zero_and_nan_bits():
+    src = np.array([-0.0, np.nan, np.inf, -1.5], np.float32).reshape(1, 1, 1, 4)
+    dst = np.zeros_like(src)
+    copy(src, dst, 1)
+    assert dst.tobytes() == src.tobytes()
+
+
+def test_copy_rejects_mismatches():
+    a = np.zeros((1, 1, 2, 3), np.float32)
+    with pytest.raises(ShapeError):
+        copy(a, np.zeros((1, 1, 3, 2), np.float32), 1)
+    with pytest.raises(DTypeError):
+        copy(a, np.zeros((1, 1, 2, 3), np.int32), 1)
+    with pytest.raises(ShapeError):
+        copy(a[0], np.zeros((1, 2, 3), np.float32), 1)
