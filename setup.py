@@ -9,11 +9,16 @@ Environment variables:
 - ``GGOPT_NO_OPENMP=1``: build serial kernels without probing.
 - ``GGOPT_NATIVE=1``: add ``-march=native`` (local benchmarking only; never for shipped wheels).
 
-Flags are ``-O3 -fno-math-errno -fno-trapping-math`` and never ``-ffast-math``: NaN and infinity
-semantics matter. The two extra flags change no result: ``-fno-math-errno`` only stops libm from
-setting ``errno`` (so ``sqrtf`` vectorizes) and ``-fno-trapping-math`` only stops caring about
-floating-point exception flags (so branch-free selects such as ``x > 0 ? x : 0`` vectorize).
-Reassociation, finite-math and reciprocal approximations stay off.
+Flags are ``-O3 -fno-math-errno -fno-trapping-math -ffp-contract=off`` and never
+``-ffast-math``: NaN and infinity semantics matter. None of the extra flags changes a result:
+``-fno-math-errno`` only stops libm from setting ``errno`` (so ``sqrtf`` vectorizes),
+``-fno-trapping-math`` only stops caring about floating-point exception flags (so branch-free
+selects such as ``x > 0 ? x : 0`` vectorize), and ``-ffp-contract=off`` keeps ``a*b + c`` two
+roundings, as in NumPy. Reassociation, finite-math and reciprocal approximations stay off.
+
+The hot C loops are also built a second time for AVX2 (x86-64-v3) and picked when the module
+loads, on GCC >= 12 with glibc (``GGOPT_MULTIVERSION`` in ``ggopt/_kernels/_common.pxd``); with
+contraction off both copies compute the same bits.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def _openmp_candidates(compiler_type: str) -> list[tuple[list[str], list[str]]]:
 def _optimization_flags(compiler_type: str) -> list[str]:
     if compiler_type == "msvc":
         return ["/O2"]
-    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math"]
+    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"]
     if _env_flag("GGOPT_NATIVE"):
         flags.append("-march=native")
     return flags

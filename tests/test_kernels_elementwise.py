@@ -9,7 +9,7 @@ from ggopt._kernels import _elementwise as E
 from ggopt.errors import ShapeError
 
 SHAPE = (7, 13, 3, 5)
-BIG = (2, 3, 70, 81)  # large enough that the kernels start threads
+BIG = (2, 3, 200, 225)  # 270,000 elements: enough for the kernels to start threads
 THREADS = [1, 2]
 LAYOUTS = ["contiguous", "strided", "permuted", "padded_rows", "reversed", "readonly"]
 
@@ -136,7 +136,7 @@ def test_binary_tiling(rng, la, n_threads):
     ashape, bshape = (4, 6, 9, 10), (2, 3, 3, 5)
     a = rng.standard_normal(ashape).astype(np.float32)
     b = rng.standard_normal(bshape).astype(np.float32)
-    reps = tuple(n // m for n, m in zip(ashape, bshape))
+    reps = tuple(n // m for n, m in zip(ashape, bshape, strict=True))
     for op in sorted(BINARY):
         dst = np.zeros(ashape, np.float32)
         E.binary(op, layout(a, la), layout(b, la), dst, n_threads)
@@ -144,11 +144,11 @@ def test_binary_tiling(rng, la, n_threads):
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
-@pytest.mark.parametrize("bshape", [BIG, (1, 1, 1, BIG[3]), (1, 3, 1, 27)])
+@pytest.mark.parametrize("bshape", [BIG, (1, 1, 1, BIG[3]), (1, 3, 1, 25)])
 def test_binary_large(rng, bshape, n_threads):
     a = rng.standard_normal(BIG).astype(np.float32)
     b = rng.standard_normal(bshape).astype(np.float32)
-    reps = tuple(n // m for n, m in zip(BIG, bshape))
+    reps = tuple(n // m for n, m in zip(BIG, bshape, strict=True))
     for la in ("contiguous", "strided"):
         dst = np.zeros(BIG, np.float32)
         E.binary(E.BIN_MUL, layout(a, la), b, dst, n_threads)
@@ -208,6 +208,18 @@ def test_binary_unary_bias_activation(rng, uop, shape, n_threads):
         np.testing.assert_allclose(dst, expect, rtol=2e-6, atol=1e-6)
         E.binary_unary(E.BIN_ADD, uop, x, bias, x, n_threads)  # in place
         np.testing.assert_array_equal(x, dst)
+
+
+@pytest.mark.parametrize("bshape", [(1, 1, 1, 1), (7, 13, 3, 1), (1, 1, 1, 5), SHAPE])
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_relu_every_op_and_broadcast(rng, op, bshape):
+    # the single-pass relu(a op b) loops, with b broadcast as a scalar or a row
+    a = rng.standard_normal(SHAPE).astype(np.float32)
+    b = rng.standard_normal(bshape).astype(np.float32) + np.float32(0.5)
+    for la in ("contiguous", "padded_rows", "strided"):
+        dst = np.zeros(SHAPE, np.float32)
+        E.binary_unary(op, E.UN_RELU, layout(a, la), b, dst, 1)
+        np.testing.assert_array_equal(dst, np.maximum(BINARY[op](a, b), 0))
 
 
 def test_binary_unary_long_tiled_rows(rng):

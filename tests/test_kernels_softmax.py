@@ -9,7 +9,7 @@ from ggopt._kernels import _softmax as S
 from ggopt.errors import ShapeError
 
 SHAPE = (7, 13, 3, 5)
-BIG = (2, 3, 70, 81)
+BIG = (2, 3, 200, 225)  # 270,000 elements: enough for the kernels to start threads
 THREADS = [1, 2]
 
 

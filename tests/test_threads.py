@@ -11,6 +11,7 @@ import pytest
 import threadpoolctl
 
 from ggopt import _threads
+from ggopt._kernels import _openmp_helpers
 from ggopt._kernels._openmp_helpers import omp_max_threads
 from ggopt.errors import DTypeError, ShapeError
 
@@ -86,3 +87,12 @@ def test_omp_num_threads_is_respected():
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "1"
+
+
+@pytest.mark.parametrize("policy,scaled", [("PASSIVE", True), ("passive", True), ("ACTIVE", False)])
+def test_min_parallel_work_follows_the_wait_policy(monkeypatch, policy, scaled):
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    scale = _openmp_helpers.PASSIVE_WORK_SCALE if scaled else 1
+    assert _openmp_helpers.min_parallel_work(1000) == 1000 * scale
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert _openmp_helpers.min_parallel_work(1000) == 1000

@@ -1,5 +1,6 @@
-# Helpers shared by the kernels: a strided 4-D array descriptor, and scalar float32 math written
-# so that the compiler can vectorize loops that call it (no libm call, no branch).
+# Helpers shared by the kernels: scalar float32 math written so that loops over it vectorize
+# (no libm call, no branch), the GGOPT_MULTIVERSION marker for hot C loops, a strided 4-D array
+# descriptor, and a driver that splits the elements of a 4-D shape between OpenMP threads.
 
 from cython.parallel cimport prange
 
@@ -44,10 +45,11 @@ cdef extern from *:
         return 1.0f / (1.0f + ggopt_expf(-x));
     }
 
-    /* Mark the loops that are worth a second, AVX2 + FMA, copy of their machine code: GCC builds
-       both and picks one when the module loads (an ifunc, so glibc on x86-64 only). Only the
-       speed differs, and the last bit of an exp where FMA rounds once instead of twice. The
-       row helpers below are always inlined, so they take the instruction set of their caller. */
+    /* Mark the loops that are worth a second, AVX2, copy of their machine code: GCC builds both
+       and picks one when the module loads (an ifunc, so glibc on x86-64 only). Only the speed
+       differs: setup.py compiles with -ffp-contract=off, so no FMA changes a rounding.
+       Helpers called from such loops are GGOPT_ROW_INLINE: always inlined, so that they take
+       the instruction set of their caller. */
     #if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && \
         defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
     #define GGOPT_MULTIVERSION \
@@ -62,73 +64,9 @@ cdef extern from *:
     #else
     #define GGOPT_ROW_INLINE static inline
     #endif
-
-    /* max_i s*x[i] over a contiguous row (-inf when n == 0). */
-    GGOPT_ROW_INLINE float ggopt_row_max(const float *x, Py_ssize_t n, float s) {
-        float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        Py_ssize_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) {
-                float v = s * x[i + k];
-                m[k] = m[k] > v ? m[k] : v;
-            }
-        for (; i < n; i++) {
-            float v = s * x[i];
-            m[0] = m[0] > v ? m[0] : v;
-        }
-        for (int k = 1; k < 8; k++) m[0] = m[0] > m[k] ? m[0] : m[k];
-        return m[0];
-    }
-
-    /* Sum of a contiguous row in double, with independent partial sums. */
-    GGOPT_ROW_INLINE double ggopt_row_sum_d(const float *x, Py_ssize_t n) {
-        double a[4] = {0, 0, 0, 0};
-        Py_ssize_t i = 0;
-        for (; i + 4 <= n; i += 4)
-            for (int k = 0; k < 4; k++) a[k] += (double)x[i + k];
-        for (; i < n; i++) a[0] += (double)x[i];
-        return (a[0] + a[1]) + (a[2] + a[3]);
-    }
-
-    /* d[i] = exp(s*x[i] - m) over a contiguous row (d may be x); returns sum(d) in double. */
-    GGOPT_ROW_INLINE double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s, float m) {
-        for (Py_ssize_t i = 0; i < n; i++) d[i] = ggopt_expf(s * x[i] - m);
-        return ggopt_row_sum_d(d, n);
-    }
-
-    /* sum_i exp(s*x[i] - m) in double over a contiguous row, without storing the exps. */
-    GGOPT_ROW_INLINE double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) {
-        float buf[256];
-        double acc = 0;
-        for (Py_ssize_t start = 0; start < n; start += 256) {
-            Py_ssize_t k = n - start < 256 ? n - start : 256;
-            for (Py_ssize_t i = 0; i < k; i++) buf[i] = ggopt_expf(s * x[start + i] - m);
-            acc += ggopt_row_sum_d(buf, k);
-        }
-        return acc;
-    }
-
-    /* sum_i y[i] * ((x[i] - m) - lsum) in double over contiguous rows: a row's contribution to
-       the cross-entropy sum, log-softmax computed in float32 like ggml. */
-    GGOPT_ROW_INLINE double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n,
-                                         float m, float lsum) {
-        double a[4] = {0, 0, 0, 0};
-        Py_ssize_t i = 0;
-        for (; i + 4 <= n; i += 4)
-            for (int k = 0; k < 4; k++) a[k] += (double)(y[i + k] * ((x[i + k] - m) - lsum));
-        for (; i < n; i++) a[0] += (double)(y[i] * ((x[i] - m) - lsum));
-        return (a[0] + a[1]) + (a[2] + a[3]);
-    }
     """
     float ggopt_expf(float x) noexcept nogil
     float ggopt_sigmoidf(float x) noexcept nogil
-    float ggopt_row_max(const float *x, Py_ssize_t n, float s) noexcept nogil
-    double ggopt_row_sum_d(const float *x, Py_ssize_t n) noexcept nogil
-    double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s, float m) noexcept nogil
-    double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) noexcept nogil
-    double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n, float m,
-                        float lsum) noexcept nogil
 
 
 cdef struct Arr4:
@@ -215,16 +153,23 @@ cdef inline void walk_elements(const Py_ssize_t *shape, row_piece_fn f, void *ct
 
 cdef inline double drive_elements(const Py_ssize_t *shape, row_piece_fn f, void *ctx,
                                   bint par, int n_threads) noexcept nogil:
-    """Split the elements of ``shape`` into one equal range per thread (one range unless par)
-    and walk them in parallel; returns the sum of what f added to acc."""
+    """Split the elements of ``shape`` into one equal range per thread and walk them in
+    parallel; returns the sum of what f added to acc.
+
+    Without par (too little work) the range is walked right here: an OpenMP region, even one
+    whose if-clause is false (prange's use_threads_if), costs about a microsecond in libgomp.
+    """
     cdef Py_ssize_t total = shape[0] * shape[1] * shape[2] * shape[3]
-    cdef Py_ssize_t nr = n_threads if (par and n_threads > 1) else 1
+    cdef Py_ssize_t nr = n_threads
     cdef Py_ssize_t k
     cdef double acc = 0
     cdef double part
     if total == 0:
         return 0
-    for k in prange(nr, num_threads=n_threads, use_threads_if=nr > 1, schedule="static"):
+    if not par or n_threads < 2:
+        walk_elements(shape, f, ctx, 0, total, &acc)
+        return acc
+    for k in prange(nr, num_threads=n_threads, schedule="static"):
         part = 0
         walk_elements(shape, f, ctx, total * k // nr, total * (k + 1) // nr, &part)
         acc += part

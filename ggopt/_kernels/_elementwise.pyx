@@ -3,12 +3,12 @@ derivatives, scale and fill.
 
 Every array is 4-D in NumPy order ``(ne3, ne2, ne1, ne0)`` with any byte strides. ``dst`` may be
 the very same memory as an input. The work is split into ``n_threads`` equal ranges of the
-flattened element index; a range walks rows and calls a run function on each contiguous piece,
-which takes a vectorizable loop when the inner stride is 4 bytes.
+flattened element index; a range walks rows and calls a run function on each piece of a row.
+The scalar math and the loops over contiguous pieces are C (below): one vectorized loop per op,
+built twice (see GGOPT_MULTIVERSION in _common.pxd).
 """
 
 from cython.parallel cimport prange
-from libc.math cimport fabsf, logf, sqrtf, tanhf
 
 from ggopt._kernels._common cimport (
     Arr4,
@@ -18,52 +18,247 @@ from ggopt._kernels._common cimport (
     arr4_set,
     arr4_shape_str,
     arr4_size,
-    ggopt_expf,
-    ggopt_sigmoidf,
     tile_index,
 )
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
-BIN_ADD = 0
-BIN_SUB = 1
-BIN_MUL = 2
-BIN_DIV = 3
+cdef extern from *:
+    """
+    enum { GGOPT_ADD, GGOPT_SUB, GGOPT_MUL, GGOPT_DIV, GGOPT_NBIN };
+    enum {
+        GGOPT_NEG, GGOPT_EXP, GGOPT_LOG, GGOPT_SQR, GGOPT_SQRT, GGOPT_RELU, GGOPT_GELU,
+        GGOPT_SILU, GGOPT_TANH, GGOPT_SIGMOID, GGOPT_STEP, GGOPT_ABS, GGOPT_NUN
+    };
 
-UN_NEG = 0
-UN_EXP = 1
-UN_LOG = 2
-UN_SQR = 3
-UN_SQRT = 4
-UN_RELU = 5
-UN_GELU = 6
-UN_SILU = 7
-UN_TANH = 8
-UN_SIGMOID = 9
-UN_STEP = 10
-UN_ABS = 11
+    /* sqrt(2/pi) and the cubic coefficient of ggml's tanh-approximated GELU */
+    #define GGOPT_GELU_K 0.79788456080286535587989211986876f
+    #define GGOPT_GELU_A 0.044715f
+
+    static inline float ggopt_step(float x) { return x > 0.0f ? 1.0f : 0.0f; }
+    static inline float ggopt_relu(float x) { return x > 0.0f ? x : 0.0f; }
+    static inline float ggopt_sgn(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
+
+    /* 0.5*x*(1 + tanh(u)), u = k*x*(1 + a*x^2), computed as x*sigmoid(2u) (the same function,
+       without tanh, so that it vectorizes) */
+    static inline float ggopt_gelu(float x) {
+        float u = GGOPT_GELU_K * x * (1.0f + GGOPT_GELU_A * x * x);
+        return x * ggopt_sigmoidf(2.0f * u);
+    }
+
+    /* d/dx of the above: 0.5*(1 + t) + 0.5*x*(1 - t^2)*u' with t = tanh(u); with s =
+       sigmoid(2u), 1 + t = 2s and 1 - t^2 = 4s(1 - s) */
+    static inline float ggopt_gelu_d(float x) {
+        float u = GGOPT_GELU_K * x * (1.0f + GGOPT_GELU_A * x * x);
+        float du = GGOPT_GELU_K * (1.0f + 3.0f * GGOPT_GELU_A * x * x);
+        float s = ggopt_sigmoidf(2.0f * u);
+        return s + 2.0f * x * s * (1.0f - s) * du;
+    }
+
+    static inline float ggopt_silu_d(float x) {
+        float s = ggopt_sigmoidf(x);
+        return s * (1.0f + x * (1.0f - s));
+    }
+
+    static inline float ggopt_sigmoid_d(float x) {
+        float s = ggopt_sigmoidf(x);
+        return s * (1.0f - s);
+    }
+
+    static inline float ggopt_tanh_d(float x) {
+        float t = tanhf(x);
+        return 1.0f - t * t;
+    }
+
+    static inline float ggopt_binary1(int op, float x, float y) {
+        switch (op) {
+        case GGOPT_ADD: return x + y;
+        case GGOPT_SUB: return x - y;
+        case GGOPT_MUL: return x * y;
+        default: return x / y;
+        }
+    }
+
+    static inline float ggopt_unary1(int uop, float x) {
+        switch (uop) {
+        case GGOPT_NEG: return -x;
+        case GGOPT_EXP: return ggopt_expf(x);
+        case GGOPT_LOG: return logf(x);
+        case GGOPT_SQR: return x * x;
+        case GGOPT_SQRT: return sqrtf(x);
+        case GGOPT_RELU: return ggopt_relu(x);
+        case GGOPT_GELU: return ggopt_gelu(x);
+        case GGOPT_SILU: return x * ggopt_sigmoidf(x);
+        case GGOPT_TANH: return tanhf(x);
+        case GGOPT_SIGMOID: return ggopt_sigmoidf(x);
+        case GGOPT_STEP: return ggopt_step(x);
+        default: return fabsf(x);
+        }
+    }
+
+    /* g * f'(x); relu is ggml's mul(step(x), g), so relu'(0) = 0 */
+    static inline float ggopt_unary_back1(int uop, float x, float g) {
+        switch (uop) {
+        case GGOPT_NEG: return -g;
+        case GGOPT_EXP: return g * ggopt_expf(x);
+        case GGOPT_LOG: return g / x;
+        case GGOPT_SQR: return g * (2.0f * x);
+        case GGOPT_SQRT: return g / (2.0f * sqrtf(x));
+        case GGOPT_RELU: return g * ggopt_step(x);
+        case GGOPT_GELU: return g * ggopt_gelu_d(x);
+        case GGOPT_SILU: return g * ggopt_silu_d(x);
+        case GGOPT_TANH: return g * ggopt_tanh_d(x);
+        case GGOPT_SIGMOID: return g * ggopt_sigmoid_d(x);
+        default: return g * ggopt_sgn(x);
+        }
+    }
+
+    /* Contiguous loops, one per op so that each vectorizes (see GGOPT_MULTIVERSION). */
+    #define GGOPT_LOOP(expr) for (Py_ssize_t i = 0; i < n; i++) d[i] = (expr); break
+
+    GGOPT_MULTIVERSION
+    static void ggopt_binary_vv(int op, float *d, const float *x, const float *y, Py_ssize_t n) {
+        switch (op) {
+        case GGOPT_ADD: GGOPT_LOOP(x[i] + y[i]);
+        case GGOPT_SUB: GGOPT_LOOP(x[i] - y[i]);
+        case GGOPT_MUL: GGOPT_LOOP(x[i] * y[i]);
+        default: GGOPT_LOOP(x[i] / y[i]);
+        }
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_binary_vs(int op, float *d, const float *x, float c, Py_ssize_t n) {
+        switch (op) {
+        case GGOPT_ADD: GGOPT_LOOP(x[i] + c);
+        case GGOPT_SUB: GGOPT_LOOP(x[i] - c);
+        case GGOPT_MUL: GGOPT_LOOP(x[i] * c);
+        default: GGOPT_LOOP(x[i] / c);
+        }
+    }
+
+    /* relu(x op y) in one pass: the bias add + relu of every hidden layer. With y_scalar, y[0]
+       is broadcast. */
+    GGOPT_MULTIVERSION
+    static void ggopt_binary_relu_v(int op, float *d, const float *x, const float *y,
+                                    int y_scalar, Py_ssize_t n) {
+        const float c = y[0];
+        if (y_scalar) {
+            switch (op) {
+            case GGOPT_ADD: GGOPT_LOOP(ggopt_relu(x[i] + c));
+            case GGOPT_SUB: GGOPT_LOOP(ggopt_relu(x[i] - c));
+            case GGOPT_MUL: GGOPT_LOOP(ggopt_relu(x[i] * c));
+            default: GGOPT_LOOP(ggopt_relu(x[i] / c));
+            }
+            return;
+        }
+        switch (op) {
+        case GGOPT_ADD: GGOPT_LOOP(ggopt_relu(x[i] + y[i]));
+        case GGOPT_SUB: GGOPT_LOOP(ggopt_relu(x[i] - y[i]));
+        case GGOPT_MUL: GGOPT_LOOP(ggopt_relu(x[i] * y[i]));
+        default: GGOPT_LOOP(ggopt_relu(x[i] / y[i]));
+        }
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_unary_v(int uop, float *d, const float *x, Py_ssize_t n) {
+        switch (uop) {
+        case GGOPT_NEG: GGOPT_LOOP(-x[i]);
+        case GGOPT_EXP: GGOPT_LOOP(ggopt_expf(x[i]));
+        case GGOPT_LOG: GGOPT_LOOP(logf(x[i]));
+        case GGOPT_SQR: GGOPT_LOOP(x[i] * x[i]);
+        case GGOPT_SQRT: GGOPT_LOOP(sqrtf(x[i]));
+        case GGOPT_RELU: GGOPT_LOOP(ggopt_relu(x[i]));
+        case GGOPT_GELU: GGOPT_LOOP(ggopt_gelu(x[i]));
+        case GGOPT_SILU: GGOPT_LOOP(x[i] * ggopt_sigmoidf(x[i]));
+        case GGOPT_TANH: GGOPT_LOOP(tanhf(x[i]));
+        case GGOPT_SIGMOID: GGOPT_LOOP(ggopt_sigmoidf(x[i]));
+        case GGOPT_STEP: GGOPT_LOOP(ggopt_step(x[i]));
+        default: GGOPT_LOOP(fabsf(x[i]));
+        }
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_unary_back_v(int uop, float *d, const float *x, const float *g,
+                                   Py_ssize_t n) {
+        switch (uop) {
+        case GGOPT_NEG: GGOPT_LOOP(-g[i]);
+        case GGOPT_EXP: GGOPT_LOOP(g[i] * ggopt_expf(x[i]));
+        case GGOPT_LOG: GGOPT_LOOP(g[i] / x[i]);
+        case GGOPT_SQR: GGOPT_LOOP(g[i] * (2.0f * x[i]));
+        case GGOPT_SQRT: GGOPT_LOOP(g[i] / (2.0f * sqrtf(x[i])));
+        case GGOPT_RELU: GGOPT_LOOP(g[i] * ggopt_step(x[i]));
+        case GGOPT_GELU: GGOPT_LOOP(g[i] * ggopt_gelu_d(x[i]));
+        case GGOPT_SILU: GGOPT_LOOP(g[i] * ggopt_silu_d(x[i]));
+        case GGOPT_TANH: GGOPT_LOOP(g[i] * ggopt_tanh_d(x[i]));
+        case GGOPT_SIGMOID: GGOPT_LOOP(g[i] * ggopt_sigmoid_d(x[i]));
+        default: GGOPT_LOOP(g[i] * ggopt_sgn(x[i]));
+        }
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_scale_v(float *d, const float *x, Py_ssize_t n, float s, float b) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = s * x[i] + b;
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_fill_v(float *d, Py_ssize_t n, float v) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = v;
+    }
+    """
+    enum:
+        _ADD "GGOPT_ADD"
+        _SUB "GGOPT_SUB"
+        _MUL "GGOPT_MUL"
+        _DIV "GGOPT_DIV"
+        _NBIN "GGOPT_NBIN"
+    enum:
+        _NEG "GGOPT_NEG"
+        _EXP "GGOPT_EXP"
+        _LOG "GGOPT_LOG"
+        _SQR "GGOPT_SQR"
+        _SQRT "GGOPT_SQRT"
+        _RELU "GGOPT_RELU"
+        _GELU "GGOPT_GELU"
+        _SILU "GGOPT_SILU"
+        _TANH "GGOPT_TANH"
+        _SIGMOID "GGOPT_SIGMOID"
+        _STEP "GGOPT_STEP"
+        _ABS "GGOPT_ABS"
+        _NUN "GGOPT_NUN"
+    float ggopt_binary1(int op, float x, float y) noexcept nogil
+    float ggopt_unary1(int uop, float x) noexcept nogil
+    float ggopt_unary_back1(int uop, float x, float g) noexcept nogil
+    void ggopt_binary_vv(int op, float *d, const float *x, const float *y,
+                         Py_ssize_t n) noexcept nogil
+    void ggopt_binary_vs(int op, float *d, const float *x, float c, Py_ssize_t n) noexcept nogil
+    void ggopt_binary_relu_v(int op, float *d, const float *x, const float *y, int y_scalar,
+                             Py_ssize_t n) noexcept nogil
+    void ggopt_unary_v(int uop, float *d, const float *x, Py_ssize_t n) noexcept nogil
+    void ggopt_unary_back_v(int uop, float *d, const float *x, const float *g,
+                            Py_ssize_t n) noexcept nogil
+    void ggopt_scale_v(float *d, const float *x, Py_ssize_t n, float s, float b) noexcept nogil
+    void ggopt_fill_v(float *d, Py_ssize_t n, float v) noexcept nogil
+
+BIN_ADD = _ADD
+BIN_SUB = _SUB
+BIN_MUL = _MUL
+BIN_DIV = _DIV
+
+UN_NEG = _NEG
+UN_EXP = _EXP
+UN_LOG = _LOG
+UN_SQR = _SQR
+UN_SQRT = _SQRT
+UN_RELU = _RELU
+UN_GELU = _GELU
+UN_SILU = _SILU
+UN_TANH = _TANH
+UN_SIGMOID = _SIGMOID
+UN_STEP = _STEP
+UN_ABS = _ABS
 
 cdef enum:
-    _ADD = 0
-    _SUB = 1
-    _MUL = 2
-    _DIV = 3
-    _NBIN = 4
-
-cdef enum:
-    _NEG = 0
-    _EXP = 1
-    _LOG = 2
-    _SQR = 3
-    _SQRT = 4
-    _RELU = 5
-    _GELU = 6
-    _SILU = 7
-    _TANH = 8
-    _SIGMOID = 9
-    _STEP = 10
-    _ABS = 11
-    _NUN = 12
     _UN_NONE = -1
 
 cdef enum:
@@ -75,19 +270,10 @@ cdef enum:
 
 # Below this many element-operations a kernel stays on one thread (starting the team costs
 # more than it saves). Transcendental ops count _HEAVY element-operations per element.
-cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 cdef Py_ssize_t _HEAVY = 8
 # Elements per block when a unary op is fused after a binary op (keeps the block in L1).
 cdef Py_ssize_t _FUSE_BLOCK = 2048
-
-cdef extern from *:
-    """
-    /* sqrt(2/pi) and the cubic coefficient of ggml's tanh-approximated GELU */
-    #define GGOPT_GELU_K 0.79788456080286535587989211986876f
-    #define GGOPT_GELU_A 0.044715f
-    """
-    const float _GELU_K "GGOPT_GELU_K"
-    const float _GELU_A "GGOPT_GELU_A"
 
 
 cdef struct Job:
@@ -102,143 +288,19 @@ cdef struct Job:
 
 
 # ----------------------------------------------------------------------------------------------
-# scalar functions
-
-cdef inline float _gelu(float x) noexcept nogil:
-    # 0.5*x*(1 + tanh(u)) == x * sigmoid(2u): the same function, computed without tanh
-    cdef float u = _GELU_K * x * (1 + _GELU_A * x * x)
-    return x * ggopt_sigmoidf(2 * u)
-
-
-cdef inline float _gelu_d(float x) noexcept nogil:
-    # d/dx 0.5*x*(1 + tanh(u)) = 0.5*(1 + t) + 0.5*x*(1 - t^2)*u'; with s = sigmoid(2u):
-    # 1 + t = 2s and 1 - t^2 = 4s(1 - s)
-    cdef float u = _GELU_K * x * (1 + _GELU_A * x * x)
-    cdef float du = _GELU_K * (1 + 3 * _GELU_A * x * x)
-    cdef float s = ggopt_sigmoidf(2 * u)
-    return s + 2 * x * s * (1 - s) * du
-
-
-cdef inline float _relu(float x) noexcept nogil:
-    return x if x > 0 else <float>0
-
-
-cdef inline float _step(float x) noexcept nogil:
-    return <float>1 if x > 0 else <float>0
-
-
-cdef inline float _sgn(float x) noexcept nogil:
-    return <float>1 if x > 0 else (<float>-1 if x < 0 else <float>0)
-
-
-cdef inline float _un1(int uop, float x) noexcept nogil:
-    if uop == _NEG:
-        return -x
-    elif uop == _EXP:
-        return ggopt_expf(x)
-    elif uop == _LOG:
-        return logf(x)
-    elif uop == _SQR:
-        return x * x
-    elif uop == _SQRT:
-        return sqrtf(x)
-    elif uop == _RELU:
-        return _relu(x)
-    elif uop == _GELU:
-        return _gelu(x)
-    elif uop == _SILU:
-        return x * ggopt_sigmoidf(x)
-    elif uop == _TANH:
-        return tanhf(x)
-    elif uop == _SIGMOID:
-        return ggopt_sigmoidf(x)
-    elif uop == _STEP:
-        return _step(x)
-    else:
-        return fabsf(x)
-
-
-cdef inline float _unb1(int uop, float x, float g) noexcept nogil:
-    """g * f'(x)"""
-    cdef float t
-    if uop == _NEG:
-        return -g
-    elif uop == _EXP:
-        return g * ggopt_expf(x)
-    elif uop == _LOG:
-        return g / x
-    elif uop == _SQR:
-        return g * (2 * x)
-    elif uop == _SQRT:
-        return g / (2 * sqrtf(x))
-    elif uop == _RELU:
-        return g if x > 0 else <float>0
-    elif uop == _GELU:
-        return g * _gelu_d(x)
-    elif uop == _SILU:
-        t = ggopt_sigmoidf(x)
-        return g * (t * (1 + x * (1 - t)))
-    elif uop == _TANH:
-        t = tanhf(x)
-        return g * (1 - t * t)
-    elif uop == _SIGMOID:
-        t = ggopt_sigmoidf(x)
-        return g * (t * (1 - t))
-    else:
-        return g * _sgn(x)
-
-
-cdef inline float _bin1(int op, float x, float y) noexcept nogil:
-    if op == _ADD:
-        return x + y
-    elif op == _SUB:
-        return x - y
-    elif op == _MUL:
-        return x * y
-    else:
-        return x / y
-
-
-# ----------------------------------------------------------------------------------------------
-# runs: n elements of one row, byte strides ds/xs/ys (ys == 0 broadcasts one y value)
+# runs: n elements of one row at byte strides ds/xs/ys (ys == 0 broadcasts one y value);
+# contiguous runs go to the C loops above, others are walked element by element
 
 cdef void _bin_run(int op, char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                    const char *y, Py_ssize_t ys, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float *fd = <float *>d
-    cdef const float *fx = <const float *>x
-    cdef const float *fy = <const float *>y
-    cdef float c
     if ds == 4 and xs == 4 and ys == 4:
-        if op == _ADD:
-            for i in range(n):
-                fd[i] = fx[i] + fy[i]
-        elif op == _SUB:
-            for i in range(n):
-                fd[i] = fx[i] - fy[i]
-        elif op == _MUL:
-            for i in range(n):
-                fd[i] = fx[i] * fy[i]
-        else:
-            for i in range(n):
-                fd[i] = fx[i] / fy[i]
+        ggopt_binary_vv(op, <float *>d, <const float *>x, <const float *>y, n)
     elif ds == 4 and xs == 4 and ys == 0:
-        c = fy[0]
-        if op == _ADD:
-            for i in range(n):
-                fd[i] = fx[i] + c
-        elif op == _SUB:
-            for i in range(n):
-                fd[i] = fx[i] - c
-        elif op == _MUL:
-            for i in range(n):
-                fd[i] = fx[i] * c
-        else:
-            for i in range(n):
-                fd[i] = fx[i] / c
+        ggopt_binary_vs(op, <float *>d, <const float *>x, (<const float *>y)[0], n)
     else:
         for i in range(n):
-            (<float *>(d + i * ds))[0] = _bin1(
+            (<float *>(d + i * ds))[0] = ggopt_binary1(
                 op, (<const float *>(x + i * xs))[0], (<const float *>(y + i * ys))[0]
             )
 
@@ -246,88 +308,30 @@ cdef void _bin_run(int op, char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
 cdef void _un_run(int uop, char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                   Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float *fd = <float *>d
-    cdef const float *fx = <const float *>x
-    if ds != 4 or xs != 4:
-        for i in range(n):
-            (<float *>(d + i * ds))[0] = _un1(uop, (<const float *>(x + i * xs))[0])
-    elif uop == _NEG:
-        for i in range(n):
-            fd[i] = -fx[i]
-    elif uop == _EXP:
-        for i in range(n):
-            fd[i] = ggopt_expf(fx[i])
-    elif uop == _LOG:
-        for i in range(n):
-            fd[i] = logf(fx[i])
-    elif uop == _SQR:
-        for i in range(n):
-            fd[i] = fx[i] * fx[i]
-    elif uop == _SQRT:
-        for i in range(n):
-            fd[i] = sqrtf(fx[i])
-    elif uop == _RELU:
-        for i in range(n):
-            fd[i] = _relu(fx[i])
-    elif uop == _GELU:
-        for i in range(n):
-            fd[i] = _gelu(fx[i])
-    elif uop == _SILU:
-        for i in range(n):
-            fd[i] = fx[i] * ggopt_sigmoidf(fx[i])
-    elif uop == _TANH:
-        for i in range(n):
-            fd[i] = tanhf(fx[i])
-    elif uop == _SIGMOID:
-        for i in range(n):
-            fd[i] = ggopt_sigmoidf(fx[i])
-    elif uop == _STEP:
-        for i in range(n):
-            fd[i] = _step(fx[i])
+    if ds == 4 and xs == 4:
+        ggopt_unary_v(uop, <float *>d, <const float *>x, n)
     else:
         for i in range(n):
-            fd[i] = fabsf(fx[i])
+            (<float *>(d + i * ds))[0] = ggopt_unary1(uop, (<const float *>(x + i * xs))[0])
 
 
 cdef void _unb_run(int uop, char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                    const char *g, Py_ssize_t gs, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float *fd = <float *>d
-    cdef const float *fx = <const float *>x
-    cdef const float *fg = <const float *>g
-    if ds != 4 or xs != 4 or gs != 4:
-        for i in range(n):
-            (<float *>(d + i * ds))[0] = _unb1(
-                uop, (<const float *>(x + i * xs))[0], (<const float *>(g + i * gs))[0]
-            )
-    elif uop == _RELU:
-        for i in range(n):
-            fd[i] = fg[i] if fx[i] > 0 else <float>0
-    elif uop == _GELU:
-        for i in range(n):
-            fd[i] = fg[i] * _gelu_d(fx[i])
-    elif uop == _SILU:
-        for i in range(n):
-            fd[i] = _unb1(_SILU, fx[i], fg[i])
-    elif uop == _SIGMOID:
-        for i in range(n):
-            fd[i] = _unb1(_SIGMOID, fx[i], fg[i])
-    elif uop == _EXP:
-        for i in range(n):
-            fd[i] = fg[i] * ggopt_expf(fx[i])
+    if ds == 4 and xs == 4 and gs == 4:
+        ggopt_unary_back_v(uop, <float *>d, <const float *>x, <const float *>g, n)
     else:
         for i in range(n):
-            fd[i] = _unb1(uop, fx[i], fg[i])
+            (<float *>(d + i * ds))[0] = ggopt_unary_back1(
+                uop, (<const float *>(x + i * xs))[0], (<const float *>(g + i * gs))[0]
+            )
 
 
 cdef void _scale_run(float s, float b, char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                      Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float *fd = <float *>d
-    cdef const float *fx = <const float *>x
     if ds == 4 and xs == 4:
-        for i in range(n):
-            fd[i] = s * fx[i] + b
+        ggopt_scale_v(<float *>d, <const float *>x, n, s, b)
     else:
         for i in range(n):
             (<float *>(d + i * ds))[0] = s * (<const float *>(x + i * xs))[0] + b
@@ -335,10 +339,8 @@ cdef void _scale_run(float s, float b, char *d, Py_ssize_t ds, const char *x, Py
 
 cdef void _fill_run(float v, char *d, Py_ssize_t ds, Py_ssize_t n) noexcept nogil:
     cdef Py_ssize_t i
-    cdef float *fd = <float *>d
     if ds == 4:
-        for i in range(n):
-            fd[i] = v
+        ggopt_fill_v(<float *>d, n, v)
     else:
         for i in range(n):
             (<float *>(d + i * ds))[0] = v
@@ -359,7 +361,10 @@ cdef void _bin_seg(const Job *j, char *d, const char *x, const char *y,
         q = c1 if nb == 1 else p + min(c1 - p, nb - bj)
         if j.uop == _UN_NONE:
             _bin_run(j.op, d + p * ds, ds, x + p * xs, xs, y + bj * ys, ys, q - p)
-        else:
+        elif j.uop == _RELU and ds == 4 and xs == 4 and (ys == 4 or ys == 0):
+            ggopt_binary_relu_v(j.op, <float *>(d + p * ds), <const float *>(x + p * xs),
+                                <const float *>(y + bj * ys), ys == 0, q - p)
+        else:  # the binary op, then the unary op in place, block by block
             r = p
             while r < q:
                 blk = min(q - r, _FUSE_BLOCK)
@@ -414,12 +419,14 @@ cdef void _drive(const Job *j, Py_ssize_t cost, int n_threads) noexcept nogil:
     """Split dst's elements into one equal range per thread (one range if the work is small)."""
     cdef Py_ssize_t total = arr4_size(&j.d)
     cdef bint par = n_threads > 1 and total * cost >= _PAR_MIN_WORK
-    cdef Py_ssize_t nr = n_threads if par else 1
+    cdef Py_ssize_t nr = n_threads
     cdef Py_ssize_t k
     if total == 0:
         return
-    for k in prange(nr, num_threads=n_threads, use_threads_if=par,
-                    schedule="static"):
+    if not par:  # no OpenMP region at all (see drive_elements)
+        _run_range(j, 0, total)
+        return
+    for k in prange(nr, num_threads=n_threads, schedule="static"):
         _run_range(j, total * k // nr, total * (k + 1) // nr)
 
 

@@ -4,10 +4,11 @@ from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
-# Below this many bytes a gather stays on one thread (memcpy already runs at full bandwidth).
-cdef Py_ssize_t _PAR_MIN_BYTES = 1 << 20
+# Below this many bytes a gather stays on one thread.
+cdef Py_ssize_t _PAR_MIN_BYTES = min_parallel_work(1 << 14)
 # Shards up to this size are prefetched _PREFETCH_AHEAD shards ahead: a small shard at a random
 # place is over before the hardware prefetcher has caught on.
 cdef Py_ssize_t _PREFETCH_MAX_BYTES = 1 << 13
@@ -64,9 +65,14 @@ def gather_shards(const uint8_t[::1] src, uint8_t[::1] dst, const int64_t[::1] p
     s = &src[0]
     d = &dst[0]
     ahead = _PREFETCH_AHEAD if shard_nbytes <= _PREFETCH_MAX_BYTES else 0
-    for k in prange(nshards, nogil=True, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1 and nshards > 1
-                    and nshards * shard_nbytes >= _PAR_MIN_BYTES):
+    if n_threads < 2 or nshards < 2 or nshards * shard_nbytes < _PAR_MIN_BYTES:
+        with nogil:  # no OpenMP region at all (it costs about a microsecond even when serial)
+            for k in range(nshards):
+                if ahead > 0 and k + ahead < nshards:
+                    _prefetch(s + perm[first + k + ahead] * shard_nbytes, shard_nbytes)
+                memcpy(d + k * shard_nbytes, s + perm[first + k] * shard_nbytes, shard_nbytes)
+        return
+    for k in prange(nshards, nogil=True, num_threads=n_threads, schedule="static"):
         if ahead > 0 and k + ahead < nshards:
             _prefetch(s + perm[first + k + ahead] * shard_nbytes, shard_nbytes)
         memcpy(d + k * shard_nbytes, s + perm[first + k] * shard_nbytes, shard_nbytes)

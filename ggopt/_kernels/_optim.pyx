@@ -5,31 +5,50 @@ in the same order.
 """
 
 from cython.parallel cimport prange
-from libc.math cimport sqrtf
 
+cimport ggopt._kernels._common  # for its C block: GGOPT_MULTIVERSION
+
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
-# Below this many parameters a step stays on one thread.
-cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
+# Below this many parameters a step stays on one thread, without entering an OpenMP region
+# (even a region whose if-clause is false costs about a microsecond in libgomp).
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 13)
 # Parameters per work item: threads take contiguous chunks of this size.
 cdef Py_ssize_t _CHUNK = 1 << 14
 
+cdef extern from *:
+    """
+    /* ggml_compute_forward_opt_step_adamw_f32 over n contiguous parameters, in float32 in
+       ggml's order of operations. keep = 1 - alpha*wd. */
+    GGOPT_MULTIVERSION
+    static void ggopt_adamw(float *w, const float *g, float *m, float *v, Py_ssize_t n,
+                            float alpha, float b1, float b2, float eps, float keep, float b1h,
+                            float b2h) {
+        const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float gi = g[i];
+            float mi = m[i] * b1 + gi * omb1;
+            float vi = v[i] * b2 + gi * gi * omb2;
+            m[i] = mi;
+            v[i] = vi;
+            float mh = mi * b1h;
+            float vh = sqrtf(vi * b2h) + eps;
+            w[i] = w[i] * keep - alpha * mh / vh;
+        }
+    }
 
-cdef void _adamw_chunk(float *w, const float *g, float *m, float *v, Py_ssize_t n,
-                       float alpha, float b1, float b2, float eps, float keep, float b1h,
-                       float b2h) noexcept nogil:
-    cdef Py_ssize_t i
-    cdef float gi, mi, vi, mh, vh
-    cdef float omb1 = 1 - b1, omb2 = 1 - b2
-    for i in range(n):
-        gi = g[i]
-        mi = m[i] * b1 + gi * omb1
-        vi = v[i] * b2 + gi * gi * omb2
-        m[i] = mi
-        v[i] = vi
-        mh = mi * b1h
-        vh = sqrtf(vi * b2h) + eps
-        w[i] = w[i] * keep - alpha * mh / vh
+    /* ggml_compute_forward_opt_step_sgd_f32: w = w*keep - alpha*g, keep = 1 - alpha*wd */
+    GGOPT_MULTIVERSION
+    static void ggopt_sgd(float *w, const float *g, Py_ssize_t n, float alpha, float keep) {
+        for (Py_ssize_t i = 0; i < n; i++) w[i] = w[i] * keep - alpha * g[i];
+    }
+    """
+    void _adamw_chunk "ggopt_adamw"(float *w, const float *g, float *m, float *v, Py_ssize_t n,
+                                     float alpha, float b1, float b2, float eps, float keep,
+                                     float b1h, float b2h) noexcept nogil
+    void _sgd_chunk "ggopt_sgd"(float *w, const float *g, Py_ssize_t n, float alpha,
+                                 float keep) noexcept nogil
 
 
 def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
@@ -63,19 +82,15 @@ def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
     keep = 1 - alpha * params[4]
     b1h = params[5]
     b2h = params[6]
+    if n_threads < 2 or n < _PAR_MIN_WORK:  # no OpenMP region at all
+        with nogil:
+            _adamw_chunk(&w[0], &g[0], &m[0], &v[0], n, alpha, b1, b2, eps, keep, b1h, b2h)
+        return
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1 and n >= _PAR_MIN_WORK):
+    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static"):
         start = k * _CHUNK
         _adamw_chunk(&w[start], &g[start], &m[start], &v[start], min(_CHUNK, n - start),
                      alpha, b1, b2, eps, keep, b1h, b2h)
-
-
-cdef void _sgd_chunk(float *w, const float *g, Py_ssize_t n, float alpha,
-                     float keep) noexcept nogil:
-    cdef Py_ssize_t i
-    for i in range(n):
-        w[i] = w[i] * keep - alpha * g[i]
 
 
 def sgd_step(float[::1] w, const float[::1] g, const float[::1] params, int n_threads):
@@ -99,8 +114,11 @@ def sgd_step(float[::1] w, const float[::1] g, const float[::1] params, int n_th
         return
     alpha = params[0]
     keep = 1 - alpha * params[1]
+    if n_threads < 2 or n < _PAR_MIN_WORK:  # no OpenMP region at all
+        with nogil:
+            _sgd_chunk(&w[0], &g[0], n, alpha, keep)
+        return
     nchunks = (n + _CHUNK - 1) // _CHUNK
-    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1 and n >= _PAR_MIN_WORK):
+    for k in prange(nchunks, nogil=True, num_threads=n_threads, schedule="static"):
         start = k * _CHUNK
         _sgd_chunk(&w[start], &g[start], min(_CHUNK, n - start), alpha, keep)

@@ -21,10 +21,11 @@ from ggopt._kernels._common cimport (
     tile_index,
 )
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
 # Below this many elements a kernel stays on one thread.
-cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 
 
 cdef struct Pair:
@@ -234,8 +235,12 @@ def argmax(const float[:, :] a, int32_t[:] dst, int n_threads):
     if ncols == 0:
         raise ShapeError("argmax (ggml_argmax): a has no columns")
     base = <const char *>&a[0, 0]
-    for r in prange(nrows, nogil=True, num_threads=n_threads, schedule="static",
-                    use_threads_if=n_threads > 1 and nrows * ncols >= _PAR_MIN_WORK):
+    if n_threads < 2 or nrows * ncols < _PAR_MIN_WORK:  # no OpenMP region (see drive_elements)
+        with nogil:
+            for r in range(nrows):
+                dst[r] = _argmax_row(base + r * s0, s1, ncols)
+        return
+    for r in prange(nrows, nogil=True, num_threads=n_threads, schedule="static"):
         dst[r] = _argmax_row(base + r * s0, s1, ncols)
 
 

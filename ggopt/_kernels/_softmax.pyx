@@ -20,10 +20,70 @@ from ggopt._kernels._common cimport (
     ggopt_expf,
 )
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
 cdef extern from *:
     """
+    /* max_i s*x[i] over a contiguous row (-inf when n == 0). */
+    GGOPT_ROW_INLINE float ggopt_row_max(const float *x, Py_ssize_t n, float s) {
+        float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int k = 0; k < 8; k++) {
+                float v = s * x[i + k];
+                m[k] = m[k] > v ? m[k] : v;
+            }
+        for (; i < n; i++) {
+            float v = s * x[i];
+            m[0] = m[0] > v ? m[0] : v;
+        }
+        for (int k = 1; k < 8; k++) m[0] = m[0] > m[k] ? m[0] : m[k];
+        return m[0];
+    }
+
+    /* Sum of a contiguous row in double, with independent partial sums. */
+    GGOPT_ROW_INLINE double ggopt_row_sum_d(const float *x, Py_ssize_t n) {
+        double a[4] = {0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)x[i + k];
+        for (; i < n; i++) a[0] += (double)x[i];
+        return (a[0] + a[1]) + (a[2] + a[3]);
+    }
+
+    /* d[i] = exp(s*x[i] - m) over a contiguous row (d may be x); returns sum(d) in double. */
+    GGOPT_ROW_INLINE double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s,
+                                          float m) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] = ggopt_expf(s * x[i] - m);
+        return ggopt_row_sum_d(d, n);
+    }
+
+    /* sum_i exp(s*x[i] - m) in double over a contiguous row, without storing the exps. */
+    GGOPT_ROW_INLINE double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) {
+        float buf[256];
+        double acc = 0;
+        for (Py_ssize_t start = 0; start < n; start += 256) {
+            Py_ssize_t k = n - start < 256 ? n - start : 256;
+            for (Py_ssize_t i = 0; i < k; i++) buf[i] = ggopt_expf(s * x[start + i] - m);
+            acc += ggopt_row_sum_d(buf, k);
+        }
+        return acc;
+    }
+
+    /* sum_i y[i] * ((x[i] - m) - lsum) in double over contiguous rows: a row's contribution to
+       the cross-entropy sum, log-softmax computed in float32 like ggml. */
+    GGOPT_ROW_INLINE double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n,
+                                         float m, float lsum) {
+        double a[4] = {0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)(y[i + k] * ((x[i + k] - m) - lsum));
+        for (; i < n; i++) a[0] += (double)(y[i] * ((x[i] - m) - lsum));
+        return (a[0] + a[1]) + (a[2] + a[3]);
+    }
+
     /* softmax(s*x) over one contiguous row into d (d may be x). */
     GGOPT_MULTIVERSION
     static void ggopt_softmax_row(float *d, const float *x, Py_ssize_t n, float s) {
@@ -32,39 +92,87 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++) d[i] *= inv;
     }
 
+    /* Short rows (10 classes) are taken a block at a time: x - max of every row of the block
+       goes to one buffer and one vectorized loop takes all the exps, instead of a short loop
+       per row whose scalar tail costs as much as its vector part. */
+    #define GGOPT_CE_BLOCK 2048
+    #define GGOPT_CE_SHORT_ROW 256
+
+    /* From row r on, as many rows as fit a block: st = x - max (per row), e = exp(st).
+       Returns the row after the block. Needs n <= GGOPT_CE_BLOCK. */
+    GGOPT_ROW_INLINE Py_ssize_t ggopt_ce_block(const char *x, Py_ssize_t xr, Py_ssize_t r,
+                                               Py_ssize_t nrows, Py_ssize_t n, float *st,
+                                               float *e) {
+        Py_ssize_t r1 = r + GGOPT_CE_BLOCK / n, k = 0;
+        if (r1 > nrows) r1 = nrows;
+        for (Py_ssize_t q = r; q < r1; q++, k += n) {
+            const float *xp = (const float *)(x + q * xr);
+            float m = ggopt_row_max(xp, n, 1.0f);
+            for (Py_ssize_t i = 0; i < n; i++) st[k + i] = xp[i] - m;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) e[i] = ggopt_expf(st[i]);
+        return r1;
+    }
+
     /* sum over nrows contiguous rows (byte strides xr, yr) of sum_i y_i * lsm_i, where
-       lsm_i = (x_i - max) - log(sum exp(x - max)) in float32 (ggml_cross_entropy_loss). */
+       lsm_i = (x_i - max) - log(sum exp(x - max)) in float32 (ggml_cross_entropy_loss). The
+       log and the reciprocals below are float32 (ggml takes them in double and rounds): at
+       most an ulp apart, and a row of 10 classes is short enough for it to show in the time. */
     GGOPT_MULTIVERSION
     static double ggopt_ce_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
                                 Py_ssize_t nrows, Py_ssize_t n) {
         double total = 0;
+        if (n <= GGOPT_CE_SHORT_ROW) {
+            float st[GGOPT_CE_BLOCK], e[GGOPT_CE_BLOCK];
+            for (Py_ssize_t r = 0, r1; r < nrows; r = r1) {
+                r1 = ggopt_ce_block(x, xr, r, nrows, n, st, e);
+                for (Py_ssize_t q = r, k = 0; q < r1; q++, k += n) {
+                    float lsum = logf((float)ggopt_row_sum_d(e + k, n));
+                    total += ggopt_row_ce(st + k, (const float *)(y + q * yr), n, 0.0f, lsum);
+                }
+            }
+            return total;
+        }
         for (Py_ssize_t r = 0; r < nrows; r++) {
             const float *xp = (const float *)(x + r * xr);
             const float *yp = (const float *)(y + r * yr);
             float m = ggopt_row_max(xp, n, 1.0f);
-            float lsum = (float)log(ggopt_row_expsum(xp, n, 1.0f, m));
+            float lsum = logf((float)ggopt_row_expsum(xp, n, 1.0f, m));
             total += ggopt_row_ce(xp, yp, n, m, lsum);
         }
         return total;
     }
 
-    /* d = (softmax(x) - y) * g over nrows contiguous rows. The exps are parked in d, except
-       when d is y's memory: then they are computed again in the write pass. */
+    /* d = (softmax(x) - y) * g over nrows contiguous rows. Long rows park their exps in d,
+       except when d is y's memory: then they are computed again in the write pass. */
     GGOPT_MULTIVERSION
     static void ggopt_ce_back_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
                                    char *d, Py_ssize_t dr, Py_ssize_t nrows, Py_ssize_t n,
                                    float g) {
+        if (n <= GGOPT_CE_SHORT_ROW) {
+            float st[GGOPT_CE_BLOCK], e[GGOPT_CE_BLOCK];
+            for (Py_ssize_t r = 0, r1; r < nrows; r = r1) {
+                r1 = ggopt_ce_block(x, xr, r, nrows, n, st, e);
+                for (Py_ssize_t q = r, k = 0; q < r1; q++, k += n) {
+                    const float *yp = (const float *)(y + q * yr);
+                    float *dp = (float *)(d + q * dr);
+                    float inv = 1.0f / (float)ggopt_row_sum_d(e + k, n);
+                    for (Py_ssize_t i = 0; i < n; i++) dp[i] = (e[k + i] * inv - yp[i]) * g;
+                }
+            }
+            return;
+        }
         for (Py_ssize_t r = 0; r < nrows; r++) {
             const float *xp = (const float *)(x + r * xr);
             const float *yp = (const float *)(y + r * yr);
             float *dp = (float *)(d + r * dr);
             float m = ggopt_row_max(xp, n, 1.0f);
             if ((const float *)dp == yp) {
-                float inv = (float)(1.0 / ggopt_row_expsum(xp, n, 1.0f, m));
+                float inv = 1.0f / (float)ggopt_row_expsum(xp, n, 1.0f, m);
                 for (Py_ssize_t i = 0; i < n; i++)
                     dp[i] = (ggopt_expf(xp[i] - m) * inv - yp[i]) * g;
             } else {
-                float inv = (float)(1.0 / ggopt_row_exp(dp, xp, n, 1.0f, m));
+                float inv = 1.0f / (float)ggopt_row_exp(dp, xp, n, 1.0f, m);
                 for (Py_ssize_t i = 0; i < n; i++) dp[i] = (dp[i] * inv - yp[i]) * g;
             }
         }
@@ -78,8 +186,8 @@ cdef extern from *:
                             float g) noexcept nogil
 
 # Below this many element-operations a kernel stays on one thread; one exp counts as _EXP_COST.
-cdef Py_ssize_t _PAR_MIN_WORK = 1 << 15
-cdef Py_ssize_t _EXP_COST = 4
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
+cdef Py_ssize_t _EXP_COST = 16
 
 
 cdef struct Job:
@@ -303,9 +411,12 @@ def cross_entropy_loss(const float[:, :] logits, const float[:, :] labels, int n
         with nogil:
             total = drive_elements(shape, _ce_row, &j, par, n_threads)
         return <float>(-total / nrows)
-    nr = n_threads if par else 1
-    for k in prange(nr, nogil=True, num_threads=n_threads, use_threads_if=par,
-                    schedule="static"):
+    if not par:  # no OpenMP region at all (see drive_elements)
+        with nogil:
+            total = ggopt_ce_rows(j.x.data, j.x.s[2], j.y.data, j.y.s[2], nrows, ncols)
+        return <float>(-total / nrows)
+    nr = n_threads
+    for k in prange(nr, nogil=True, num_threads=n_threads, schedule="static"):
         r0 = nrows * k // nr
         r1 = nrows * (k + 1) // nr
         total += ggopt_ce_rows(j.x.data + r0 * j.x.s[2], j.x.s[2], j.y.data + r0 * j.y.s[2],
@@ -336,9 +447,13 @@ def cross_entropy_loss_back(float grad, const float[:, :] logits, const float[:,
         with nogil:
             drive_elements(shape, _ce_back_row, &j, par, n_threads)
         return
-    nr = n_threads if par else 1
-    for k in prange(nr, nogil=True, num_threads=n_threads, use_threads_if=par,
-                    schedule="static"):
+    if not par:  # no OpenMP region at all (see drive_elements)
+        with nogil:
+            ggopt_ce_back_rows(j.x.data, j.x.s[2], j.y.data, j.y.s[2], j.d.data, j.d.s[2], nrows,
+                               ncols, j.grad)
+        return
+    nr = n_threads
+    for k in prange(nr, nogil=True, num_threads=n_threads, schedule="static"):
         r0 = nrows * k // nr
         r1 = nrows * (k + 1) // nr
         ggopt_ce_back_rows(j.x.data + r0 * j.x.s[2], j.x.s[2], j.y.data + r0 * j.y.s[2],
