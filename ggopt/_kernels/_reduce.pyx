@@ -201,9 +201,35 @@ def repeat_back(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_thread
     if arr4_same_shape(&p.src, &p.dst) and arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
         arr4_flatten(&p.src)
         arr4_flatten(&p.dst)
+    if p.dst.n[3] == 1 and p.src.n[3] > 1:
+        _repeat_back_rows(&p)
+        return
     with nogil:
         drive_elements(p.dst.n, _repeat_back_piece, &p, arr4_size(&p.src) >= _PAR_MIN_WORK,
                        n_threads)
+
+
+cdef void _repeat_back_rows(Pair *p) except *:
+    """repeat_back into a dst with ne0 == 1 (e.g. a conv bias gradient): one streaming pass over
+    src in memory order, each row summed (in double) into its dst element."""
+    cdef Py_ssize_t D3 = p.dst.n[0], D2 = p.dst.n[1], D1 = p.dst.n[2]
+    cdef Py_ssize_t i3, i2, i1
+    cdef double[:, :, ::1] acc = cvarray_zeros(D3, D2, D1)
+    with nogil:
+        for i3 in range(p.src.n[0]):
+            for i2 in range(p.src.n[1]):
+                for i1 in range(p.src.n[2]):
+                    acc[i3 % D3, i2 % D2, i1 % D1] += _sum_f32(_row(&p.src, i3, i2, i1),
+                                                               p.src.s[3], p.src.n[3])
+        for i3 in range(D3):
+            for i2 in range(D2):
+                for i1 in range(D1):
+                    (<float *>_row(&p.dst, i3, i2, i1))[0] = <float>acc[i3, i2, i1]
+
+
+cdef double[:, :, ::1] cvarray_zeros(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c):
+    import numpy as np
+    return np.zeros((a, b, c), dtype=np.float64)
 
 
 # ----------------------------------------------------------------------------------------------
