@@ -60,7 +60,8 @@ class Context:
             if self.mem_size is not None and self._mem_used + nbytes > self.mem_size:
                 raise OutOfMemoryError(
                     f"context is full: tensor needs {nbytes} bytes, "
-                    f"{self.mem_size - self._mem_used} of mem_size={self.mem_size} left (ggml_new_tensor)"
+                    f"{self.mem_size - self._mem_used} of mem_size={self.mem_size} left "
+                    "(ggml_new_tensor)"
                 )
             buf = host_backend().alloc_buffer(nbytes)
             t.buffer, t.offset = buf, 0

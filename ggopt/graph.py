@@ -39,7 +39,9 @@ class Graph:
     graph was created without gradient slots. ggml: ``struct ggml_cgraph``.
     """
 
-    __slots__ = ("size", "nodes", "leafs", "visited", "grads", "grad_accs", "version", "__weakref__")
+    __slots__ = (
+        "size", "nodes", "leafs", "visited", "grads", "grad_accs", "version", "__weakref__",
+    )
 
     def __init__(self, size: int, grads: bool) -> None:
         self.size = size
@@ -88,7 +90,7 @@ def new_graph_custom(ctx: Context, size: int = GRAPH_DEFAULT_SIZE, grads: bool =
 
 
 def build_forward_expand(g: Graph, tensor: Tensor) -> None:
-    """Add ``tensor`` and every ancestor not yet in ``g``, sources first (ggml_build_forward_expand).
+    """Add ``tensor`` and its ancestors not yet in ``g``, sources first (ggml_build_forward_expand).
 
     Sources are visited in order src[0], src[1], ...; op-less non-parameter tensors become
     leafs, everything else nodes (flagged COMPUTE). Raises ShapeError, leaving ``g`` unchanged,
@@ -96,7 +98,8 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     """
     _check_graph("ggml_build_forward_expand", g)
     if not isinstance(tensor, Tensor):
-        raise DTypeError(f"ggml_build_forward_expand: expected a Tensor, got {type(tensor).__name__}")
+        raise DTypeError(f"ggml_build_forward_expand: expected a Tensor, got "
+                         f"{type(tensor).__name__}")
     if tensor in g.visited:
         return
     new_nodes: list[Tensor] = []
@@ -204,7 +207,8 @@ def build_backward_expand(
     """
     _check_graph("ggml_build_backward_expand", g)
     if not isinstance(ctx, Context):
-        raise DTypeError(f"ggml_build_backward_expand: ctx must be a Context, got {type(ctx).__name__}")
+        raise DTypeError(f"ggml_build_backward_expand: ctx must be a Context, got "
+                         f"{type(ctx).__name__}")
     n_fwd = len(g.nodes)
     if n_fwd == 0:
         raise ShapeError("ggml_build_backward_expand: the graph has no nodes")
@@ -223,7 +227,7 @@ def build_backward_expand(
 
     # Decide which nodes need gradients and check everything before changing the graph.
     needs_grad: set[Tensor] = set()
-    for i, node in enumerate(g.nodes):
+    for node in g.nodes:
         if node.type is I32:
             continue
         need = bool(node.flags & (TensorFlag.PARAM | TensorFlag.LOSS))
@@ -287,11 +291,12 @@ def _propagate(ctx: Context, g: Graph, grad_accs, needs_grad: set[Tensor], n_fwd
         sink.node = node
         sink.ignored = ignored_sources(node)
         rule(ctx, node, grad, sink)
-        for j, s in enumerate(node.src):
+        for s in node.src:
             sg = g.grads.get(s) if s is not None else None
             if sg is not None and sg.ne != s.ne:
                 raise ShapeError(f"ggml_build_backward_expand: gradient of '{s.name}' has shape "
-                                 f"{list(sg.ne)}, expected {list(s.ne)} (backward of {node.op.name})")
+                                 f"{list(sg.ne)}, expected {list(s.ne)} (backward of "
+                                 f"{node.op.name})")
 
 
 def graph_get_grad(g: Graph, node: Tensor) -> Tensor | None:
@@ -307,7 +312,9 @@ def graph_get_grad_acc(g: Graph, node: Tensor) -> Tensor | None:
 
 
 def graph_reset(g: Graph | None) -> None:
-    """Zero the accumulators and AdamW moments of ``g``; set the loss gradient to 1 (ggml_graph_reset).
+    """Zero the accumulators and AdamW moments of ``g``; set the loss gradient to 1.
+
+    ggml: ``ggml_graph_reset``.
 
     ``None`` is a no-op. Every affected tensor must have memory.
     """

@@ -447,7 +447,10 @@ def _repeat_back_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> 
 
 
 def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
-    """A copy of ``a`` with ``b`` added into the view ``(b.ne, nb1, nb2, nb3, offset)`` (ggml_acc)."""
+    """A copy of ``a`` with ``b`` added into the view ``(b.ne, nb1, nb2, nb3, offset)``.
+
+    ggml: ``ggml_acc``.
+    """
     _ctx("acc", ctx)
     _f32("acc", a=a, b=b)
     if not a.is_contiguous():
@@ -554,7 +557,10 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 
 
 def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``a=[n0, K]`` and ``b=[n1, K]`` give ``[n0, n1]`` = ``B.T @ A`` in NumPy terms (ggml_out_prod)."""
+    """``a=[n0, K]`` and ``b=[n1, K]`` give ``[n0, n1]``: ``B.T @ A`` in NumPy terms.
+
+    ggml: ``ggml_out_prod``.
+    """
     _ctx("out_prod", ctx)
     _f32("out_prod", a=a, b=b)
     if a.ne[1] != b.ne[1]:
@@ -640,7 +646,10 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 
 
 def get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
-    """Scatter-add of the rows ``a=[ne0, n]`` to indices ``b=[n]``: shape of ``c`` (ggml_get_rows_back)."""
+    """Scatter-add of the rows ``a=[ne0, n]`` to indices ``b=[n]``, in the shape of ``c``.
+
+    ggml: ``ggml_get_rows_back``.
+    """
     _ctx("get_rows_back", ctx)
     _f32("get_rows_back", a=a)
     _check_type("get_rows_back", "b", b, I32)
@@ -698,10 +707,11 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
     if not is_2D:
         raise ShapeError("ggml_im2col: only 2-D im2col (is_2D=True) is supported by ggopt")
     if dst_type != F32:
-        raise DTypeError("ggml_im2col: ggopt computes convolutions in float32; dst_type must be F32")
+        raise DTypeError("ggml_im2col: ggopt computes convolutions in float32; dst_type must "
+                         "be F32")
     if a.ne[2] != b.ne[2]:
-        raise ShapeError(f"ggml_im2col: kernel channels a.ne[2]={a.ne[2]} must equal input channels "
-                         f"b.ne[2]={b.ne[2]}")
+        raise ShapeError(f"ggml_im2col: kernel channels a.ne[2]={a.ne[2]} must equal input "
+                         f"channels b.ne[2]={b.ne[2]}")
     prm = _conv_params("im2col", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1)
     KW, KH = a.ne[0], a.ne[1]
     OW = _conv_out("im2col", b.ne[0], KW, prm[0], prm[2], prm[4])
@@ -711,7 +721,10 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
 
 def im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: tuple[int, ...], s0: int, s1: int,
                 p0: int, p1: int, d0: int, d1: int, is_2D: bool = True) -> Tensor:
-    """Adjoint of :func:`im2col`: fold ``a`` back into an input of shape ``ne`` (ggml_im2col_back)."""
+    """Adjoint of :func:`im2col`: fold ``a`` back into an input of shape ``ne``.
+
+    ggml: ``ggml_im2col_back``.
+    """
     _ctx("im2col_back", ctx)
     _f32("im2col_back", a=a)
     _check_tensor("im2col_back", "b", b)

@@ -8,7 +8,9 @@ import numpy as np
 
 from .errors import DTypeError
 
-__all__ = ["GGType", "TensorFlag", "F32", "F16", "I32", "I64", "type_size", "np_dtype", "GGML_MAX_DIMS"]
+__all__ = [
+    "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "type_size", "np_dtype", "GGML_MAX_DIMS",
+]
 
 GGML_MAX_DIMS = 4
 

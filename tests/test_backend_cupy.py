@@ -14,10 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from ggopt import backend as gb
-from ggopt.backend.cupy import CuPyBackend
-from ggopt.errors import BackendUnavailableError, DTypeError, ShapeError
 from test_backend_multi import (
     OP_CASES,
     _cnn,
@@ -28,6 +24,10 @@ from test_backend_multi import (
     forward_backward,
     train_adamw,
 )
+
+from ggopt import backend as gb
+from ggopt.backend.cupy import CuPyBackend
+from ggopt.errors import BackendUnavailableError, DTypeError, ShapeError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
+from helpers import new_tensor
 
 import ggopt
 from ggopt import backend as gb
@@ -21,7 +22,6 @@ from ggopt.backend.xp import ArrayBackend, numpy_backend
 from ggopt.backend.xp_ops import COMPILERS
 from ggopt.errors import DTypeError, ShapeError, StateError
 from ggopt.tensor import Op, UnaryOp
-from helpers import new_tensor
 
 F32 = np.float32
 POOL_MAX, POOL_AVG = ggopt.OP_POOL_MAX, ggopt.OP_POOL_AVG

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from ggopt._kernels._copy import copy
+
 from ggopt.errors import DTypeError, ShapeError
 
 

@@ -7,12 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-
-from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 OPTIMIZERS = [opt.OptimizerType.ADAMW, opt.OptimizerType.SGD]
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _opt_fixture import NDATA, make_ctx_data, make_supervised
 
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-
-from _opt_fixture import NDATA, make_ctx_data, make_supervised
 
 SHARD_BATCH = [(s, b) for s in range(1, 7) for b in range(1, 7) if b % s == 0]
 

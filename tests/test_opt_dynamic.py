@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-
-from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 
 class Dynamic:

@@ -9,13 +9,12 @@ import re
 
 import numpy as np
 import pytest
+from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
 from ggopt.opt.training import fit_split
-
-from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 OPTIMIZERS = [opt.OptimizerType.ADAMW, opt.OptimizerType.SGD]
 

@@ -6,14 +6,12 @@ import math
 
 import numpy as np
 import pytest
+from _opt_fixture import get_test_opt_pars, make_ctx_data, make_supervised
 
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
 from ggopt.errors import DTypeError, ShapeError, StateError
-
-from _opt_fixture import get_test_opt_pars, make_ctx_data, make_supervised
-
 
 # --- Dataset construction -----------------------------------------------------------------
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from _opt_fixture import make_ctx_data
 
 from ggopt import opt
-
-from _opt_fixture import make_ctx_data
 
 ATOL = 1e-6
 

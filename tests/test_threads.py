@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 import threadpoolctl
+from ggopt._kernels._openmp_helpers import omp_max_threads
 
 from ggopt import _threads
 from ggopt._kernels import _openmp_helpers
-from ggopt._kernels._openmp_helpers import omp_max_threads
 from ggopt.errors import DTypeError, ShapeError
 
 

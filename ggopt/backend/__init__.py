@@ -25,7 +25,8 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     """Give every tensor of ``ctx`` without memory a place in one new buffer of ``backend``
     (ggml_backend_alloc_ctx_tensors). Returns the buffer, or None when nothing needed memory."""
     if not isinstance(ctx, Context):
-        raise DTypeError(f"ggml_backend_alloc_ctx_tensors: expected a Context, got {type(ctx).__name__}")
+        raise DTypeError(f"ggml_backend_alloc_ctx_tensors: expected a Context, got "
+                         f"{type(ctx).__name__}")
     if not isinstance(backend, Backend):
         raise DTypeError(f"ggml_backend_alloc_ctx_tensors: expected a Backend, got "
                          f"{type(backend).__name__}")
@@ -45,7 +46,7 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
 
 
 def tensor_set(t: Tensor, array) -> None:
-    """Copy ``array`` (same element count and dtype) into ``t``'s memory (ggml_backend_tensor_set)."""
+    """Copy ``array`` (same element count and dtype) into ``t`` (ggml_backend_tensor_set)."""
     _check_transfer(t)
     t.buffer.backend.tensor_set(t, array)
 
@@ -57,7 +58,10 @@ def tensor_get(t: Tensor) -> np.ndarray:
 
 
 def cupy_init(device: int = 0) -> Backend:
-    """The CuPy (CUDA) backend on GPU ``device``; raises BackendUnavailableError without CuPy/GPU."""
+    """The CuPy (CUDA) backend on GPU ``device``.
+
+    Raises BackendUnavailableError without CuPy or a usable GPU.
+    """
     from .cupy import CuPyBackend
 
     return CuPyBackend(device)

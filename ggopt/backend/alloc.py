@@ -35,7 +35,7 @@ class FreeList:
     def alloc(self, size: int) -> int:
         size = align(max(size, 1))
         best = -1
-        for i, (off, sz) in enumerate(self.blocks):
+        for i, (_, sz) in enumerate(self.blocks):
             if sz >= size and (best < 0 or sz < self.blocks[best][1]):
                 best = i
         if best >= 0:

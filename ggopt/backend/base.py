@@ -10,7 +10,7 @@ from ..errors import DTypeError, ShapeError, StateError
 from ..tensor import Tensor
 from .buffer import Buffer
 
-__all__ = ["Backend", "Step"]
+__all__ = ["Backend", "Step", "check_row_indices"]
 
 #: A compiled node: a zero-argument callable that computes it into its memory.
 Step = Callable[[], None]
@@ -95,3 +95,10 @@ def _check_transfer(t: Tensor) -> None:
         raise DTypeError(f"expected a Tensor, got {type(t).__name__}")
     if t.buffer is None:
         raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
+
+
+def check_row_indices(fn: str, idx, nrows: int) -> None:
+    """Raise ShapeError unless every index in ``idx`` (any array module) is in ``[0, nrows)``."""
+    if idx.size and bool(((idx < 0) | (idx >= nrows)).any()):
+        raise ShapeError(f"ggml_{fn}: row index out of range: indices span "
+                         f"[{int(idx.min())}, {int(idx.max())}], the source has {nrows} rows")

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _threads
 from ..errors import ShapeError
-from ..tensor import Tensor, VIEW_OPS
+from ..tensor import VIEW_OPS, Tensor
 from .base import Backend, Step
 from .buffer import ALIGNMENT, Buffer
 from .cpu_ops import COMPILERS

@@ -12,7 +12,7 @@ from .._kernels import _conv, _copy, _get_rows, _optim, _reduce, _softmax
 from .._kernels import _elementwise as ew
 from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
-from .base import Step
+from .base import Step, check_row_indices
 
 if TYPE_CHECKING:
     from .cpu import CPUBackend
@@ -196,11 +196,8 @@ def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray):
             for i3 in range(b.shape[0]) for i2 in range(b.shape[1])]
 
 
-@compiler(Op.MUL_MAT)
-def _mul_mat(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
-    # NumPy terms per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
-    pairs = [(b2, a2.T, c2) for a2, b2, c2 in
-             _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())]
+def _matmul_step(pairs: list) -> Step:
+    """One BLAS product ``np.matmul(x, y, out=out)`` per (x, y, out) slice."""
     if len(pairs) == 1:
         x, y, out = pairs[0]
         return lambda: np.matmul(x, y, out=out)
@@ -210,28 +207,20 @@ def _mul_mat(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
             np.matmul(x, y, out=out)
 
     return step
+
+
+@compiler(Op.MUL_MAT)
+def _mul_mat(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
+    # NumPy terms per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
+    return _matmul_step([(b2, a2.T, c2) for a2, b2, c2 in
+                         _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())])
 
 
 @compiler(Op.OUT_PROD)
 def _out_prod(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     # NumPy terms per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
-    pairs = [(b2.T, a2, c2) for a2, b2, c2 in
-             _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())]
-    if len(pairs) == 1:
-        x, y, out = pairs[0]
-        return lambda: np.matmul(x, y, out=out)
-
-    def step() -> None:
-        for x, y, out in pairs:
-            np.matmul(x, y, out=out)
-
-    return step
-
-
-def _check_rows(fn: str, idx: np.ndarray, nrows: int) -> None:
-    if idx.size and (idx.min() < 0 or idx.max() >= nrows):
-        raise ShapeError(f"ggml_{fn}: row index out of range: indices span "
-                         f"[{idx.min()}, {idx.max()}], the source has {nrows} rows")
+    return _matmul_step([(b2.T, a2, c2) for a2, b2, c2 in
+                         _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())])
 
 
 @compiler(Op.GET_ROWS)
@@ -239,7 +228,7 @@ def _get_rows_c(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     a, idx, d = srcs[0].array4d(), srcs[1].array4d()[0], node.array4d()
 
     def step() -> None:
-        _check_rows("get_rows", idx, a.shape[2])
+        check_row_indices("get_rows", idx, a.shape[2])
         _get_rows.get_rows(a, idx, d, be.n_threads)
 
     return step
@@ -250,7 +239,7 @@ def _get_rows_back_c(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     g, idx, d = srcs[0].array4d()[0, 0], srcs[1].array4d()[0, 0, 0], node.array4d()[0, 0]
 
     def step() -> None:
-        _check_rows("get_rows_back", idx, d.shape[0])
+        check_row_indices("get_rows_back", idx, d.shape[0])
         _get_rows.get_rows_back(g, idx, d, be.n_threads)
 
     return step

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
 from ..graph import Graph
-from ..tensor import Op, Tensor, VIEW_OPS
+from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import TensorFlag
 from .alloc import plan_memory
 from .base import Backend, Step
@@ -88,7 +88,10 @@ class Scheduler:
         return self.backends[i]
 
     def reset(self) -> None:
-        """Forget the allocated graph; its compute tensors lose their memory (ggml_backend_sched_reset)."""
+        """Forget the allocated graph; its compute tensors lose their memory.
+
+        ggml: ``ggml_backend_sched_reset``.
+        """
         cur = self._current
         if cur is not None:
             for t, _, _ in cur.placed:
@@ -98,9 +101,13 @@ class Scheduler:
         self._current = None
 
     def alloc_graph(self, g: Graph) -> bool:
-        """Assign backends and memory to every tensor of ``g`` that has none (ggml_backend_sched_alloc_graph)."""
+        """Assign backends and memory to every tensor of ``g`` that has none.
+
+        ggml: ``ggml_backend_sched_alloc_graph``.
+        """
         if not isinstance(g, Graph):
-            raise DTypeError(f"ggml_backend_sched_alloc_graph: expected a Graph, got {type(g).__name__}")
+            raise DTypeError(f"ggml_backend_sched_alloc_graph: expected a Graph, got "
+                             f"{type(g).__name__}")
         if self._current is not None:
             raise StateError("ggml_backend_sched_alloc_graph: a graph is already allocated; call "
                              "reset() first")
@@ -119,7 +126,10 @@ class Scheduler:
         return True
 
     def graph_compute(self, g: Graph) -> None:
-        """Run the allocated graph, allocating ``g`` first if nothing is (ggml_backend_sched_graph_compute)."""
+        """Run the allocated graph, allocating ``g`` first if nothing is.
+
+        ggml: ``ggml_backend_sched_graph_compute``.
+        """
         if self._current is None:
             self.alloc_graph(g)
         for step in self._current.steps:
@@ -132,7 +142,7 @@ class Scheduler:
         return len(self._current.splits) if self._current else 0
 
     def get_n_copies(self) -> int:
-        """Number of tensor copies between backends per compute (ggml_backend_sched_get_n_copies)."""
+        """Tensor copies between backends per compute (ggml_backend_sched_get_n_copies)."""
         return sum(len(s.copies) for s in self._current.splits) if self._current else 0
 
     def get_buffer_size(self, backend: Backend) -> int:

@@ -16,7 +16,7 @@ from types import ModuleType
 import numpy as np
 
 from ..errors import DTypeError
-from ..tensor import Op, Tensor, VIEW_OPS
+from ..tensor import VIEW_OPS, Op, Tensor
 from .base import Backend, Step
 from .buffer import ALIGNMENT, Buffer
 from .xp_ops import COMPILERS, Compiler

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ops import OP_POOL_MAX
 from ..tensor import Op, Tensor, UnaryOp
-from .base import Step
+from .base import Step, check_row_indices
 
 if TYPE_CHECKING:
     from .xp import ArrayBackend
@@ -430,12 +430,6 @@ def _out_prod(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
 # --- rows ---------------------------------------------------------------------------------
 
 
-def _check_rows(fn: str, idx, nrows: int) -> None:
-    if idx.size and bool(((idx < 0) | (idx >= nrows)).any()):
-        raise ShapeError(f"ggml_{fn}: row index out of range: indices span "
-                         f"[{int(idx.min())}, {int(idx.max())}], the source has {nrows} rows")
-
-
 @compiler(Op.GET_ROWS)
 def _get_rows(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
     xp = be.xp
@@ -444,7 +438,7 @@ def _get_rows(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
              for i3 in range(d.shape[0]) for i2 in range(d.shape[1])]
 
     def step() -> None:
-        _check_rows("get_rows", idx, a.shape[2])
+        check_row_indices("get_rows", idx, a.shape[2])
         for rows, ind, out in pairs:
             xp.take(rows, ind, axis=0, out=out)
 
@@ -456,7 +450,7 @@ def _get_rows_back(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
     g, idx, d = srcs[0].array4d()[0, 0], srcs[1].array4d()[0, 0, 0], node.array4d()[0, 0]
 
     def step() -> None:
-        _check_rows("get_rows_back", idx, d.shape[0])
+        check_row_indices("get_rows_back", idx, d.shape[0])
         d[...] = 0
         be.scatter_add(d, idx, g)
 

@@ -20,7 +20,8 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
