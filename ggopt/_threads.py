@@ -100,3 +100,60 @@ def _limit_blas(n: int | None) -> None:
             _blas_controller = ThreadpoolController()  # scans the loaded libraries once
         _blas_limiter = _blas_controller.limit(limits=n, user_api="blas")
     _blas_limit = n
+
+
+# --- deterministic parallel BLAS -----------------------------------------------------------
+# OpenBLAS sums a product's K dimension differently depending on its thread count and on how
+# the output is partitioned. ggopt therefore runs every product of a graph compute with BLAS on
+# one thread, over slices whose bounds depend only on the shapes, spread over its own worker
+# threads: the results are the same bits for any thread count.
+
+_pool = None  # concurrent.futures.ThreadPoolExecutor, grown on demand
+_pool_workers = 0
+_serial_blas: list = []  # threadpoolctl controllers of the loaded BLAS libraries
+
+
+def run_concurrently(tasks: list) -> None:
+    """Run zero-argument callables at the same time (the first on this thread) and wait.
+
+    The tasks must release the GIL to overlap (NumPy's matmul does). Exceptions propagate.
+    """
+    global _pool, _pool_workers
+    if len(tasks) == 1:
+        tasks[0]()
+        return
+    if _pool is None or _pool_workers < len(tasks) - 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if _pool is not None:
+            _pool.shutdown(wait=True)
+        _pool_workers = len(tasks) - 1
+        _pool = ThreadPoolExecutor(max_workers=_pool_workers, thread_name_prefix="ggopt")
+    futures = [_pool.submit(t) for t in tasks[1:]]
+    try:
+        tasks[0]()
+    finally:
+        for f in futures:
+            f.result()
+
+
+def blas_serial_begin() -> list[int]:
+    """Put BLAS on one thread for the products of a graph compute; returns what to restore."""
+    global _serial_blas
+    if not _serial_blas:
+        from threadpoolctl import ThreadpoolController
+
+        _serial_blas = [c for c in ThreadpoolController().lib_controllers
+                        if c.user_api == "blas"] or [None]
+    if _serial_blas[0] is None:
+        return []
+    before = [c.num_threads for c in _serial_blas]
+    for c in _serial_blas:
+        c.set_num_threads(1)
+    return before
+
+
+def blas_serial_end(before: list[int]) -> None:
+    """Undo :func:`blas_serial_begin`."""
+    for c, n in zip(_serial_blas, before):
+        c.set_num_threads(n)

@@ -64,6 +64,13 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued work to finish (a no-op on the CPU)."""
 
+    def begin_compute(self) -> object:
+        """Called before a graph compute runs its steps; returns what :meth:`end_compute` needs."""
+        return None
+
+    def end_compute(self, token: object) -> None:
+        """Called after a graph compute, also when a step raised."""
+
     # --- public, validated ----------------------------------------------------------------
     def alloc_buffer(self, nbytes: int) -> Buffer:
         """A new buffer of ``nbytes`` bytes (ggml_backend_alloc_buffer)."""

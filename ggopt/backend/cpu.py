@@ -74,6 +74,13 @@ class CPUBackend(Backend):
         return buf.is_host
 
     # --- compute ------------------------------------------------------------------------------
+    def begin_compute(self) -> object:
+        # products run single-threaded BLAS over fixed slices (see cpu_ops._matmul_step)
+        return _threads.blas_serial_begin()
+
+    def end_compute(self, token: object) -> None:
+        _threads.blas_serial_end(token)
+
     def supports_op(self, node: Tensor) -> bool:
         return node.op in VIEW_OPS or node.op in COMPILERS
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import _threads
 from .._kernels import _conv, _copy, _get_rows, _optim, _reduce, _softmax
 from .._kernels import _elementwise as ew
 from ..errors import ShapeError
@@ -196,15 +197,46 @@ def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray):
             for i3 in range(b.shape[0]) for i2 in range(b.shape[1])]
 
 
-def _matmul_step(pairs: list) -> Step:
-    """One BLAS product ``np.matmul(x, y, out=out)`` per (x, y, out) slice."""
-    if len(pairs) == 1:
-        x, y, out = pairs[0]
+#: Products below this many multiply-adds run as one BLAS call.
+_SPLIT_MIN_MACS = 1 << 22
+#: Most slices one product is cut into (their bounds depend only on the shapes).
+_MAX_SLICES = 4
+
+
+def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> list[tuple]:
+    """``out = x @ y`` cut into row slices of ``x``/``out`` whose bounds depend only on shapes."""
+    rows, inner, cols = x.shape[0], x.shape[1], y.shape[1]
+    n = 1 if rows * inner * cols < _SPLIT_MIN_MACS else min(_MAX_SLICES, max(1, rows // 64))
+    bounds = [rows * i // n for i in range(n + 1)]
+    return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in zip(bounds, bounds[1:]) if r1 > r0]
+
+
+def _matmul_step(be: CPUBackend, pairs: list) -> Step:
+    """``np.matmul(x, y, out=out)`` per (x, y, out) slice, on single-threaded BLAS.
+
+    The slices are spread over ``be.n_threads`` threads; since each slice is always computed
+    by the same one-thread BLAS call, the result does not depend on the thread count.
+    """
+    parts = [s for x, y, out in pairs for s in _slices(x, y, out)]
+    if len(parts) == 1:
+        x, y, out = parts[0]
         return lambda: np.matmul(x, y, out=out)
 
+    def run(group: list[tuple]) -> Step:
+        def task() -> None:
+            for x, y, out in group:
+                np.matmul(x, y, out=out)
+
+        return task
+
+    plans: dict[int, list[Step]] = {}
+
     def step() -> None:
-        for x, y, out in pairs:
-            np.matmul(x, y, out=out)
+        nt = min(be.n_threads, len(parts))
+        tasks = plans.get(nt)
+        if tasks is None:
+            tasks = plans[nt] = [run(parts[i::nt]) for i in range(nt)]
+        _threads.run_concurrently(tasks)
 
     return step
 
@@ -212,14 +244,14 @@ def _matmul_step(pairs: list) -> Step:
 @compiler(Op.MUL_MAT)
 def _mul_mat(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     # NumPy terms per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
-    return _matmul_step([(b2, a2.T, c2) for a2, b2, c2 in
+    return _matmul_step(be, [(b2, a2.T, c2) for a2, b2, c2 in
                          _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())])
 
 
 @compiler(Op.OUT_PROD)
 def _out_prod(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     # NumPy terms per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
-    return _matmul_step([(b2.T, a2, c2) for a2, b2, c2 in
+    return _matmul_step(be, [(b2.T, a2, c2) for a2, b2, c2 in
                          _matmul_pairs(srcs[0].array4d(), srcs[1].array4d(), node.array4d())])
 
 

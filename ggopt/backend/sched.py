@@ -132,10 +132,15 @@ class Scheduler:
         """
         if self._current is None:
             self.alloc_graph(g)
-        for step in self._current.steps:
-            step()
-        for b in self.backends:
-            b.synchronize()
+        tokens = [b.begin_compute() for b in self.backends]
+        try:
+            for step in self._current.steps:
+                step()
+            for b in self.backends:
+                b.synchronize()
+        finally:
+            for b, token in zip(self.backends, tokens):
+                b.end_compute(token)
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""
