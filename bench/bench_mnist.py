@@ -10,7 +10,7 @@ threads (default 2). Each round is one epoch (2 rounds for FC, 1 for the CNN); t
 includes building the graphs.
 
 ``extra_info``: ``s_per_epoch`` (the median) and, on the ggopt rows, ``ratio_vs_torch``
-(PyTorch's seconds / ggopt's: above 1 ggopt is faster) with the target for FC.
+(PyTorch's seconds / ggopt's: above 1 ggopt is faster) with the issue's target.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.usefixtures("bench_threads")
 
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 ROUNDS = {"fc": 2, "cnn": 1}  # one CNN epoch takes tens of seconds
-TARGET_VS_TORCH = {"fc": 0.8, "cnn": None}  # ggopt at least 0.8x PyTorch's speed (FC)
+# Issue targets in seconds per epoch: FC <= 0.8x PyTorch's time, CNN <= 1.0x; as speed ratios
+# (PyTorch's seconds / ggopt's) that is >= 1.25 and >= 1.0.
+TARGET_VS_TORCH = {"fc": 1.25, "cnn": 1.0}
 NTRAIN, NVAL = 57000, 3000
 
 

@@ -200,7 +200,7 @@ def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray):
 #: Products below this many multiply-adds run as one BLAS call.
 _SPLIT_MIN_MACS = 1 << 22
 #: Most slices one product is cut into (their bounds depend only on the shapes).
-_MAX_SLICES = 4
+_MAX_SLICES = 2
 
 
 def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> list[tuple]:
