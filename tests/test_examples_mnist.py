@@ -279,7 +279,7 @@ def test_eval_reproduces_training_result(trained):
 
 
 def test_train_is_reproducible(trained, tmp_path):
-    """Same seed, same thread count: bit-identical weights (sums split by thread differ)."""
+    """The same seed gives bit-identical weights (tests/test_determinism.py varies threads)."""
     arch, path, _, train_out, _ = trained
     if arch != "fc":
         pytest.skip("one architecture is enough")

@@ -63,8 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Train with ggml's recipe: cross-entropy, AdamW (lr 1e-3), 1000 images "
                     "per optimizer step in physical batches of 500, 5% held out for "
                     "validation. Weights start from N(0, 0.01) drawn with --seed, so runs "
-                    "with the same seed and thread count give the same model (ggml seeds "
-                    "from the system's random device).",
+                    "with the same seed give the same model on any thread count (ggml "
+                    "seeds from the system's random device).",
     )
     tr.add_argument("--arch", choices=tuple(_ARCHS), required=True,
                     help="fc: 784-500-10 MLP (mnist-fc); cnn: two 3x3 conv + max-pool layers "

@@ -6,8 +6,8 @@ live in a static context on the scheduler's first backend; the graph up to ``log
 backward and optimizer parts to it.
 
 One difference from ggml: the initial weights come from a seeded NumPy generator, so runs with
-the same seed and thread count give bit-identical models (ggml seeds from
-``std::random_device``; other thread counts change the order of sums, so the last bits).
+the same seed give bit-identical models, whatever the thread count (ggml seeds from
+``std::random_device``).
 """
 
 from __future__ import annotations
