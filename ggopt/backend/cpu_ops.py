@@ -199,25 +199,49 @@ def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray):
 
 #: Products below this many multiply-adds run as one BLAS call.
 _SPLIT_MIN_MACS = 1 << 22
-#: Most slices one product is cut into (their bounds depend only on the shapes).
-_MAX_SLICES = 2
+#: A dimension is cut in two when it has at least this many rows / columns.
+_SPLIT_MIN_DIM = 128
+#: The reduction dimension is cut in two when the output is small and it is at least this long.
+_SPLIT_MIN_INNER = 1 << 14
 
 
-def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> list[tuple]:
-    """``out = x @ y`` cut into row slices of ``x``/``out`` whose bounds depend only on shapes."""
+def _halves(n: int) -> list[tuple[int, int]]:
+    return [(0, n // 2), (n // 2, n)]
+
+
+def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> tuple[list[tuple], list[tuple]]:
+    """``out = x @ y`` as (x, y, out) products whose bounds depend only on the shapes.
+
+    Returns the products and the (out, scratch) pairs to add once they are all done: a long
+    reduction with a small output is cut in two along it, the second half into a scratch array.
+    """
     rows, inner, cols = x.shape[0], x.shape[1], y.shape[1]
-    n = 1 if rows * inner * cols < _SPLIT_MIN_MACS else min(_MAX_SLICES, max(1, rows // 64))
-    bounds = [rows * i // n for i in range(n + 1)]
-    return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in zip(bounds, bounds[1:]) if r1 > r0]
+    if rows * inner * cols < _SPLIT_MIN_MACS:
+        return [(x, y, out)], []
+    if rows >= _SPLIT_MIN_DIM:
+        return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in _halves(rows)], []
+    if cols >= _SPLIT_MIN_DIM:
+        return [(x, y[:, c0:c1], out[:, c0:c1]) for c0, c1 in _halves(cols)], []
+    if inner >= _SPLIT_MIN_INNER:
+        (k0, k1), (k2, k3) = _halves(inner)
+        scratch = np.empty_like(out)  # owned by the step, made once at compile time
+        return [(x[:, k0:k1], y[k0:k1], out), (x[:, k2:k3], y[k2:k3], scratch)], [(out, scratch)]
+    return [(x, y, out)], []
 
 
 def _matmul_step(be: CPUBackend, pairs: list) -> Step:
     """``np.matmul(x, y, out=out)`` per (x, y, out) slice, on single-threaded BLAS.
 
-    The slices are spread over ``be.n_threads`` threads; since each slice is always computed
-    by the same one-thread BLAS call, the result does not depend on the thread count.
+    Each product is cut into pieces by its shape alone and the pieces are spread over
+    ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
+    result does not depend on the thread count.
     """
-    parts = [s for x, y, out in pairs for s in _slices(x, y, out)]
+    parts: list[tuple] = []
+    sums: list[tuple] = []
+    for x, y, out in pairs:
+        p, s = _slices(x, y, out)
+        parts += p
+        sums += s
     if len(parts) == 1:
         x, y, out = parts[0]
         return lambda: np.matmul(x, y, out=out)
@@ -237,6 +261,8 @@ def _matmul_step(be: CPUBackend, pairs: list) -> Step:
         if tasks is None:
             tasks = plans[nt] = [run(parts[i::nt]) for i in range(nt)]
         _threads.run_concurrently(tasks)
+        for out, scratch in sums:
+            np.add(out, scratch, out=out)
 
     return step
 
