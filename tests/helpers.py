@@ -164,3 +164,33 @@ def check_grads(build: Build, *arrays: np.ndarray, params: Sequence[int] = (0,),
     for i, a, n in zip(params, ana, num):
         np.testing.assert_allclose(a, n, rtol=rtol, atol=atol,
                                    err_msg=f"gradient of parameter {i}")
+
+
+def layout(arr: np.ndarray, kind: str) -> np.ndarray:
+    """The values of ``arr`` in a view with the memory layout ``kind`` (any number of dims).
+
+    ``contiguous``, ``readonly``, ``strided`` (every dim stepped, inner stride 3 elements),
+    ``permuted`` (a transposed buffer: no dim contiguous), ``padded_rows`` (contiguous rows,
+    padded row stride) or ``reversed`` (negative strides on every other dim and the last).
+    """
+    if kind == "contiguous":
+        return arr.copy()
+    if kind == "readonly":
+        view = arr.copy()
+        view.setflags(write=False)
+        return view
+    if kind == "strided":
+        big = np.zeros([2 * n for n in arr.shape[:-1]] + [3 * arr.shape[-1]], arr.dtype)
+        view = big[(slice(None, None, 2),) * (arr.ndim - 1) + (slice(None, None, 3),)]
+    elif kind == "permuted":
+        view = np.zeros(arr.shape[::-1], arr.dtype).T
+    elif kind == "padded_rows":
+        view = np.zeros(arr.shape[:-1] + (arr.shape[-1] + 3,), arr.dtype)[..., 1:-2]
+    elif kind == "reversed":
+        flips = tuple(slice(None, None, -1) if i % 2 == 0 or i == arr.ndim - 1 else slice(None)
+                      for i in range(arr.ndim))
+        view = np.zeros(arr.shape, arr.dtype)[flips]
+    else:
+        raise ValueError(f"unknown layout {kind!r}")
+    view[...] = arr
+    return view

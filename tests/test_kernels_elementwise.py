@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import layout
 
 from ggopt._kernels import _elementwise as E
 from ggopt.errors import ShapeError
@@ -14,28 +15,6 @@ THREADS = [1, 2]
 LAYOUTS = ["contiguous", "strided", "permuted", "padded_rows", "reversed", "readonly"]
 
 BINARY = {E.BIN_ADD: np.add, E.BIN_SUB: np.subtract, E.BIN_MUL: np.multiply, E.BIN_DIV: np.divide}
-
-
-def layout(arr: np.ndarray, kind: str) -> np.ndarray:
-    """The values of ``arr`` in a view with the given memory layout."""
-    if kind == "contiguous":
-        return arr.copy()
-    if kind == "strided":  # inner stride 12 bytes, every dim stepped
-        big = np.zeros([2 * n for n in arr.shape[:-1]] + [3 * arr.shape[-1]], np.float32)
-        view = big[::2, ::2, ::2, ::3]
-    elif kind == "permuted":  # a transposed buffer: no dim is contiguous
-        view = np.zeros(arr.shape[::-1], np.float32).transpose(3, 2, 1, 0)
-    elif kind == "padded_rows":  # contiguous rows, padded row stride
-        padded = np.zeros(arr.shape[:-1] + (arr.shape[-1] + 3,), np.float32)
-        view = padded[..., 2 : 2 + arr.shape[-1]]
-    elif kind == "reversed":  # negative strides
-        view = np.zeros(arr.shape, np.float32)[::-1, :, ::-1, ::-1]
-    else:
-        view = arr.copy()
-        view.setflags(write=False)
-        return view
-    view[...] = arr
-    return view
 
 
 def unary_ref(uop: int, x: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import layout
 
 from ggopt._kernels import _reduce as R
 from ggopt.errors import ShapeError
@@ -11,25 +12,6 @@ from ggopt.errors import ShapeError
 SHAPE = (7, 13, 3, 5)
 BIG = (2, 3, 200, 225)  # 270,000 elements: enough for the kernels to start threads
 THREADS = [1, 2]
-
-
-def layout(arr: np.ndarray, kind: str) -> np.ndarray:
-    """The values of ``arr`` in a view with the given memory layout."""
-    if kind == "contiguous":
-        return arr.copy()
-    if kind == "readonly":
-        view = arr.copy()
-        view.setflags(write=False)
-        return view
-    if kind == "strided":
-        big = np.zeros([2 * n for n in arr.shape[:-1]] + [3 * arr.shape[-1]], arr.dtype)
-        view = big[::2, ::2, ::2, ::3]
-    elif kind == "permuted":
-        view = np.zeros(arr.shape[::-1], arr.dtype).transpose(3, 2, 1, 0)
-    else:  # reversed
-        view = np.zeros(arr.shape, arr.dtype)[::-1, :, ::-1, ::-1]
-    view[...] = arr
-    return view
 
 
 LAYOUTS = ["contiguous", "strided", "permuted", "reversed", "readonly"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import layout
 
 from ggopt._kernels import _softmax as S
 from ggopt.errors import ShapeError
@@ -11,27 +12,6 @@ from ggopt.errors import ShapeError
 SHAPE = (7, 13, 3, 5)
 BIG = (2, 3, 200, 225)  # 270,000 elements: enough for the kernels to start threads
 THREADS = [1, 2]
-
-
-def layout(arr: np.ndarray, kind: str) -> np.ndarray:
-    """The values of ``arr`` in a view with the given memory layout (any number of dims)."""
-    if kind == "contiguous":
-        return arr.copy()
-    if kind == "readonly":
-        view = arr.copy()
-        view.setflags(write=False)
-        return view
-    if kind == "strided":
-        big = np.zeros([2 * n for n in arr.shape[:-1]] + [3 * arr.shape[-1]], arr.dtype)
-        view = big[(slice(None, None, 2),) * (arr.ndim - 1) + (slice(None, None, 3),)]
-    elif kind == "permuted":
-        view = np.zeros(arr.shape[::-1], arr.dtype).T
-    elif kind == "padded_rows":
-        view = np.zeros(arr.shape[:-1] + (arr.shape[-1] + 3,), arr.dtype)[..., 1:-2]
-    else:  # reversed
-        view = np.zeros(arr.shape, arr.dtype)[..., ::-1]
-    view[...] = arr
-    return view
 
 
 def softmax_ref(x: np.ndarray) -> np.ndarray:
