@@ -340,3 +340,23 @@ def test_usage_errors(argv, capsys):
         mnist.main(argv)
     assert exc.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_he_init_scales_by_fan_in_and_zeroes_biases():
+    m = mnist_model.build_model("mnist-cnn", mnist_model.make_scheduler("cpu"))
+    mnist_model.init_params(m, seed=1, scheme="he")
+    p = mnist_model.get_params(m)
+    for name, w in p.items():
+        if name.endswith(".bias"):
+            assert not w.any(), name
+        else:
+            want = np.sqrt(2.0 / np.prod(w.shape[1:]))
+            assert abs(w.std() / want - 1) < 0.2, name
+    mnist_model.init_params(m, seed=1)  # ggml's N(0, 0.01), biases included
+    assert all(abs(w.std() / 0.01 - 1) < 0.2 for w in mnist_model.get_params(m).values()
+               if w.size > 50)
+    before = mnist_model.get_params(m)
+    with pytest.raises(ShapeError, match="scheme"):
+        mnist_model.init_params(m, scheme="xavier")
+    after = mnist_model.get_params(m)
+    assert all(np.array_equal(before[k], after[k]) for k in before)

@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
                          f"{SUBSET_EPOCHS} on the bundled subset)")
     tr.add_argument("--out", metavar="FILE.gguf",
                     help="where to save the model (default: mnist-<arch>.gguf)")
+    tr.add_argument("--init", choices=model.INIT_SCHEMES, default="ggml",
+                    help="weight initialisation: ggml's N(0, 0.01) (default) or He-normal with "
+                         "zero biases (not ggml's recipe; the CNN reaches higher accuracy)")
     tr.add_argument("--plot", metavar="PNG",
                     help="also write loss and accuracy per epoch as a PNG (needs matplotlib: "
                          "pip install 'ggopt[plot]')")
@@ -133,7 +136,7 @@ def _train(args: argparse.Namespace) -> int:
                                 model.NBATCH_PHYSICAL)
 
     m = model.build_model(arch, sched)
-    model.init_params(m, args.seed)
+    model.init_params(m, args.seed, args.init)
     history = model.train(m, ds_train, nepoch)
     print(f"mnist_model_save: saving model to '{out}'")
     model.save_gguf(m, out)
