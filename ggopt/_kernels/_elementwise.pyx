@@ -18,6 +18,7 @@ from ggopt._kernels._common cimport (
     arr4_set,
     arr4_shape_str,
     arr4_size,
+    drive_elements,
     tile_index,
 )
 
@@ -374,60 +375,37 @@ cdef void _bin_seg(const Job *j, char *d, const char *x, const char *y,
         p = q
 
 
-cdef void _run_range(const Job *j, Py_ssize_t e0, Py_ssize_t e1) noexcept nogil:
-    """Process flattened elements [e0, e1) of dst."""
-    cdef Py_ssize_t n0 = j.d.n[3], n1 = j.d.n[2], n2 = j.d.n[1]
-    cdef Py_ssize_t row = e0 // n0, c = e0 - (e0 // n0) * n0, cend
-    cdef Py_ssize_t i1 = row % n1, i2 = (row // n1) % n2, i3 = row // (n1 * n2)
-    cdef char *pd
+cdef void _row_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                     Py_ssize_t c, Py_ssize_t cend, double *acc) noexcept nogil:
+    """Columns [c, cend) of dst's row (i3, i2, i1); called by the shared element walker."""
+    cdef const Job *j = <const Job *>ctx
+    cdef char *pd = j.d.data + i3 * j.d.s[0] + i2 * j.d.s[1] + i1 * j.d.s[2]
     cdef const char *px
     cdef const char *py
-    while e0 < e1:
-        cend = min(n0, c + (e1 - e0))
-        pd = j.d.data + i3 * j.d.s[0] + i2 * j.d.s[1] + i1 * j.d.s[2]
-        if j.kind == _K_FILL:
-            _fill_run(j.s, pd + c * j.d.s[3], j.d.s[3], cend - c)
+    if j.kind == _K_FILL:
+        _fill_run(j.s, pd + c * j.d.s[3], j.d.s[3], cend - c)
+        return
+    px = j.x.data + i3 * j.x.s[0] + i2 * j.x.s[1] + i1 * j.x.s[2]
+    if j.kind == _K_UN:
+        _un_run(j.uop, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3], cend - c)
+    elif j.kind == _K_SCALE:
+        _scale_run(j.s, j.bias, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3],
+                   cend - c)
+    else:
+        py = (j.y.data + tile_index(i3, j.y.n[0], j.d.n[0]) * j.y.s[0]
+              + tile_index(i2, j.y.n[1], j.d.n[1]) * j.y.s[1]
+              + tile_index(i1, j.y.n[2], j.d.n[2]) * j.y.s[2])
+        if j.kind == _K_BIN:
+            _bin_seg(j, pd, px, py, c, cend)
         else:
-            px = j.x.data + i3 * j.x.s[0] + i2 * j.x.s[1] + i1 * j.x.s[2]
-            if j.kind == _K_UN:
-                _un_run(j.uop, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3],
-                        cend - c)
-            elif j.kind == _K_SCALE:
-                _scale_run(j.s, j.bias, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3],
-                           j.x.s[3], cend - c)
-            else:
-                py = (j.y.data + tile_index(i3, j.y.n[0], j.d.n[0]) * j.y.s[0]
-                      + tile_index(i2, j.y.n[1], n2) * j.y.s[1]
-                      + tile_index(i1, j.y.n[2], n1) * j.y.s[2])
-                if j.kind == _K_BIN:
-                    _bin_seg(j, pd, px, py, c, cend)
-                else:
-                    _unb_run(j.uop, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3],
-                             py + c * j.y.s[3], j.y.s[3], cend - c)
-        e0 += cend - c
-        c = 0
-        i1 += 1
-        if i1 == n1:
-            i1 = 0
-            i2 += 1
-            if i2 == n2:
-                i2 = 0
-                i3 += 1
+            _unb_run(j.uop, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3],
+                     py + c * j.y.s[3], j.y.s[3], cend - c)
 
 
 cdef void _drive(const Job *j, Py_ssize_t cost, int n_threads) noexcept nogil:
-    """Split dst's elements into one equal range per thread (one range if the work is small)."""
-    cdef Py_ssize_t total = arr4_size(&j.d)
-    cdef bint par = n_threads > 1 and total * cost >= _PAR_MIN_WORK
-    cdef Py_ssize_t nr = n_threads
-    cdef Py_ssize_t k
-    if total == 0:
-        return
-    if not par:  # no OpenMP region at all (see drive_elements)
-        _run_range(j, 0, total)
-        return
-    for k in prange(nr, num_threads=n_threads, schedule="static"):
-        _run_range(j, total * k // nr, total * (k + 1) // nr)
+    """Run the job over dst's elements: one equal range per thread when the work is large."""
+    drive_elements(j.d.n, _row_piece, <void *>j,
+                   n_threads > 1 and arr4_size(&j.d) * cost >= _PAR_MIN_WORK, n_threads)
 
 
 # ----------------------------------------------------------------------------------------------

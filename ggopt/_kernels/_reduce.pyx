@@ -130,20 +130,33 @@ cdef void _repeat_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
         c0 += run
 
 
-def repeat(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
-    """Tile ``src`` over ``dst`` (ggml_repeat); every dim of src must divide dst's."""
-    cdef Pair p
+cdef void _tiled_pair(Pair *p, const float[:, :, :, :] src, float[:, :, :, :] dst,
+                      bint back) except *:
+    """Describe src/dst of repeat (src tiles dst) or repeat_back (dst tiles src); flatten both
+    when they are the same contiguous shape."""
     cdef int k
+    cdef const Arr4 *small = &p.dst if back else &p.src
+    cdef const Arr4 *big = &p.src if back else &p.dst
     arr4_set(&p.src, src)
     arr4_set(&p.dst, dst)
     for k in range(4):
-        if p.src.n[k] == 0 or p.dst.n[k] % p.src.n[k] != 0:
-            raise ShapeError(_mismatch("repeat (ggml_repeat / ggml_can_repeat)",
-                                       "every dim of src must divide the matching dim of dst",
-                                       &p.src, &p.dst))
+        if small.n[k] == 0 or big.n[k] % small.n[k] != 0:
+            if back:
+                raise ShapeError(_mismatch(
+                    "repeat_back (ggml_repeat_back / ggml_can_repeat)",
+                    "every dim of dst must divide the matching dim of src", &p.src, &p.dst))
+            raise ShapeError(_mismatch(
+                "repeat (ggml_repeat / ggml_can_repeat)",
+                "every dim of src must divide the matching dim of dst", &p.src, &p.dst))
     if arr4_same_shape(&p.src, &p.dst) and arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
         arr4_flatten(&p.src)
         arr4_flatten(&p.dst)
+
+
+def repeat(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
+    """Tile ``src`` over ``dst`` (ggml_repeat); every dim of src must divide dst's."""
+    cdef Pair p
+    _tiled_pair(&p, src, dst, False)
     with nogil:
         drive_elements(p.dst.n, _repeat_piece, &p, arr4_size(&p.dst) >= _PAR_MIN_WORK,
                        n_threads)
@@ -190,17 +203,7 @@ def repeat_back(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_thread
     Every dim of dst must divide src's. dst is overwritten, not accumulated into.
     """
     cdef Pair p
-    cdef int k
-    arr4_set(&p.src, src)
-    arr4_set(&p.dst, dst)
-    for k in range(4):
-        if p.dst.n[k] == 0 or p.src.n[k] % p.dst.n[k] != 0:
-            raise ShapeError(_mismatch("repeat_back (ggml_repeat_back / ggml_can_repeat)",
-                                       "every dim of dst must divide the matching dim of src",
-                                       &p.src, &p.dst))
-    if arr4_same_shape(&p.src, &p.dst) and arr4_c_contig(&p.src) and arr4_c_contig(&p.dst):
-        arr4_flatten(&p.src)
-        arr4_flatten(&p.dst)
+    _tiled_pair(&p, src, dst, True)
     if p.dst.n[3] == 1 and p.src.n[3] > 1:
         _repeat_back_rows(&p)
         return
