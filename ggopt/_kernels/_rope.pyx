@@ -1,0 +1,198 @@
+"""Rotary position embedding (ggml_rope_ext) and its gradient (ggml_rope_ext_back).
+
+``x`` is 4-D in NumPy order ``(ne3, ne2, ne1, ne0)``: ``ne0`` the head dimension, ``ne1`` the
+heads, ``ne2`` the tokens (one position each). The first ``n_dims`` elements of each row are
+rotated in pairs, the rest copied. Pairs are adjacent elements (``i0, i0 + 1``, NORMAL mode,
+llama) or the two halves (``i, i + n_dims/2``, NEOX mode). Pair ``i`` turns by
+
+    theta = p * freq_base**(-2i/n_dims) / freq_factor[i]   (then YaRN's mix, see rope_yarn)
+
+computed as ggml does: the power by repeated float32 multiplication, cosf/sinf, the YaRN
+ramp over ``corr_dims``, and the magnitude scale ``attn_factor`` (times ``1 + 0.1 ln(1/s)``
+when ``ext_factor != 0``). The gradient rotates by ``-theta`` with the same magnitude
+(``sin_sign = -1``). Tokens are split evenly between threads; each thread builds the cos/sin
+table of its tokens, so results do not depend on the thread count. ``dst`` may be ``x``.
+"""
+
+from libc.stdint cimport int32_t
+from libc.stdlib cimport free, malloc
+
+from cython.parallel cimport prange
+
+from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt.errors import ShapeError
+
+cdef extern from *:
+    """
+    #include <math.h>
+
+    /* ggml_rope_yarn_corr_dim: the dimension whose wavelength spans n_ctx_orig / n_rot turns */
+    static float ggopt_rope_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+        return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+    }
+
+    static void ggopt_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base,
+                                     float beta_fast, float beta_slow, float dims[2]) {
+        float start = floorf(ggopt_rope_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base));
+        float end = ceilf(ggopt_rope_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base));
+        dims[0] = start > 0 ? start : 0;
+        dims[1] = end < n_dims - 1 ? end : n_dims - 1;
+    }
+
+    static float ggopt_rope_ramp(float low, float high, Py_ssize_t i0) {
+        float den = high - low > 0.001f ? high - low : 0.001f;
+        float y = ((float)(i0 / 2) - low) / den;
+        y = y > 0 ? y : 0;
+        y = y < 1 ? y : 1;
+        return 1 - y;
+    }
+
+    typedef struct {
+        float theta_scale, freq_scale, ext_factor, attn_factor, sin_sign;
+        float corr_dims[2];
+        Py_ssize_t n_dims;
+    } ggopt_rope_t;
+
+    /* cos/sin of every pair of position p into cache[2*i], cache[2*i + 1] (ggml's rope cache;
+       ff, the frequency factors, may be NULL). */
+    static void ggopt_rope_cache(const ggopt_rope_t *r, float p, const char *ff,
+                                 Py_ssize_t ffs, float *cache) {
+        float theta = p;
+        for (Py_ssize_t i0 = 0; i0 < r->n_dims; i0 += 2) {
+            float f = ff ? *(const float *)(ff + (i0 / 2) * ffs) : 1.0f;
+            float extrap = theta / f;
+            float interp = r->freq_scale * extrap;
+            float th = interp, mscale = r->attn_factor;
+            if (r->ext_factor != 0.0f) {
+                float mix = ggopt_rope_ramp(r->corr_dims[0], r->corr_dims[1], i0) * r->ext_factor;
+                th = interp * (1 - mix) + extrap * mix;
+                mscale *= 1.0f + 0.1f * logf(1.0f / r->freq_scale);
+            }
+            cache[i0] = cosf(th) * mscale;
+            cache[i0 + 1] = sinf(th) * mscale * r->sin_sign;
+            theta *= r->theta_scale;
+        }
+    }
+
+    #define GGOPT_RX(i) (*(const float *)(x + (i) * xs))
+    #define GGOPT_RD(i) (*(float *)(d + (i) * ds))
+
+    /* One row of ne0 elements: rotate the first n_dims, copy the rest. */
+    static void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
+                               Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
+                               const float *cache) {
+        Py_ssize_t half = n_dims / 2;
+        for (Py_ssize_t i0 = 0; i0 < n_dims; i0 += 2) {
+            float c = cache[i0], s = cache[i0 + 1];
+            Py_ssize_t k0 = neox ? i0 / 2 : i0;
+            Py_ssize_t k1 = neox ? i0 / 2 + half : i0 + 1;
+            float x0 = GGOPT_RX(k0), x1 = GGOPT_RX(k1);
+            GGOPT_RD(k0) = x0 * c - x1 * s;
+            GGOPT_RD(k1) = x0 * s + x1 * c;
+        }
+        for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) GGOPT_RD(i0) = GGOPT_RX(i0);
+    }
+    """
+    ctypedef struct ggopt_rope_t:
+        float theta_scale, freq_scale, ext_factor, attn_factor, sin_sign
+        float corr_dims[2]
+        Py_ssize_t n_dims
+    void ggopt_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
+                              float beta_slow, float *dims) noexcept nogil
+    void ggopt_rope_cache(const ggopt_rope_t *r, float p, const char *ff, Py_ssize_t ffs,
+                          float *cache) noexcept nogil
+    void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs, Py_ssize_t ne0,
+                        Py_ssize_t n_dims, int neox, const float *cache) noexcept nogil
+    float powf(float, float) noexcept nogil
+
+# Below this many elements a call stays on one thread (a rotated pair costs a few flops and a
+# cos/sin per token and pair).
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 14)
+
+
+cdef void _tokens(const ggopt_rope_t *r, char *xb, Py_ssize_t xst[4], char *db,
+                  Py_ssize_t dst_[4], const char *pb, Py_ssize_t ps, const char *ff,
+                  Py_ssize_t ffs, Py_ssize_t n2, Py_ssize_t n1, Py_ssize_t ne0, int neox,
+                  Py_ssize_t t0, Py_ssize_t t1, float *cache) noexcept nogil:
+    """Tokens ``t0 .. t1-1`` of the flattened (ne3, ne2) index."""
+    cdef Py_ssize_t t, i1, i2, i3
+    cdef char *xr
+    cdef char *dr
+    for t in range(t0, t1):
+        i3 = t // n2
+        i2 = t % n2
+        ggopt_rope_cache(r, <float>(<const int32_t *>(pb + i2 * ps))[0], ff, ffs, cache)
+        xr = xb + i3 * xst[0] + i2 * xst[1]
+        dr = db + i3 * dst_[0] + i2 * dst_[1]
+        for i1 in range(n1):
+            ggopt_rope_row(dr + i1 * dst_[2], dst_[3], xr + i1 * xst[2], xst[3], ne0, r.n_dims,
+                           neox, cache)
+
+
+def rope(const float[:, :, :, :] x, const int32_t[:] pos, object freq_factors,
+         float[:, :, :, :] dst, int n_dims, bint neox, int n_ctx_orig, float freq_base,
+         float freq_scale, float ext_factor, float attn_factor, float beta_fast,
+         float beta_slow, float sin_sign, int n_threads):
+    """``dst = rope(x)`` (``sin_sign = 1``, ggml_rope_ext) or its gradient (``sin_sign = -1``,
+    ggml_rope_ext_back); ``freq_factors`` is None or a float32 vector of ``>= n_dims/2``."""
+    cdef const float[:] ffv
+    cdef const char *ff = NULL
+    cdef Py_ssize_t ffs = 0
+    cdef ggopt_rope_t r
+    cdef Py_ssize_t n3 = x.shape[0], n2 = x.shape[1], n1 = x.shape[2], ne0 = x.shape[3]
+    cdef Py_ssize_t xst[4]
+    cdef Py_ssize_t dst_[4]
+    cdef Py_ssize_t k, nt = n_threads, ntok = n3 * n2
+    cdef float *cache
+    cdef char *xb
+    cdef char *db
+    xshape = tuple([x.shape[k] for k in range(4)])
+    dshape = tuple([dst.shape[k] for k in range(4)])
+    if xshape != dshape:
+        raise ShapeError(f"rope (ggml_rope_ext): dst {dshape} must have the shape of x {xshape}")
+    if pos.shape[0] != n2:
+        raise ShapeError(f"rope (ggml_rope_ext): {pos.shape[0]} positions for {n2} tokens")
+    if n_dims <= 0 or n_dims % 2 or n_dims > ne0:
+        raise ShapeError(f"rope (ggml_rope_ext): n_dims must be even and in [2, {ne0}], "
+                         f"got {n_dims}")
+    if freq_factors is not None:
+        ffv = freq_factors
+        if ffv.shape[0] < n_dims // 2:
+            raise ShapeError(f"rope (ggml_rope_ext): {ffv.shape[0]} frequency factors, "
+                             f"need {n_dims // 2}")
+        if ffv.shape[0] > 0:
+            ff = <const char *>&ffv[0]
+            ffs = ffv.strides[0]
+    if ntok * n1 * ne0 == 0:
+        return
+    r.theta_scale = powf(freq_base, <float>-2.0 / <float>n_dims)
+    r.freq_scale = freq_scale
+    r.ext_factor = ext_factor
+    r.attn_factor = attn_factor
+    r.sin_sign = sin_sign
+    r.n_dims = n_dims
+    ggopt_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, r.corr_dims)
+    for k in range(4):
+        xst[k] = x.strides[k]
+        dst_[k] = dst.strides[k]
+    xb = <char *>&x[0, 0, 0, 0]
+    db = <char *>&dst[0, 0, 0, 0]
+    cdef const char *pb = <const char *>&pos[0]
+    cdef Py_ssize_t ps = pos.strides[0]
+    cdef int neox_i = neox
+    if nt < 2 or ntok < 2 or ntok * n1 * ne0 < _PAR_MIN_WORK:
+        nt = 1
+    cache = <float *>malloc(nt * n_dims * sizeof(float))  # one cos/sin table per thread
+    if cache == NULL:
+        raise MemoryError("rope (ggml_rope_ext): no memory for the cos/sin tables")
+    try:
+        if nt == 1:
+            with nogil:
+                _tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i, 0, ntok,
+                        cache)
+            return
+        for k in prange(nt, nogil=True, num_threads=n_threads, schedule="static"):
+            _tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i,
+                    ntok * k // nt, ntok * (k + 1) // nt, cache + k * n_dims)
+    finally:
+        free(cache)
