@@ -69,23 +69,24 @@ def test_soft_max_errors():
 
 @pytest.mark.parametrize("n_threads", THREADS)
 @pytest.mark.parametrize("shape", [SHAPE, BIG])
-def test_soft_max_back(rng, shape, n_threads):
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_soft_max_back(rng, shape, scale, n_threads):
     y = softmax_ref(rng.standard_normal(shape)).astype(np.float32)
     g = rng.standard_normal(shape).astype(np.float32)
     y64, g64 = y.astype(np.float64), g.astype(np.float64)
-    expect = y64 * (g64 - (g64 * y64).sum(axis=-1, keepdims=True))
+    expect = scale * y64 * (g64 - (g64 * y64).sum(axis=-1, keepdims=True))
     for lg, ly in [("contiguous", "contiguous"), ("strided", "permuted"), ("reversed", "readonly")]:
         dst = np.zeros(shape, np.float32)
-        S.soft_max_back(layout(g, lg), layout(y, ly), dst, n_threads)
+        S.soft_max_back(layout(g, lg), layout(y, ly), dst, scale, n_threads)
         np.testing.assert_allclose(dst, expect, rtol=1e-5, atol=1e-7)
-    S.soft_max_back(g, y, g, n_threads)  # dst is g
+    S.soft_max_back(g, y, g, scale, n_threads)  # dst is g
     np.testing.assert_allclose(g, expect, rtol=1e-5, atol=1e-7)
 
 
 def test_soft_max_back_errors():
     a = np.zeros(SHAPE, np.float32)
     with pytest.raises(ShapeError, match="y"):
-        S.soft_max_back(a, a[..., :4], a.copy(), 1)
+        S.soft_max_back(a, a[..., :4], a.copy(), 1.0, 1)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)

@@ -313,7 +313,7 @@ cdef void _soft_max_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t
     cdef const float *fy = <const float *>y
     cdef float *fd = <float *>d
     cdef double a0 = 0, a1 = 0
-    cdef float dot
+    cdef float dot, sc = j.scale
     if gs == 4 and ys == 4 and ds == 4:
         i = 0
         while i + 2 <= n:
@@ -324,18 +324,19 @@ cdef void _soft_max_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t
             a0 += <double>fg[i] * fy[i]
         dot = <float>(a0 + a1)
         for i in range(n):
-            fd[i] = (fg[i] - dot) * fy[i]
+            fd[i] = ((fg[i] - dot) * fy[i]) * sc
     else:
         for i in range(n):
             a0 += <double>_at(g, gs, i) * _at(y, ys, i)
         dot = <float>a0
         for i in range(n):
-            (<float *>(d + i * ds))[0] = (_at(g, gs, i) - dot) * _at(y, ys, i)
+            (<float *>(d + i * ds))[0] = ((_at(g, gs, i) - dot) * _at(y, ys, i)) * sc
 
 
 def soft_max_back(const float[:, :, :, :] g, const float[:, :, :, :] y,
-                  float[:, :, :, :] dst, int n_threads):
-    """``dst = y * (g - sum(g*y))`` per row: the backward pass of softmax (ggml_soft_max_ext_back).
+                  float[:, :, :, :] dst, float scale, int n_threads):
+    """``dst = scale * y * (g - sum(g*y))`` per row: the backward pass of
+    ``softmax(scale*a + mask)`` w.r.t. ``a`` (ggml_soft_max_ext_back).
 
     ``g`` is the incoming gradient and ``y`` the softmax output; the dot product is in double.
     """
@@ -346,6 +347,7 @@ def soft_max_back(const float[:, :, :, :] g, const float[:, :, :, :] y,
     arr4_set(&j.d, dst)
     _check_same(&j.x, &j.y, "soft_max_back (ggml_soft_max_ext_back)", "g", "y")
     _check_same(&j.x, &j.d, "soft_max_back (ggml_soft_max_ext_back)", "g", "dst")
+    j.scale = scale
     _rows_shape(&j.x, shape)
     with nogil:
         drive_elements(shape, _soft_max_back_row, &j, _par(&j.x, n_threads), n_threads)

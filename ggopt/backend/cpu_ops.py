@@ -149,7 +149,7 @@ def _soft_max(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
 @compiler(Op.SOFT_MAX_BACK)
 def _soft_max_back(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     g, y, d = srcs[0].array4d(), srcs[1].array4d(), node.array4d()
-    return lambda: _softmax.soft_max_back(g, y, d, be.n_threads)
+    return lambda: _softmax.soft_max_back(g, y, d, 1.0, be.n_threads)
 
 
 @compiler(Op.CROSS_ENTROPY_LOSS)

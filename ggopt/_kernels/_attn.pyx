@@ -1,0 +1,208 @@
+"""Attention masks: softmax with a scale, an additive mask and ALiBi slopes
+(ggml_soft_max_ext), and the causal masks diag_mask_inf / diag_mask_zero.
+
+Arrays are 4-D in NumPy order ``(ne3, ne2, ne1, ne0)`` with any byte strides. The softmax mask
+has its own shape ``(m3, m2, m1, ne0)``: row ``i1`` of the input uses mask row ``i1``
+(``m1 >= ne1``) of mask matrix ``(i3 % m3, i2 % m2)``, ggml's broadcast. Rows are split evenly
+between threads (results do not depend on the thread count); exponentials are float32, their
+sums double. ``dst`` may be the memory of ``a`` (or of a mask of a's shape): every element is
+read before the same element is written.
+"""
+
+from ggopt._kernels._common cimport Arr4, arr4_set, arr4_size, drive_elements, ggopt_expf
+
+from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt.errors import ShapeError
+
+cdef extern from *:
+    """
+    #define GGOPT_AAT(p, s, i) (*(const float *)((const char *)(p) + (i) * (s)))
+    #define GGOPT_AAT_W(p, s, i) (*(float *)((char *)(p) + (i) * (s)))
+
+    /* softmax(s*x + slope*m) over one row into d; m may be NULL (no mask). */
+    GGOPT_MULTIVERSION
+    static void ggopt_masked_softmax_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
+                                         const char *m, Py_ssize_t ms, Py_ssize_t n, float s,
+                                         float slope) {
+        float mx = -INFINITY;
+        double sum = 0;
+        if (ds == 4 && xs == 4 && (m == NULL || ms == 4)) {
+            float *fd = (float *)d;
+            const float *fx = (const float *)x, *fm = (const float *)m;
+            if (fm) {
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    float v = s * fx[i] + slope * fm[i];
+                    mx = mx > v ? mx : v;
+                }
+                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
+            } else {
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    float v = s * fx[i];
+                    mx = mx > v ? mx : v;
+                }
+                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
+            }
+            double a[4] = {0, 0, 0, 0};
+            Py_ssize_t i = 0;
+            for (; i + 4 <= n; i += 4)
+                for (int k = 0; k < 4; k++) a[k] += (double)fd[i + k];
+            for (; i < n; i++) a[0] += (double)fd[i];
+            float inv = (float)(1.0 / ((a[0] + a[1]) + (a[2] + a[3])));
+            for (i = 0; i < n; i++) fd[i] *= inv;
+            return;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = s * GGOPT_AAT(x, xs, i) + (m ? slope * GGOPT_AAT(m, ms, i) : 0.0f);
+            mx = mx > v ? mx : v;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float v = s * GGOPT_AAT(x, xs, i) + (m ? slope * GGOPT_AAT(m, ms, i) : 0.0f);
+            float e = ggopt_expf(v - mx);
+            GGOPT_AAT_W(d, ds, i) = e;
+            sum += e;
+        }
+        float inv = (float)(1.0 / sum);
+        for (Py_ssize_t i = 0; i < n; i++) GGOPT_AAT_W(d, ds, i) *= inv;
+    }
+    """
+    void ggopt_masked_softmax_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
+                                  const char *m, Py_ssize_t ms, Py_ssize_t n, float s,
+                                  float slope) noexcept nogil
+    float powf(float, float) noexcept nogil
+    float log2f(float) noexcept nogil
+    float floorf(float) noexcept nogil
+
+# Below this many element-operations a kernel stays on one thread; one exp counts as _EXP_COST.
+cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
+cdef Py_ssize_t _EXP_COST = 16
+
+
+cdef struct Job:
+    Arr4 x
+    Arr4 m          # mask (has_mask)
+    Arr4 d
+    bint has_mask
+    float scale
+    float m0        # ALiBi bases (max_bias > 0)
+    float m1
+    int n_head_log2
+    bint alibi
+    int n_past
+    float value
+
+
+cdef inline char *_row(const Arr4 *a, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1) noexcept nogil:
+    return a.data + i3 * a.s[0] + i2 * a.s[1] + i1 * a.s[2]
+
+
+cdef inline float _slope(const Job *j, Py_ssize_t h) noexcept nogil:
+    """ggml's ALiBi slope of head h: m0^(h+1) for the first n_head_log2 heads, then odd
+    powers of m1."""
+    if not j.alibi:
+        return 1.0
+    if h < j.n_head_log2:
+        return powf(j.m0, <float>(h + 1))
+    return powf(j.m1, <float>(2 * (h - j.n_head_log2) + 1))
+
+
+cdef void _softmax_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                       Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    cdef Job *j = <Job *>ctx
+    cdef const char *m = NULL
+    if j.has_mask:
+        m = _row(&j.m, i3 % j.m.n[0], i2 % j.m.n[1], i1)
+    ggopt_masked_softmax_row(_row(&j.d, i3, i2, i1), j.d.s[3], _row(&j.x, i3, i2, i1), j.x.s[3],
+                             m, j.m.s[3], j.x.n[3], j.scale, _slope(j, i2))
+
+
+cdef void _shape_check(const Arr4 *a, const Arr4 *b, str what) except *:
+    cdef int k
+    for k in range(4):
+        if a.n[k] != b.n[k]:
+            raise ShapeError(f"{what} must have the shape of a "
+                             f"{tuple([a.n[q] for q in range(4)])}, got "
+                             f"{tuple([b.n[q] for q in range(4)])}")
+
+
+cdef void _rows_shape(const Arr4 *a, Py_ssize_t *shape) noexcept nogil:
+    shape[0] = a.n[0]
+    shape[1] = a.n[1]
+    shape[2] = a.n[2]
+    shape[3] = 1  # one element per row: drive_elements hands out whole rows
+
+
+def soft_max_ext(const float[:, :, :, :] a, object mask, float[:, :, :, :] dst, float scale,
+                 float max_bias, int n_threads):
+    """``dst = softmax(scale*a + slope*mask)`` along the last axis (ggml_soft_max_ext).
+
+    ``mask`` is None or float32 ``(m3, m2, m1, ne0)`` with ``m1 >= ne1`` and ``m3``, ``m2``
+    dividing ``ne3``, ``ne2``. ``slope`` is 1, or with ``max_bias > 0`` ALiBi's slope of head
+    ``i2`` (``ne2`` heads).
+    """
+    cdef Job j
+    cdef Py_ssize_t shape[4]
+    cdef const float[:, :, :, :] mv
+    cdef float n_head = a.shape[1]
+    arr4_set(&j.x, a)
+    arr4_set(&j.d, dst)
+    _shape_check(&j.x, &j.d, "soft_max_ext (ggml_soft_max_ext): dst")
+    j.has_mask = mask is not None
+    j.m.s[3] = 0
+    if j.has_mask:
+        mv = mask
+        arr4_set(&j.m, mv)
+        if (j.m.n[3] != j.x.n[3] or j.m.n[2] < j.x.n[2] or j.m.n[1] == 0 or j.m.n[0] == 0
+                or j.x.n[1] % j.m.n[1] or j.x.n[0] % j.m.n[0]):
+            raise ShapeError(
+                "soft_max_ext (ggml_soft_max_ext): the mask "
+                f"{tuple([j.m.n[q] for q in range(4)])} does not broadcast over a "
+                f"{tuple([j.x.n[q] for q in range(4)])} (same ne0, at least as many rows, "
+                "dims 2 and 3 dividing a's)")
+    elif max_bias > 0:
+        raise ShapeError("soft_max_ext (ggml_soft_max_ext): ALiBi (max_bias > 0) needs a mask")
+    j.scale = scale
+    j.alibi = max_bias > 0
+    if j.alibi:
+        j.n_head_log2 = 1 << <int>floorf(log2f(n_head))
+        j.m0 = powf(2.0, -max_bias / j.n_head_log2)
+        j.m1 = powf(2.0, -(max_bias / 2.0) / j.n_head_log2)
+    if j.x.n[3] == 0:
+        return
+    _rows_shape(&j.x, shape)
+    cdef bint par = n_threads > 1 and arr4_size(&j.x) * _EXP_COST >= _PAR_MIN_WORK
+    with nogil:
+        drive_elements(shape, _softmax_row, &j, par, n_threads)
+
+
+cdef void _diag_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
+                    Py_ssize_t c0, Py_ssize_t c1, double *acc) noexcept nogil:
+    cdef Job *j = <Job *>ctx
+    cdef const char *x = _row(&j.x, i3, i2, i1)
+    cdef char *d = _row(&j.d, i3, i2, i1)
+    cdef Py_ssize_t xs = j.x.s[3], ds = j.d.s[3], n = j.x.n[3], i
+    cdef Py_ssize_t keep = min(n, max(<Py_ssize_t>0, j.n_past + i1 + 1))
+    for i in range(keep):
+        (<float *>(d + i * ds))[0] = (<const float *>(x + i * xs))[0]
+    for i in range(keep, n):
+        (<float *>(d + i * ds))[0] = j.value
+
+
+def diag_mask(const float[:, :, :, :] a, float[:, :, :, :] dst, int n_past, float value,
+              int n_threads):
+    """``dst = a`` with ``value`` in every column ``i0 > n_past + i1`` of row ``i1``
+    (ggml_diag_mask_inf with ``value = -inf``, ggml_diag_mask_zero with 0)."""
+    cdef Job j
+    cdef Py_ssize_t shape[4]
+    arr4_set(&j.x, a)
+    arr4_set(&j.d, dst)
+    _shape_check(&j.x, &j.d, "diag_mask (ggml_diag_mask_inf): dst")
+    if n_past < 0:
+        raise ShapeError(f"diag_mask (ggml_diag_mask_inf): n_past must be >= 0, got {n_past}")
+    j.n_past = n_past
+    j.value = value
+    if j.x.n[3] == 0:
+        return
+    _rows_shape(&j.x, shape)
+    cdef bint par = n_threads > 1 and arr4_size(&j.x) >= _PAR_MIN_WORK
+    with nogil:
+        drive_elements(shape, _diag_row, &j, par, n_threads)
