@@ -14,6 +14,8 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import errors  # noqa: E402
+from ._newops import *  # noqa: F401,F403,E402 - the transformer ops
+from ._newops import __all__ as _newops_all  # noqa: E402
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
@@ -49,7 +51,7 @@ __all__ = [
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
     "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",
     "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "I32",
-    "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
+    "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")], *_newops_all,
 ]
 
 

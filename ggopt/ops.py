@@ -20,7 +20,7 @@ from .types import F32, I32, I64, GGType, TensorFlag
 __all__ = [
     "add", "add_inplace", "sub", "mul", "div", "scale", "scale_inplace", "sqr", "sqrt", "log",
     "neg", "exp", "abs", "sum", "sum_rows", "mean", "repeat", "repeat_back", "acc", "relu",
-    "gelu", "silu", "tanh", "sigmoid", "step", "soft_max", "soft_max_ext", "mul_mat", "out_prod",
+    "gelu", "silu", "tanh", "sigmoid", "step", "mul_mat", "out_prod",
     "cross_entropy_loss", "cross_entropy_loss_back", "argmax", "count_equal", "get_rows",
     "get_rows_back", "im2col", "im2col_back", "conv_2d", "pool_2d", "pool_2d_back",
     "opt_step_adamw", "opt_step_sgd", "view_1d", "view_2d", "view_3d", "view_4d", "reshape",
@@ -475,27 +475,7 @@ def _acc_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
         sink.add(1, reshape(ctx, cont(ctx, part), b))
 
 
-# --- softmax and losses -------------------------------------------------------------------
-
-
-def soft_max(ctx: Context, a: Tensor) -> Tensor:
-    """Softmax along ``ne0`` (ggml_soft_max)."""
-    return soft_max_ext(ctx, a, 1.0)
-
-
-def soft_max_ext(ctx: Context, a: Tensor, scale: float) -> Tensor:
-    """Softmax of ``scale * a`` along ``ne0`` (ggml_soft_max_ext without mask)."""
-    _ctx("soft_max", ctx)
-    _f32("soft_max", a=a)
-    return ctx.new_op(F32, a.ne, Op.SOFT_MAX, (a,), _scalar("soft_max", "scale", scale))
-
-
-@backward(Op.SOFT_MAX)
-def _soft_max_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    if sink.needs(0):
-        back = ctx.new_op(F32, node.ne, Op.SOFT_MAX_BACK, (g, node))
-        s = node.op_params
-        sink.add(0, back if s == 1.0 else scale(ctx, back, s))
+# --- losses -------------------------------------------------------------------
 
 
 def cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -599,14 +579,16 @@ def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None
 
 @backward(Op.OUT_PROD)
 def _out_prod_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    # NumPy terms: R = B^T A, so dA = B G and dB = A G^T.
+    # NumPy terms per slice: R = B^T A, so dA = B G (summed over the slices that share a slice
+    # of a) and dB = A G^T, i.e. (G A^T)^T = mul_mat(a, g) transposed when a is broadcast.
     a, b = node.src
-    if a.ne[2:] != b.ne[2:]:
-        raise ShapeError("ggml_out_prod: backward of a broadcast out_prod is not supported")
     if sink.needs(0):
-        sink.add(0, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b))
+        sink.add(0, _sum_blocks(ctx, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b), a))
     if sink.needs(1):
-        sink.add(1, mul_mat(ctx, g, a))
+        if a.ne[2:] == b.ne[2:]:
+            sink.add(1, mul_mat(ctx, g, a))
+        else:
+            sink.add(1, cont(ctx, transpose(ctx, mul_mat(ctx, a, g))))
 
 
 # --- integer ops --------------------------------------------------------------------------

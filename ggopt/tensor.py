@@ -65,6 +65,19 @@ class Op(enum.Enum):
     CROSS_ENTROPY_LOSS_BACK = "cross_entropy_loss_back"
     OPT_STEP_ADAMW = "opt_step_adamw"
     OPT_STEP_SGD = "opt_step_sgd"
+    ADD1 = "add1"
+    SIN = "sin"
+    COS = "cos"
+    CONCAT = "concat"
+    NORM = "norm"
+    NORM_BACK = "norm_back"
+    RMS_NORM = "rms_norm"
+    RMS_NORM_BACK = "rms_norm_back"
+    DIAG_MASK_INF = "diag_mask_inf"
+    DIAG_MASK_ZERO = "diag_mask_zero"
+    ROPE = "rope"
+    ROPE_BACK = "rope_back"
+    GLU = "glu"
 
 
 class UnaryOp(enum.Enum):

@@ -190,16 +190,14 @@ def _copy_cases() -> list[OpCase]:
 
 
 def _softmax_cases() -> list[OpCase]:
-    def sm_back(c, g, y):
-        return c.new_op(ggopt.F32, y.ne, Op.SOFT_MAX_BACK, (g, y))
-
     return [
         OpCase("soft_max", ggopt.soft_max, lambda r: [_u(r, *A4, lo=-8, hi=8)]),
-        OpCase("soft_max_ext", lambda c, a: ggopt.soft_max_ext(c, a, 0.5),
+        OpCase("soft_max_ext", lambda c, a: ggopt.soft_max_ext(c, a, None, 0.5, 0.0),
                lambda r: [_u(r, *A4, lo=-8, hi=8)]),
         OpCase("soft_max-transposed", lambda c, a: ggopt.soft_max(c, ggopt.transpose(c, a)),
                lambda r: [_u(r, 6, 5)], on_front=(0,)),
-        OpCase("soft_max_back", sm_back, lambda r: [_u(r, *A4), _probs(r, *A4)]),
+        OpCase("soft_max_back", lambda c, g, y: ggopt.soft_max_ext_back(c, g, y, 0.3, 0.0),
+               lambda r: [_u(r, *A4), _probs(r, *A4)]),
         OpCase("cross_entropy_loss", ggopt.cross_entropy_loss,
                lambda r: [_u(r, 2, 4, 10, lo=-5, hi=5), _probs(r, 2, 4, 10)]),
         OpCase("cross_entropy_loss_back", ggopt.cross_entropy_loss_back,
@@ -305,9 +303,72 @@ def _optim_cases() -> list[OpCase]:
     ]
 
 
+def _causal(r, *shape):
+    m = _u(r, *shape)
+    rows, cols = np.triu_indices(shape[-2], 1, shape[-1])
+    m[..., rows, cols] = -np.inf
+    return m
+
+
+def _rope_case(name: str, n_dims: int, mode: int, yarn: bool, ff: bool, back: bool) -> OpCase:
+    fn = ggopt.rope_ext_back if back else ggopt.rope_ext
+    prm = (64, 500.0, 0.5, 1.0, 0.8, 32.0, 1.0) if yarn else (0, 10000.0, 1.0, 0.0, 1.0, 0.0, 0.0)
+
+    def build(c, a, p, *f):
+        return fn(c, a, p, f[0] if f else None, n_dims, mode, *prm)
+
+    def arrays(r):
+        out = [_u(r, 2, 5, 3, 8), r.integers(0, 40, 5).astype(np.int32)]
+        return out + [_u(r, 4, lo=0.5, hi=3.0)] if ff else out
+
+    return OpCase(name, build, arrays, atol=2e-5)
+
+
+def _transformer_cases() -> list[OpCase]:
+    normal, neox = ggopt.ROPE_TYPE_NORMAL, ggopt.ROPE_TYPE_NEOX
+    return [
+        OpCase("rms_norm", lambda c, a: ggopt.rms_norm(c, a, 1e-5), lambda r: [_u(r, *A4)]),
+        OpCase("rms_norm-transposed",
+               lambda c, a: ggopt.rms_norm(c, ggopt.transpose(c, a), 1e-6),
+               lambda r: [_u(r, 6, 5)], on_front=(0,)),
+        OpCase("rms_norm_back", lambda c, g, x: ggopt.rms_norm_back(c, g, x, 1e-5),
+               lambda r: [_u(r, *A4), _u(r, *A4)], atol=1e-5),
+        OpCase("norm", lambda c, a: ggopt.norm(c, a, 1e-5), lambda r: [_u(r, *A4)], atol=1e-5),
+        OpCase("norm_back", lambda c, g, x: ggopt.norm_back(c, g, x, 1e-5),
+               lambda r: [_u(r, *A4), _u(r, *A4)], atol=1e-5),
+        OpCase("diag_mask_inf", lambda c, a: ggopt.diag_mask_inf(c, a, 1),
+               lambda r: [_u(r, *A4)]),
+        OpCase("diag_mask_zero", lambda c, a: ggopt.diag_mask_zero(c, a, 0),
+               lambda r: [_u(r, *A4)]),
+        OpCase("soft_max_ext-causal", lambda c, a, m: ggopt.soft_max_ext(c, a, m, 0.25, 0.0),
+               lambda r: [_u(r, 2, 3, 4, 6, lo=-8, hi=8), _causal(r, 1, 1, 5, 6)]),
+        OpCase("soft_max_ext-tiled-alibi",
+               lambda c, a, m: ggopt.soft_max_ext(c, a, m, 0.7, 8.0),
+               lambda r: [_u(r, 2, 6, 4, 6, lo=-8, hi=8), _u(r, 2, 3, 4, 6)]),
+        OpCase("soft_max_ext-transposed-mask",
+               lambda c, a, m: ggopt.soft_max_ext(c, a, ggopt.transpose(c, m), 1.0, 0.0),
+               lambda r: [_u(r, 3, 4, 6), _u(r, 6, 4)], on_front=(1,)),
+        _rope_case("rope-normal", 8, normal, False, False, False),
+        _rope_case("rope-neox-partial-ff", 6, neox, False, True, False),
+        _rope_case("rope-yarn", 8, normal, True, False, False),
+        _rope_case("rope_back-neox-yarn-ff", 4, neox, True, True, True),
+        OpCase("swiglu", ggopt.swiglu, lambda r: [_u(r, 2, 3, 4, 10, lo=-6, hi=6)]),
+        OpCase("swiglu_split", ggopt.swiglu_split,
+               lambda r: [_u(r, *A4, lo=-6, hi=6), _u(r, *A4)]),
+        OpCase("sin", ggopt.sin, lambda r: [_u(r, *A4, lo=-9, hi=9)]),
+        OpCase("cos", ggopt.cos, lambda r: [_u(r, *A4, lo=-9, hi=9)]),
+        OpCase("add1", ggopt.add1, lambda r: [_u(r, *A4), _u(r, 1)]),
+        OpCase("concat-0", lambda c, a, b: ggopt.concat(c, a, b, 0),
+               lambda r: [_u(r, *A4), _u(r, 2, 3, 4, 2)]),
+        OpCase("concat-3-permuted",
+               lambda c, a, b: ggopt.concat(c, ggopt.permute(c, a, 1, 0, 2, 3), b, 3),
+               lambda r: [_u(r, 1, 3, 6, 4), _u(r, 2, 3, 4, 6)], on_front=(0,)),
+    ]
+
+
 OP_CASES: list[OpCase] = (_binary_cases() + _elementwise_cases() + _reduce_cases()
                           + _copy_cases() + _softmax_cases() + _matmul_cases() + _rows_cases()
-                          + _conv_cases() + _optim_cases())
+                          + _conv_cases() + _optim_cases() + _transformer_cases())
 
 
 @pytest.mark.parametrize("case", OP_CASES, ids=lambda c: c.id)

@@ -256,7 +256,8 @@ def test_soft_max(rng, layout):
 
 def test_soft_max_ext_and_large_logits(rng):
     x = f32(rng, 3, 11) + np.float32(500.0)  # exp would overflow without the max shift
-    a, b = run(lambda c, t: [ggopt.soft_max(c, t), ggopt.soft_max_ext(c, t, 0.5)], x)
+    a, b = run(lambda c, t: [ggopt.soft_max(c, t),
+                              ggopt.soft_max_ext(c, t, None, 0.5, 0.0)], x)
     assert_close(a, softmax_ref(x), rtol=1e-5, atol=1e-7)
     assert_close(b, softmax_ref(x, 0.5), rtol=1e-5, atol=1e-7)
 

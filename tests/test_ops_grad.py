@@ -45,6 +45,10 @@ def probs(*shape: int, seed: int = 0) -> np.ndarray:
 
 g = ggopt  # short alias for the case table
 
+#: positions of three tokens, and a causal mask of 4 rows (one spare) over 5 columns
+POS3 = np.array([0, 7, 2], np.int32)
+CAUSAL_4x5 = np.triu(np.full((4, 5), -np.inf, np.float32), 2)
+
 # name -> (build(ctx, *tensors), arrays, indices of the parameters)
 CASES = {
     # element-wise binary ops, with ggml tiling of b
@@ -80,7 +84,7 @@ CASES = {
             [f32(4, 6), f32(2, 3, seed=1)], (0, 1)),
     # softmax and losses
     "soft_max": (g.soft_max, [f32(3, 7)], (0,)),
-    "soft_max_ext": (lambda c, a: g.soft_max_ext(c, a, 0.7), [f32(2, 2, 5)], (0,)),
+    "soft_max_ext": (lambda c, a: g.soft_max_ext(c, a, None, 0.7, 0.0), [f32(2, 2, 5)], (0,)),
     "cross_entropy_loss": (g.cross_entropy_loss, [f32(6, 5, lo=-3, hi=3), probs(6, 5, seed=1)],
                            (0,)),
     # matrix products
@@ -93,6 +97,7 @@ CASES = {
     "mul_mat_transposed_b": (lambda c, a, b: g.mul_mat(c, a, g.transpose(c, b)),
                              [f32(4, 5), f32(5, 3, seed=1)], (0, 1)),
     "out_prod": (g.out_prod, [f32(5, 4), f32(5, 3, seed=1)], (0, 1)),
+    "out_prod_broadcast": (g.out_prod, [f32(1, 2, 5, 4), f32(2, 4, 5, 3, seed=1)], (0, 1)),
     # rows
     "get_rows": (g.get_rows, [f32(6, 5), np.array([4, 0, 4, 2], np.int32)], (0,)),
     # convolution and pooling
@@ -124,6 +129,33 @@ CASES = {
     "dup": (lambda c, a: g.dup(c, g.transpose(c, a)), [f32(3, 5)], (0,)),
     "cpy": (lambda c, a, b: g.cpy(c, g.transpose(c, a), b),
             [f32(3, 5), np.zeros(15, np.float32)], (0,)),
+    # transformer ops
+    "rms_norm": (lambda c, a: g.rms_norm(c, a, 1e-5), [f32(2, 3, 6)], (0,)),
+    "norm": (lambda c, a: g.norm(c, a, 1e-5), [f32(2, 3, 6)], (0,)),
+    "diag_mask_inf": (lambda c, a: g.soft_max(c, g.diag_mask_inf(c, a, 1)), [f32(2, 3, 5)],
+                      (0,)),
+    "diag_mask_zero": (lambda c, a: g.diag_mask_zero(c, a, 0), [f32(2, 4, 5)], (0,)),
+    "soft_max_ext_mask_alibi": (lambda c, a, m: g.soft_max_ext(c, a, m, 0.6, 4.0),
+                                [f32(1, 4, 3, 5), CAUSAL_4x5], (0,)),
+    "soft_max_ext_mask_tiled": (lambda c, a, m: g.soft_max_ext(c, a, m, 1.3, 0.0),
+                                [f32(2, 4, 3, 5), f32(1, 2, 4, 5, seed=2)], (0,)),
+    "rope_normal_partial": (lambda c, a, p: g.rope(c, a, p, 4, g.ROPE_TYPE_NORMAL),
+                            [f32(3, 2, 6), POS3], (0,)),
+    "rope_ext_neox_yarn": (lambda c, a, p, ff: g.rope_ext(c, a, p, ff, 6, g.ROPE_TYPE_NEOX, 32,
+                                                          500.0, 0.5, 1.0, 0.8, 32.0, 1.0),
+                           [f32(3, 2, 6), POS3, f32(3, lo=0.5, hi=2.0, seed=3)], (0,)),
+    "rope_ext_back": (lambda c, a, p: g.rope_ext_back(c, a, p, None, 6, g.ROPE_TYPE_NORMAL, 0,
+                                                      100.0, 1.0, 0.0, 1.0, 0.0, 0.0),
+                      [f32(3, 2, 6), POS3], (0,)),
+    "swiglu": (g.swiglu, [f32(3, 8, lo=-3, hi=3)], (0,)),
+    "swiglu_split": (g.swiglu_split, [f32(3, 4, lo=-3, hi=3), f32(3, 4, seed=1)], (0, 1)),
+    "sin": (g.sin, [f32(3, 5, lo=-4, hi=4)], (0,)),
+    "cos": (g.cos, [f32(3, 5, lo=-4, hi=4)], (0,)),
+    "add1": (g.add1, [f32(3, 5), f32(1, seed=1)], (0, 1)),
+    "concat_dim0": (lambda c, a, b: g.concat(c, a, b, 0), [f32(2, 3, 4), f32(2, 3, 2, seed=1)],
+                    (0, 1)),
+    "concat_dim2": (lambda c, a, b: g.concat(c, a, b, 2), [f32(1, 3, 4), f32(2, 3, 4, seed=1)],
+                    (0, 1)),
 }
 
 

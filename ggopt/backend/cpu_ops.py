@@ -139,19 +139,6 @@ def _copy_node(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     return lambda: np.copyto(d, a.reshape(d.shape), casting="unsafe")
 
 
-@compiler(Op.SOFT_MAX)
-def _soft_max(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
-    a, d = srcs[0].array4d(), node.array4d()
-    s = node.op_params
-    return lambda: _softmax.soft_max(a, d, s, be.n_threads)
-
-
-@compiler(Op.SOFT_MAX_BACK)
-def _soft_max_back(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
-    g, y, d = srcs[0].array4d(), srcs[1].array4d(), node.array4d()
-    return lambda: _softmax.soft_max_back(g, y, d, 1.0, be.n_threads)
-
-
 @compiler(Op.CROSS_ENTROPY_LOSS)
 def _ce(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     a4, b4, d = srcs[0].array4d(), srcs[1].array4d(), node.array4d()
@@ -351,3 +338,6 @@ def _adamw(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
 def _sgd(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     w, g, p = (_flat(s) for s in srcs)
     return lambda: _optim.sgd_step(w, g, p, be.n_threads)
+
+
+from . import cpu_tfm  # noqa: E402,F401 - registers the transformer ops' compilers

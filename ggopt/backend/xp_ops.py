@@ -310,33 +310,6 @@ def _copy(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
 # --- softmax and cross-entropy ------------------------------------------------------------
 
 
-@compiler(Op.SOFT_MAX)
-def _soft_max(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
-    xp = be.xp
-    a, d = srcs[0].array4d(), node.array4d()
-    s = F32(node.op_params)
-
-    def step() -> None:
-        x = a if s == 1 else a * s
-        e = xp.exp(x - x.max(axis=3, keepdims=True))
-        total = xp.sum(e, axis=3, keepdims=True, dtype=xp.float64)
-        d[...] = e * (1.0 / total).astype(xp.float32)
-
-    return step
-
-
-@compiler(Op.SOFT_MAX_BACK)
-def _soft_max_back(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
-    xp = be.xp
-    g, y, d = srcs[0].array4d(), srcs[1].array4d(), node.array4d()
-
-    def step() -> None:
-        dot = xp.sum(g * y, axis=3, keepdims=True, dtype=xp.float64).astype(xp.float32)
-        d[...] = (g - dot) * y
-
-    return step
-
-
 def ce_rows(t: Tensor) -> tuple[int, int]:
     """(rows, classes) of a cross-entropy operand: rows run along ne1..ne3."""
     return t.nrows(), t.ne[0]
@@ -646,3 +619,6 @@ def _sgd(be: ArrayBackend, node: Tensor, srcs: tuple) -> Step:
         w[...] = w * (F32(1) - alpha * wd) - alpha * g
 
     return step
+
+
+from . import xp_tfm  # noqa: E402,F401 - registers the transformer ops' compilers
