@@ -29,19 +29,36 @@ cdef extern from *:
         if (ds == 4 && xs == 4 && (m == NULL || ms == 4)) {
             float *fd = (float *)d;
             const float *fx = (const float *)x, *fm = (const float *)m;
+            float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                           -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            Py_ssize_t j = 0;
+            /* the row max with eight independent lanes, so that it vectorizes */
             if (fm) {
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    float v = s * fx[i] + slope * fm[i];
-                    mx = mx > v ? mx : v;
+                for (; j + 8 <= n; j += 8)
+                    for (int k = 0; k < 8; k++) {
+                        float v = s * fx[j + k] + slope * fm[j + k];
+                        m8[k] = m8[k] > v ? m8[k] : v;
+                    }
+                for (; j < n; j++) {
+                    float v = s * fx[j] + slope * fm[j];
+                    m8[0] = m8[0] > v ? m8[0] : v;
                 }
-                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
             } else {
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    float v = s * fx[i];
-                    mx = mx > v ? mx : v;
+                for (; j + 8 <= n; j += 8)
+                    for (int k = 0; k < 8; k++) {
+                        float v = s * fx[j + k];
+                        m8[k] = m8[k] > v ? m8[k] : v;
+                    }
+                for (; j < n; j++) {
+                    float v = s * fx[j];
+                    m8[0] = m8[0] > v ? m8[0] : v;
                 }
-                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
             }
+            for (int k = 0; k < 8; k++) mx = mx > m8[k] ? mx : m8[k];
+            if (fm)
+                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
+            else
+                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
             double a[4] = {0, 0, 0, 0};
             Py_ssize_t i = 0;
             for (; i + 4 <= n; i += 4)
