@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from llama_block import WEIGHTS, Config, GgoptBlock, init_weights, torch_block_loss
 
+import ggopt
+
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.usefixtures("n_threads")
-
-
+@pytest.mark.usefixtures("n_threads")
 @pytest.mark.parametrize("n_head,n_head_kv", [(1, 1), (4, 4), (4, 2), (4, 1)],
                          ids=["1head", "4heads", "gqa4x2", "mqa4x1"])
 def test_block_matches_torch(n_head, n_head_kv):
@@ -32,3 +32,22 @@ def test_block_matches_torch(n_head, n_head_kv):
         want = tw[k].grad.numpy()
         np.testing.assert_allclose(grads[k], want, rtol=1e-4, atol=1e-5 * np.abs(want).max(),
                                    err_msg=k)
+
+
+def test_block_results_do_not_depend_on_thread_count():
+    cfg = Config(n_embd=64, n_head=4, n_head_kv=2, n_ff=96, n_tokens=40)
+    w = init_weights(cfg, seed=5)
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(0, cfg.n_vocab, cfg.n_tokens)
+    labels = rng.integers(0, cfg.n_vocab, cfg.n_tokens)
+    block = GgoptBlock(cfg, w, tokens, labels)
+    runs = []
+    try:
+        for n in (1, 2):
+            ggopt.set_n_threads(n)
+            runs.append(block.loss_and_grads())
+    finally:
+        ggopt.set_n_threads(None)
+    assert runs[0][0] == runs[1][0]
+    for k in WEIGHTS:
+        np.testing.assert_array_equal(runs[0][1][k], runs[1][1][k], err_msg=k)
