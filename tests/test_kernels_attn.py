@@ -101,3 +101,17 @@ def test_diag_mask_errors():
         A.diag_mask(a, a.copy(), -1, 0.0, 1)
     with pytest.raises(ShapeError, match="dst"):
         A.diag_mask(a, np.zeros((1, 1, 3, 5), np.float32), 0, 0.0, 1)
+
+
+def test_masked_tail_is_exact_zero_and_fully_masked_row_is_nan(rng):
+    a = rng.standard_normal((1, 1, 3, 6)).astype(np.float32)
+    mask = np.zeros((1, 1, 3, 6), np.float32)
+    mask[0, 0, 0, 2:] = -np.inf  # a causal-style tail
+    mask[0, 0, 1, ::2] = -np.inf  # holes, no tail
+    mask[0, 0, 2, :] = -np.inf  # everything masked: NaN, as in ggml
+    y = np.empty_like(a)
+    A.soft_max_ext(a, mask, y, 1.0, 0.0, 1)
+    assert (y[0, 0, 0, 2:] == 0).all() and (y[0, 0, 1, ::2] == 0).all()
+    want = soft_max_ext_ref(a[:, :, :2], mask[:, :, :2], 1.0, 0.0)
+    np.testing.assert_allclose(y[:, :, :2], want, rtol=1e-6)
+    assert np.isnan(y[0, 0, 2]).all()

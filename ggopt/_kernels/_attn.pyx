@@ -29,6 +29,13 @@ cdef extern from *:
         if (ds == 4 && xs == 4 && (m == NULL || ms == 4)) {
             float *fd = (float *)d;
             const float *fx = (const float *)x, *fm = (const float *)m;
+            /* A masked-out tail (a causal mask's upper triangle) gives exact zeros: its exps
+               are skipped. A row masked out entirely is computed in full (NaN, as in ggml). */
+            Py_ssize_t n_all = n;
+            if (fm) {
+                while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
+                if (n == 0) n = n_all;
+            }
             float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
                            -INFINITY, -INFINITY, -INFINITY, -INFINITY};
             Py_ssize_t j = 0;
@@ -66,6 +73,7 @@ cdef extern from *:
             for (; i < n; i++) a[0] += (double)fd[i];
             float inv = (float)(1.0 / ((a[0] + a[1]) + (a[2] + a[3])));
             for (i = 0; i < n; i++) fd[i] *= inv;
+            for (; i < n_all; i++) fd[i] = 0.0f;
             return;
         }
         for (Py_ssize_t i = 0; i < n; i++) {
