@@ -92,6 +92,19 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++) d[i] *= inv;
     }
 
+    /* s * y * (g - sum(g*y)) over one contiguous row into d (d may be g or y). */
+    GGOPT_MULTIVERSION
+    static void ggopt_softmax_back_row(float *d, const float *g, const float *y, Py_ssize_t n,
+                                       float s) {
+        double a[4] = {0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int k = 0; k < 4; k++) a[k] += (double)g[i + k] * (double)y[i + k];
+        for (; i < n; i++) a[0] += (double)g[i] * (double)y[i];
+        float dot = (float)((a[0] + a[1]) + (a[2] + a[3]));
+        for (i = 0; i < n; i++) d[i] = ((g[i] - dot) * y[i]) * s;
+    }
+
     /* Short rows (10 classes) are taken a block at a time: x - max of every row of the block
        goes to one buffer and one vectorized loop takes all the exps, instead of a short loop
        per row whose scalar tail costs as much as its vector part. */
@@ -179,6 +192,8 @@ cdef extern from *:
     }
     """
     void ggopt_softmax_row(float *d, const float *x, Py_ssize_t n, float s) noexcept nogil
+    void ggopt_softmax_back_row(float *d, const float *g, const float *y, Py_ssize_t n,
+                                float s) noexcept nogil
     double ggopt_ce_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
                          Py_ssize_t nrows, Py_ssize_t n) noexcept nogil
     void ggopt_ce_back_rows(const char *x, Py_ssize_t xr, const char *y, Py_ssize_t yr,
@@ -309,22 +324,10 @@ cdef void _soft_max_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t
     cdef const char *y = _row(&j.y, i3, i2, i1)
     cdef char *d = <char *>_row(&j.d, i3, i2, i1)
     cdef Py_ssize_t gs = j.x.s[3], ys = j.y.s[3], ds = j.d.s[3], n = j.x.n[3], i
-    cdef const float *fg = <const float *>g
-    cdef const float *fy = <const float *>y
-    cdef float *fd = <float *>d
-    cdef double a0 = 0, a1 = 0
+    cdef double a0 = 0
     cdef float dot, sc = j.scale
     if gs == 4 and ys == 4 and ds == 4:
-        i = 0
-        while i + 2 <= n:
-            a0 += <double>fg[i] * fy[i]
-            a1 += <double>fg[i + 1] * fy[i + 1]
-            i += 2
-        if i < n:
-            a0 += <double>fg[i] * fy[i]
-        dot = <float>(a0 + a1)
-        for i in range(n):
-            fd[i] = ((fg[i] - dot) * fy[i]) * sc
+        ggopt_softmax_back_row(<float *>d, <const float *>g, <const float *>y, n, sc)
     else:
         for i in range(n):
             a0 += <double>_at(g, gs, i) * _at(y, ys, i)
