@@ -353,6 +353,7 @@ def _transformer_cases() -> list[OpCase]:
         _rope_case("rope-yarn", 8, normal, True, False, False),
         _rope_case("rope_back-neox-yarn-ff", 4, neox, True, True, True),
         OpCase("swiglu", ggopt.swiglu, lambda r: [_u(r, 2, 3, 4, 10, lo=-6, hi=6)]),
+        OpCase("swiglu_swapped", ggopt.swiglu_swapped, lambda r: [_u(r, 2, 3, 4, 10, lo=-6, hi=6)]),
         OpCase("swiglu_split", ggopt.swiglu_split,
                lambda r: [_u(r, *A4, lo=-6, hi=6), _u(r, *A4)]),
         OpCase("sin", ggopt.sin, lambda r: [_u(r, *A4, lo=-9, hi=9)]),

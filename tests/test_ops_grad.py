@@ -148,6 +148,7 @@ CASES = {
                                                       100.0, 1.0, 0.0, 1.0, 0.0, 0.0),
                       [f32(3, 2, 6), POS3], (0,)),
     "swiglu": (g.swiglu, [f32(3, 8, lo=-3, hi=3)], (0,)),
+    "swiglu_swapped": (g.swiglu_swapped, [f32(3, 8, lo=-3, hi=3)], (0,)),
     "swiglu_split": (g.swiglu_split, [f32(3, 4, lo=-3, hi=3), f32(3, 4, seed=1)], (0, 1)),
     "sin": (g.sin, [f32(3, 5, lo=-4, hi=4)], (0,)),
     "cos": (g.cos, [f32(3, 5, lo=-4, hi=4)], (0,)),

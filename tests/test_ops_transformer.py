@@ -118,7 +118,8 @@ def test_rope_is_llama_normal_mode(rng):
 @pytest.mark.usefixtures("n_threads")
 def test_swiglu_sin_cos_add1_concat(rng):
     a, b, s = f32(rng, 3, 4, 10, lo=-5, hi=5), f32(rng, 3, 4, 5), f32(rng, 1)
-    outs = run(lambda c, x, y, z: [ggopt.swiglu(c, x), ggopt.swiglu_split(c, y, y),
+    outs = run(lambda c, x, y, z: [ggopt.swiglu(c, x), ggopt.swiglu_swapped(c, x),
+                                   ggopt.swiglu_split(c, y, y),
                                    ggopt.sin(c, x), ggopt.cos(c, transposed(c, x)),
                                    ggopt.add1(c, y, z), ggopt.concat(c, x, y, 0),
                                    ggopt.concat(c, y, y, 2)], a, b, s)
@@ -128,12 +129,13 @@ def test_swiglu_sin_cos_add1_concat(rng):
         return v / (1 + np.exp(-v))
 
     assert_close(outs[0], silu(a64[..., :5]) * a64[..., 5:], rtol=2e-6)
-    assert_close(outs[1], silu(b64) * b64, rtol=2e-6)
-    assert_close(outs[2], np.sin(a64), rtol=1e-6, atol=1e-6)
-    assert_close(outs[3], np.cos(a64), rtol=1e-6, atol=1e-6)
-    assert_close(outs[4], b64 + s[0], rtol=1e-7)
-    assert_close(outs[5], np.concatenate([a64, b64], axis=-1), rtol=0, atol=0)
-    assert_close(outs[6], np.concatenate([b64, b64], axis=0), rtol=0, atol=0)
+    assert_close(outs[1], silu(a64[..., 5:]) * a64[..., :5], rtol=2e-6)
+    assert_close(outs[2], silu(b64) * b64, rtol=2e-6)
+    assert_close(outs[3], np.sin(a64), rtol=1e-6, atol=1e-6)
+    assert_close(outs[4], np.cos(a64), rtol=1e-6, atol=1e-6)
+    assert_close(outs[5], b64 + s[0], rtol=1e-7)
+    assert_close(outs[6], np.concatenate([a64, b64], axis=-1), rtol=0, atol=0)
+    assert_close(outs[7], np.concatenate([b64, b64], axis=0), rtol=0, atol=0)
 
 
 def test_silu_back(rng):

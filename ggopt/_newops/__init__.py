@@ -14,7 +14,16 @@ from .attention import (
 )
 from .concat import ConcatParams, concat
 from .norm import NormParams, norm, norm_back, rms_norm, rms_norm_back
-from .pointwise import GluParams, add1, cos, silu_back, sin, swiglu, swiglu_split
+from .pointwise import (
+    GluParams,
+    add1,
+    cos,
+    silu_back,
+    sin,
+    swiglu,
+    swiglu_split,
+    swiglu_swapped,
+)
 from .rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, RopeParams, rope, rope_ext, rope_ext_back
 
 __all__ = [
@@ -22,5 +31,5 @@ __all__ = [
     "ROPE_TYPE_NORMAL", "RopeParams", "SoftMaxParams", "add1", "concat", "cos", "diag_mask_inf",
     "diag_mask_zero", "norm", "norm_back", "rms_norm", "rms_norm_back", "rope", "rope_ext",
     "rope_ext_back", "silu_back", "sin", "soft_max", "soft_max_ext", "soft_max_ext_back",
-    "swiglu", "swiglu_split",
+    "swiglu", "swiglu_split", "swiglu_swapped",
 ]

@@ -16,7 +16,8 @@ from ..types import F32
 from ._base import GradSink, backward, check_ctx, check_f32, ne_str, params_of
 from .concat import concat
 
-__all__ = ["GluParams", "add1", "cos", "silu_back", "sin", "swiglu", "swiglu_split"]
+__all__ = ["GluParams", "add1", "cos", "silu_back", "sin", "swiglu", "swiglu_split",
+           "swiglu_swapped"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +27,24 @@ class GluParams:
     swapped: bool
 
 
+def _swiglu(fn: str, ctx: Context, a: Tensor, swapped: bool) -> Tensor:
+    check_ctx(fn, ctx)
+    check_f32(fn, a=a)
+    if a.ne[0] % 2:
+        raise ShapeError(f"ggml_{fn}: a.ne[0] must be even (two halves), got {ne_str(a)}")
+    return ctx.new_op(F32, (a.ne[0] // 2,) + a.ne[1:], Op.GLU, (a,), GluParams(swapped))
+
+
 def swiglu(ctx: Context, a: Tensor) -> Tensor:
     """``silu(a[:n]) * a[n:]`` over the two halves of every row (ggml_swiglu): ``[2n, ...]``
     gives ``[n, ...]``."""
-    check_ctx("swiglu", ctx)
-    check_f32("swiglu", a=a)
-    if a.ne[0] % 2:
-        raise ShapeError(f"ggml_swiglu: a.ne[0] must be even (two halves), got {ne_str(a)}")
-    return ctx.new_op(F32, (a.ne[0] // 2,) + a.ne[1:], Op.GLU, (a,), GluParams(False))
+    return _swiglu("swiglu", ctx, a, False)
+
+
+def swiglu_swapped(ctx: Context, a: Tensor) -> Tensor:
+    """``silu(a[n:]) * a[:n]``: :func:`swiglu` with the gate in the second half
+    (ggml_swiglu_swapped)."""
+    return _swiglu("swiglu_swapped", ctx, a, True)
 
 
 def swiglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -75,12 +86,12 @@ def _glu_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
             sink.add(1, _ops.mul(ctx, _ops.silu(ctx, x), g))
         return
     if sink.needs(0):
+        swapped = params_of(node, GluParams).swapped
         x, u = _halves(ctx, node.src[0])
-        if params_of(node, GluParams).swapped:
+        if swapped:
             x, u = u, x
         dx = silu_back(ctx, _ops.mul(ctx, g, u), x)
         du = _ops.mul(ctx, _ops.silu(ctx, x), g)
-        swapped = params_of(node, GluParams).swapped
         sink.add(0, concat(ctx, du, dx, 0) if swapped else concat(ctx, dx, du, 0))
 
 
