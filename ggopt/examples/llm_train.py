@@ -48,8 +48,8 @@ def bits_per_byte(loss: float) -> float:
 class TrainParams:
     """``n_batch`` sequences per optimizer step in micro-batches of ``n_ubatch`` sequences."""
 
-    n_batch: int = 8
-    n_ubatch: int = 8
+    n_batch: int = 16
+    n_ubatch: int = 16
     lr: float = 3e-3
     wd: float = 0.0
     val_split: float = 0.05

@@ -1,0 +1,236 @@
+"""Train a small byte-level llama the way llama.cpp does: ``python -m ggopt.examples.llm``.
+
+``train`` fits the model on text (default: a fixed list of modules of the running Python's
+standard library, see :data:`llm_data.DEFAULT_MODULES`) with llama.cpp's training path: an
+I32 token dataset, a fresh dynamic graph per micro-batch, AdamW; it reports loss, next-token
+accuracy, perplexity and bits per byte per epoch and writes a GGUF that llama.cpp loads.
+``generate`` samples text from such a file; ``eval`` prints its loss, perplexity and bits per
+byte on a text file.
+
+Progress bars and notes go to stderr; results go to stdout. Exit status: 0 on success, 1 on an
+error in the input (files, shapes), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from .. import set_n_threads
+from ..backend import Scheduler, cpu_init
+from ..errors import GgoptError, ShapeError
+from . import llm_data as data
+from . import llm_gguf
+from . import llm_model as model
+from . import llm_train as training
+from .mnist_plot import plot_history, require_matplotlib
+
+__all__ = ["main"]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ggopt.examples.llm",
+        description="Train, sample and evaluate a byte-level llama with ggopt (GGUF that "
+                    "llama.cpp runs).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = model.Config()
+    t = training.TrainParams()
+    tr = sub.add_parser("train", help="train a model on text and save it as GGUF",
+                        description="llama.cpp's training path: windows of --ctx bytes every "
+                                    "--stride bytes, 5%% held out, AdamW, a fresh graph per "
+                                    "micro-batch.")
+    tr.add_argument("--text", nargs="+", metavar="FILE",
+                    help="training text (any bytes); default: "
+                         f"{len(data.DEFAULT_MODULES)} modules of Python's standard library")
+    tr.add_argument("--ctx", type=_positive, default=d.n_ctx, help=f"context (default {d.n_ctx})")
+    tr.add_argument("--embd", type=_positive, default=d.n_embd,
+                    help=f"embedding size (default {d.n_embd})")
+    tr.add_argument("--layers", type=_positive, default=d.n_layer,
+                    help=f"blocks (default {d.n_layer})")
+    tr.add_argument("--heads", type=_positive, default=d.n_head,
+                    help=f"attention heads (default {d.n_head})")
+    tr.add_argument("--heads-kv", type=_positive,
+                    help="key/value heads, dividing --heads (default: --heads)")
+    tr.add_argument("--ff", type=_positive, default=d.n_ff,
+                    help=f"feed-forward size (default {d.n_ff})")
+    tr.add_argument("--stride", type=_positive,
+                    help="bytes between window starts (default: ctx/2, as llama.cpp)")
+    tr.add_argument("--batch", type=_positive, default=t.n_batch,
+                    help=f"sequences per optimizer step (default {t.n_batch})")
+    tr.add_argument("--ubatch", type=_positive,
+                    help="sequences per micro-batch, dividing --batch (default: --batch)")
+    tr.add_argument("--lr", type=float, default=t.lr, help=f"AdamW lr (default {t.lr})")
+    tr.add_argument("--wd", type=float, default=t.wd,
+                    help=f"AdamW weight decay (default {t.wd})")
+    tr.add_argument("--epochs", type=_positive, default=1, help="epochs (default 1)")
+    tr.add_argument("--static", action="store_true",
+                    help="train through one static graph instead of a fresh graph per "
+                         "micro-batch (bit-identical weights)")
+    tr.add_argument("--out", metavar="FILE.gguf", default="llm.gguf",
+                    help="where to save the model (default llm.gguf)")
+    tr.add_argument("--plot", metavar="PNG", help="also write loss/accuracy per epoch as PNG")
+    tr.add_argument("--seed", type=int, default=0, help="weight-init seed (default 0)")
+    tr.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    tr.set_defaults(func=_train)
+
+    ge = sub.add_parser("generate", help="sample text from a model")
+    ge.add_argument("--model", required=True, metavar="FILE.gguf")
+    ge.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
+    ge.add_argument("-n", type=_positive, default=200, help="bytes to generate (default 200)")
+    ge.add_argument("--temp", type=float, default=0.8,
+                    help="temperature; 0 picks the most likely byte (default 0.8)")
+    ge.add_argument("--top-k", type=int, default=40, help="sample among the k most likely "
+                    "bytes; 0 = all (default 40)")
+    ge.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    ge.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    ge.set_defaults(func=_generate)
+
+    ev = sub.add_parser("eval", help="loss, perplexity and bits per byte of a model on text")
+    ev.add_argument("--model", required=True, metavar="FILE.gguf")
+    ev.add_argument("--text", required=True, nargs="+", metavar="FILE")
+    ev.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    ev.set_defaults(func=_eval)
+    return parser
+
+
+def _sched(args: argparse.Namespace) -> Scheduler:
+    if args.threads is not None:
+        set_n_threads(args.threads)
+    return Scheduler([cpu_init()])
+
+
+def _load(args: argparse.Namespace) -> model.LlamaModel:
+    cfg, weights = llm_gguf.load(args.model)
+    m = model.build_model(cfg, _sched(args))
+    model.set_weights(m, weights, f"llm load {args.model!r}")
+    return m
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.plot:
+        require_matplotlib()  # fail before training, not after
+    cfg = model.Config(n_ctx=args.ctx, n_embd=args.embd, n_layer=args.layers,
+                       n_head=args.heads, n_head_kv=args.heads_kv or args.heads, n_ff=args.ff)
+    tp = training.TrainParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch,
+                              lr=args.lr, wd=args.wd, static=args.static)
+    tp.check()
+    paths = args.text or data.default_corpus_paths()
+    tokens = data.tokenize(data.read_corpus(paths))
+    stride = args.stride or max(1, cfg.n_ctx // 2)
+    dataset = data.make_dataset(tokens, cfg.n_ctx, stride, "llm train")
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(out_dir):
+        raise ShapeError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
+    h1 = data.unigram_entropy_bits(tokens)
+    print(f"main: {len(tokens)} bytes from {len(paths)} file(s), unigram entropy "
+          f"{h1:.4f} bits/byte; {dataset.ndata} windows of {cfg.n_ctx} (stride {stride})",
+          file=sys.stderr)
+
+    m = model.build_model(cfg, _sched(args))
+    model.set_weights(m, model.init_weights(cfg, args.seed), "init")
+    trainer = training.Trainer(m, tp)
+    ntrain, nval = trainer.split(dataset)
+    print(f"main: {ntrain} training and {nval} validation micro-batches of {tp.n_ubatch} "
+          f"sequences, opt_period {tp.opt_period}, {'static' if tp.static else 'dynamic'} "
+          f"graphs", file=sys.stderr)
+    t0 = time.perf_counter()
+    history = trainer.fit(dataset, args.epochs, stream=sys.stderr)
+    seconds = time.perf_counter() - t0
+    trainer.close()
+    tim = trainer.timing
+    ntok = tim.n * cfg.n_ctx * tp.n_ubatch
+    print(f"main: trained {args.epochs} epoch(s) in {seconds:.1f} s; {tim.total / tim.n * 1e3:.2f}"
+          f" ms per training micro-batch ({ntok / tim.total:.0f} tokens/s), of which graph "
+          f"build + prepare_alloc + alloc {tim.build / tim.n * 1e3:.3f} ms "
+          f"({100 * tim.build_share:.1f} %)")
+    for iepoch in range(len(history)):
+        line = []
+        for part in ("train", "val"):
+            loss = getattr(history, f"{part}_loss")[iepoch]
+            if not math.isnan(loss):
+                acc = getattr(history, f"{part}_acc")[iepoch]
+                line.append(f"{part} loss={loss:.4f} acc={100 * acc:.2f}% "
+                            f"ppl={math.exp(loss):.3f} "
+                            f"bits/byte={training.bits_per_byte(loss):.4f}")
+        print(f"epoch {iepoch + 1}: " + " | ".join(line))
+    print(f"main: unigram entropy of the corpus: {h1:.4f} bits/byte")
+    llm_gguf.save(args.out, cfg, model.get_weights(m))
+    print(f"main: saved {args.out}")
+    if args.plot:
+        plot_history(history, args.plot, title=f"byte-level llama, {args.epochs} epochs")
+        print(f"main: wrote {args.plot}")
+    return 0
+
+
+def sample(logits: np.ndarray, temp: float, top_k: int, rng: np.random.Generator) -> int:
+    """One token from ``logits``: argmax when ``temp <= 0``, else softmax(logits/temp) over
+    the ``top_k`` largest (all when 0)."""
+    if temp <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temp
+    if 0 < top_k < len(z):
+        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
+    p = np.exp(z - z.max())
+    return int(rng.choice(len(z), p=p / p.sum()))
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.top_k < 0:
+        raise ShapeError(f"--top-k: expected >= 0, got {args.top_k}")
+    prompt = data.tokenize(args.prompt)
+    if len(prompt) == 0:
+        raise ShapeError("--prompt: expected at least one byte")
+    m = _load(args)
+    run = training.last_logits(m)
+    rng = np.random.default_rng(args.seed)
+    tokens = list(prompt)
+    n_ctx = m.cfg.n_ctx
+    t0 = time.perf_counter()
+    for _ in range(args.n):
+        tokens.append(sample(run(np.asarray(tokens[-n_ctx:])), args.temp, args.top_k, rng))
+    dt = time.perf_counter() - t0
+    text = data.detokenize(tokens)
+    sys.stdout.write(text.decode("utf-8", errors="replace") + "\n")
+    print(f"main: generated {args.n} tokens in {dt:.2f} s, {args.n / dt:.1f} tokens/s")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    tokens = data.tokenize(data.read_corpus(args.text))
+    m = _load(args)
+    dataset = data.make_dataset(tokens, m.cfg.n_ctx, m.cfg.n_ctx, "llm eval --text")
+    result = training.evaluate(m, dataset)
+    loss, unc = result.loss()
+    acc = result.accuracy()[0]
+    print(f"main: {dataset.ndata} windows of {m.cfg.n_ctx} bytes")
+    print(f"loss={loss:.6f}+-{unc:.6f} perplexity={math.exp(loss):.4f} "
+          f"bits per byte={training.bits_per_byte(loss):.4f} accuracy={100 * acc:.2f}%")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (GgoptError, OSError, ImportError) as exc:
+        print(f"llm: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
