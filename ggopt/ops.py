@@ -456,6 +456,7 @@ def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     if not a.is_contiguous():
         raise ShapeError("ggml_acc: a must be contiguous")
     nb = (4, _int("acc", "nb1", nb1), _int("acc", "nb2", nb2), _int("acc", "nb3", nb3))
+    _check_strides("acc", nb)
     offset = _int("acc", "offset", offset)
     end = offset + 4 + builtins.sum((n - 1) * s for n, s in zip(b.ne, nb))
     if offset < 0 or (b.nelements() > 0 and end > a.nbytes()):
@@ -842,6 +843,14 @@ def opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, sgd_params: Tensor) -> T
 # --- views, reshapes and copies -----------------------------------------------------------
 
 
+def _check_strides(fn: str, nb: tuple[int, ...]) -> None:
+    """Byte strides must be >= 0: with a negative one, a view that passes the end-of-data
+    check would still reach memory before its start (another tensor's)."""
+    for i, n in enumerate(nb):
+        if n < 0:
+            raise ShapeError(f"ggml_{fn}: byte stride nb{i} must be >= 0, got {n}")
+
+
 def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...] | None,
           offset: int) -> Tensor:
     _ctx(fn, ctx)
@@ -854,6 +863,7 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         nbl = nbl + (nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2])
     else:
         nbl = (a.type.size,) + tuple(_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb))
+        _check_strides(fn, nbl)
         nbl = nbl + tuple(nbl[-1] * ne4[i] for i in range(len(nbl), 4))
         nb4 = tuple(nbl)
     size = 0 if 0 in ne4 else a.type.size + builtins.sum((n - 1) * s for n, s in zip(ne4, nbl))

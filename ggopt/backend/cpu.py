@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _threads
-from ..errors import ShapeError
 from ..tensor import VIEW_OPS, Tensor
 from .base import Backend, Step
 from .buffer import ALIGNMENT, Buffer
@@ -28,10 +27,8 @@ class CPUBackend(Backend):
     is_host = True
 
     def __init__(self, n_threads: int | None = None) -> None:
-        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
-                                      or n_threads < 1):
-            raise ShapeError(f"ggml_backend_cpu_init: n_threads must be a positive int or None, "
-                             f"got {n_threads!r}")
+        if n_threads is not None:
+            n_threads = _threads.check_n_threads(n_threads, "ggml_backend_cpu_init")
         self._n_threads = n_threads
 
     @property
