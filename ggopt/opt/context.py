@@ -20,6 +20,8 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +38,20 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+from .rollback import graph_rollback
 
 __all__ = ["OptContext"]
+
+
+def _locked(method):
+    """Run ``method`` holding the scheduler's lock, then the context's (always in this order)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._sched, self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclasses.dataclass
@@ -68,7 +82,15 @@ class OptContext:
     Raises
     ------
     DTypeError, ShapeError, StateError
-        Invalid parameters or an unusable graph; nothing is kept.
+        Invalid parameters or an unusable graph; nothing is kept, and the graph and context
+        passed in are left as they were.
+
+    Threads: every call holds the scheduler's lock and the context's own, so calls from
+    several threads never overlap. An alloc/eval pair belongs to the thread that called
+    :meth:`alloc`: :meth:`eval` from another thread raises StateError. If another context (or
+    thread) allocates its graph on the shared scheduler between :meth:`alloc` and :meth:`eval`,
+    eval raises StateError and computes nothing; hold the scheduler (``with sched:``) around
+    the pair, as :func:`~ggopt.opt.epoch` and :func:`~ggopt.opt.fit` do, to share one.
 
     ggml: ``ggml_opt_init`` (and ``ggml_opt_free`` as :meth:`close`).
     """
@@ -78,7 +100,8 @@ class OptContext:
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
         sched = params.backend_sched
-        for attr in ("backends", "reset", "alloc_graph", "graph_compute"):
+        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
+                     "__enter__"):
             if not hasattr(sched, attr):
                 raise DTypeError(
                     f"backend_sched must be a ggopt.backend.Scheduler, got "
@@ -113,6 +136,8 @@ class OptContext:
         self._rng = rng
         self._static_graphs = all(given)
         self._closed = False
+        self._lock = threading.RLock()
+        self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
 
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
@@ -144,8 +169,9 @@ class OptContext:
         if self._static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
-            _graph.build_forward_expand(gf, params.outputs)
-            self._commit(self._build(gf, self._build_type_alloc))
+            with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
+                _graph.build_forward_expand(gf, params.outputs)
+                self._commit(self._build(gf, self._build_type_alloc))
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:
@@ -350,6 +376,7 @@ class OptContext:
                 tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
 
     # --- the state machine ----------------------------------------------------------------
+    @_locked
     def prepare_alloc(
         self, ctx_compute: Context, gf: _graph.Graph, inputs: Tensor, outputs: Tensor
     ) -> None:
@@ -371,6 +398,7 @@ class OptContext:
             raise DTypeError(f"gf must be a Graph, got {type(gf).__name__} ({fn})")
         self._ctx_compute, self._gf, self._inputs, self._outputs = ctx_compute, gf, inputs, outputs
 
+    @_locked
     def alloc(self, backward: bool) -> None:
         """Choose and allocate the graph of the next :meth:`eval`.
 
@@ -390,7 +418,9 @@ class OptContext:
         fn = "ggml_opt_alloc"
         self._check_open(fn)
         if self._eval_ready:
-            raise StateError(f"alloc called twice without eval in between ({fn})")
+            other = "" if self._alloc_thread == threading.get_ident() else (
+                "; the pending alloc is another thread's")
+            raise StateError(f"alloc called twice without eval in between{other} ({fn})")
         if backward and self._build_type_alloc is BuildType.FORWARD:
             raise StateError(
                 f"this context was built with BuildType.FORWARD and has no backward pass ({fn})"
@@ -407,13 +437,15 @@ class OptContext:
             build_type = BuildType.GRAD
 
         if not self._static_graphs:
-            self._commit(self._build(self._gf, build_type))
+            with graph_rollback(self._gf, [self._ctx_compute, self._ctx_static],
+                                [self._inputs, self._outputs]):
+                self._commit(self._build(self._gf, build_type))
         graph = {
             BuildType.FORWARD: self._gf,
             BuildType.GRAD: self._gb_grad,
             BuildType.OPT: self._gb_opt,
         }[build_type]
-        if graph is not self._allocated_graph:
+        if graph is not self._allocated_graph or self._sched.allocated_graph is not graph:
             self._sched.reset()
             self._sched.alloc_graph(graph)
             self._allocated_graph = graph
@@ -422,7 +454,17 @@ class OptContext:
         self._period_complete = False
         self._build_type = build_type
         self._eval_ready = True
+        self._alloc_thread = threading.get_ident()
 
+    def _abandon(self) -> None:
+        """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
+        also drop their graphs, which hold the loss now: prepare_alloc comes next."""
+        self._eval_ready = False
+        self._alloc_thread = None
+        if not self._static_graphs:
+            self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
+
+    @_locked
     def eval(self, result: Result | None = None) -> None:
         """Compute the allocated graph and add its loss (and predictions) to ``result``.
 
@@ -435,12 +477,22 @@ class OptContext:
         self._check_open(fn)
         if not self._eval_ready:
             raise StateError(f"no graph allocated; call alloc before eval ({fn})")
+        if self._alloc_thread != threading.get_ident():
+            raise StateError(f"the pending alloc was made by another thread; an alloc/eval "
+                             f"pair belongs to one thread ({fn})")
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"result must be a Result or None, got {type(result).__name__} ({fn})")
         nd = self._outputs.ne[1]
         if result is not None:
             result._check_eval(self._loss_per_datapoint, self._opt_period, nd)
         graph = self._allocated_graph
+        if self._sched.allocated_graph is not graph:
+            self._abandon()
+            raise StateError(
+                f"the scheduler's graph was replaced since alloc (by another context or "
+                f"thread); nothing was computed. Call alloc again (dynamic graphs: "
+                f"prepare_alloc first), holding the scheduler (with sched: ...) around alloc "
+                f"and eval ({fn})")
         is_opt = graph is self._gb_opt
         if is_opt:
             pars = self._get_opt_pars(self._get_opt_pars_ud)
@@ -457,6 +509,7 @@ class OptContext:
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
+        self._alloc_thread = None
         if result is None:
             return
         loss = np.float32(tensor_get(self._loss).reshape(-1)[0])
@@ -466,18 +519,25 @@ class OptContext:
             ncorrect = int(tensor_get(self._ncorrect).reshape(-1)[0])
         result._add_eval(self._loss_per_datapoint, self._opt_period, nd, loss, pred, ncorrect)
 
+    @_locked
     def reset(self, optimizer: bool) -> None:
         """Zero the gradient accumulators; with ``optimizer=True`` also the AdamW moments and
         the step count used for bias correction. Parameters and the RNG are untouched.
 
+        An alloc still waiting for its eval (an eval that raised, e.g. on KeyboardInterrupt)
+        is dropped, so :meth:`alloc` works again.
+
         ggml: ``ggml_opt_reset``.
         """
         self._check_open("ggml_opt_reset")
+        if self._eval_ready:
+            self._abandon()
         if self._static_allocated:
             self._reset_grads(momenta=bool(optimizer))
         if optimizer:
             self._iter = 1
 
+    @_locked
     def grad_acc(self, node: Tensor) -> Tensor | None:
         """The gradient accumulator of forward node ``node``, or None if it has none.
 
@@ -497,6 +557,7 @@ class OptContext:
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
 
+    @_locked
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
         self._closed = True

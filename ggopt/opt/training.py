@@ -78,6 +78,10 @@ def epoch(
     callback_train, callback_eval : callable or None
         E.g. :func:`epoch_callback_progress_bar`.
 
+    The epoch holds the scheduler and the context throughout, so epochs from several threads
+    run one after the other. If an exception (or KeyboardInterrupt) stops it, the context is
+    left ready for the next alloc.
+
     ggml: ``ggml_opt_epoch``.
     """
     fn = "ggml_opt_epoch"
@@ -87,7 +91,7 @@ def epoch(
         raise DTypeError(f"dataset must be a Dataset, got {type(dataset).__name__} ({fn})")
     if not opt_ctx.static_graphs:
         raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
-    inputs, labels, data = opt_ctx.inputs, opt_ctx.labels, dataset.data
+    inputs, data = opt_ctx.inputs, dataset.data
     _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
     ndata = data.ne[1]
     ndata_batch = inputs.ne[1]
@@ -105,7 +109,22 @@ def epoch(
             f"at most ndata={ndata} ({fn})"
         )
     ibatch_split = idata_split // ndata_batch
+    # Hold the scheduler and the context for the whole epoch (other threads wait), and never
+    # leave an alloc waiting for an eval that an exception or interrupt cut short.
+    with opt_ctx._sched, opt_ctx._lock:
+        try:
+            _run_epoch(opt_ctx, dataset, result_train, result_eval, ibatch_split, nbatches,
+                       callback_train, callback_eval)
+        except BaseException:
+            if opt_ctx._eval_ready:
+                opt_ctx._abandon()
+            raise
 
+
+def _run_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None,
+               result_eval: Result | None, ibatch_split: int, nbatches: int,
+               callback_train: EpochCallback | None, callback_eval: EpochCallback | None) -> None:
+    inputs, labels = opt_ctx.inputs, opt_ctx.labels
     t_start = time_us()
     for ibatch in range(ibatch_split):
         dataset.get_batch(inputs, labels, ibatch)
