@@ -82,7 +82,7 @@ class CPUBackend(Backend):
         return node.op in VIEW_OPS or node.op in COMPILERS
 
     def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
-        if node.op in VIEW_OPS:
+        if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
         return COMPILERS[node.op](self, node, srcs)
 

@@ -176,6 +176,8 @@ def fit_split(
         vs = np.float32(val_split)
     except (TypeError, ValueError):
         raise DTypeError(f"val_split must be a float, got {val_split!r} ({fn})") from None
+    except OverflowError:
+        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})") from None
     if not 0.0 <= vs < 1.0:
         raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})")
     opt_period = nbatch_logical // nbatch_physical
