@@ -14,9 +14,8 @@ import pytest
 from _opt_fixture import get_test_opt_pars, make_ctx_data
 
 import ggopt
-from ggopt import DTypeError, GgoptError, OutOfMemoryError, ShapeError, StateError
+from ggopt import DTypeError, GgoptError, OutOfMemoryError, ShapeError, StateError, opt
 from ggopt import backend as gb
-from ggopt import opt
 from ggopt.io import gguf as ggio
 from ggopt.io import idx
 
@@ -384,7 +383,8 @@ def test_idx_64_dims_and_empty_shapes_still_load(tmp_path):
     assert idx.read(path).shape == (0, 5)
 
 
-@pytest.mark.parametrize("ne, shape", [((4, 0), (0, 4)), ((0,), (0,)), ((1, 0, 1, 3), (3, 1, 0, 1))])
+@pytest.mark.parametrize("ne, shape", [((4, 0), (0, 4)), ((0,), (0,)),
+                                       ((1, 0, 1, 3), (3, 1, 0, 1))])
 def test_empty_tensors_read_back_with_their_shape(ne, shape):
     ctx = ggopt.Context()
     t = ctx.new_tensor(ggopt.F32, ne)
