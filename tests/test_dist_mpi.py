@@ -104,6 +104,19 @@ def test_mnist_example_two_ranks_equals_one_process(tmp_path):
     assert len(scores[0]) == 2 and scores[0] == scores[1]
 
 
+def test_mnist_example_four_ranks_match_one_process(tmp_path):
+    """4 ranks: the example takes micro-batches of 250 (one per rank per step) instead of 500,
+    so the sums run in another order and the result is equal up to rounding."""
+    for n in (1, 4):
+        code, out = run(n, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--epochs",
+                        "1", "--out", str(tmp_path / f"fc{n}.gguf"))
+        assert code == 0, out
+    one = mnist_model.load_gguf(tmp_path / "fc1.gguf")[1]
+    four = mnist_model.load_gguf(tmp_path / "fc4.gguf")[1]
+    for name in one:
+        assert max_rel_diff(one[name], four[name]) <= 1e-5, name
+
+
 def test_two_micro_batches_per_rank_match_one_process(tmp_path):
     """Logical batch 2000: each rank sums two micro-batches before the all-reduce, so the sum
     is (g1+g2)+(g3+g4) instead of ((g1+g2)+g3)+g4: equal up to rounding."""
@@ -169,6 +182,14 @@ def test_example_error_on_every_rank_ends_the_job(tmp_path):
                     str(tmp_path / "missing"))
     assert code != 0, out
     assert "mnist: error:" in out
+
+
+def test_example_refuses_ranks_that_cannot_share_the_batch(tmp_path):
+    code, out = run(3, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--out",
+                    str(tmp_path / "fc.gguf"))
+    assert code != 0, out
+    assert "3 ranks cannot share a logical batch of 1000 images" in out
+    assert not (tmp_path / "fc.gguf").exists()
 
 
 # --- misuse ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import dist, get_n_threads, set_n_threads
-from ..errors import BackendUnavailableError, GgoptError
+from ..errors import BackendUnavailableError, GgoptError, ShapeError
 from ..opt import Result
 from . import mnist_data as data
 from . import mnist_model as model
@@ -130,6 +130,19 @@ def _test_dataset(data_dir: str | None):
     return data.make_dataset(images, labels, model.NBATCH_PHYSICAL, model.NBATCH_PHYSICAL)
 
 
+def _physical_batch(nranks: int) -> int:
+    """Images per micro-batch such that every rank gets whole micro-batches of each logical
+    batch: ggml's 500 for 1 or 2 ranks, else the logical batch divided by ``nranks``."""
+    if (model.NBATCH_LOGICAL // model.NBATCH_PHYSICAL) % nranks == 0:
+        return model.NBATCH_PHYSICAL
+    if model.NBATCH_LOGICAL % (nranks * 10) == 0:  # whole shards of 10 images
+        return model.NBATCH_LOGICAL // nranks
+    usable = [n for n in range(1, 101) if model.NBATCH_LOGICAL % (n * 10) == 0]
+    raise ShapeError(f"--dist: {nranks} ranks cannot share a logical batch of "
+                     f"{model.NBATCH_LOGICAL} images in whole shards of 10; use "
+                     f"{', '.join(map(str, usable))} ranks")
+
+
 def _world(args: argparse.Namespace) -> dist.Communicator | None:
     """The MPI world to train on, or None for a single process."""
     if args.dist == "none" or (args.dist == "auto" and not dist.launched_by_mpi()):
@@ -143,7 +156,7 @@ def _world(args: argparse.Namespace) -> dist.Communicator | None:
         set_n_threads(max(1, get_n_threads() // local))
     where = comm.describe()
     if comm.rank == 0:
-        print(f"main: data-parallel over MPI, {where}; {get_n_threads()} threads per rank",
+        print(f"main: data-parallel over MPI, {where}; threads per rank: {get_n_threads()}",
               file=sys.stderr)
     return comm
 
@@ -152,8 +165,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # fail before training, not after
     comm = _world(args)
+    nbatch = model.NBATCH_PHYSICAL if comm is None else _physical_batch(comm.size)
     if comm is not None and comm.rank != 0:
-        return _train_rank(args, comm)
+        return _train_rank(args, comm, nbatch)
     sched = _setup(args)
     arch = _ARCHS[args.arch]
     out = args.out or f"{arch}.gguf"
@@ -163,10 +177,9 @@ def _train(args: argparse.Namespace) -> int:
           f"from {mnist.source}", file=sys.stderr)
     ds_train = data.make_dataset(mnist.train_images, mnist.train_labels, 10,
                                  model.NBATCH_LOGICAL)
-    ds_test = data.make_dataset(mnist.test_images, mnist.test_labels, model.NBATCH_PHYSICAL,
-                                model.NBATCH_PHYSICAL)
+    ds_test = data.make_dataset(mnist.test_images, mnist.test_labels, nbatch, nbatch)
 
-    m = model.build_model(arch, sched)
+    m = model.build_model(arch, sched, nbatch)
     model.init_params(m, args.seed, args.init)
     history = model.train(m, ds_train, nepoch, comm=comm)
     print(f"mnist_model_save: saving model to '{out}'")
@@ -178,13 +191,13 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_rank(args: argparse.Namespace, comm: dist.Communicator) -> int:
+def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) -> int:
     """What a rank other than 0 does in ``train``: its part of the training, silently."""
     sched = _setup(args)
     nepoch = args.epochs or (FULL_EPOCHS if args.data else SUBSET_EPOCHS)
     images, labels = data.load_split(args.data, "train")
     ds_train = data.make_dataset(images, labels, 10, model.NBATCH_LOGICAL, stream=io.StringIO())
-    m = model.build_model(_ARCHS[args.arch], sched)
+    m = model.build_model(_ARCHS[args.arch], sched, nbatch)
     model.init_params(m, args.seed, args.init)
     model.train(m, ds_train, nepoch, comm=comm)
     return 0
