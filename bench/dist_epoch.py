@@ -46,7 +46,8 @@ def main() -> None:
         line = f"epoch: {history.seconds[0]:.3f} s, {steps} optimizer steps"
         if comm is not None:
             spent = comm.stats.seconds - before
-            line += f", all-reduce (incl. waiting) {spent:.3f} s = {spent / steps * 1e3:.2f} ms/step"
+            line += (f", all-reduce (incl. waiting) {spent:.3f} s = "
+                     f"{spent / steps * 1e3:.2f} ms/step")
         if root:
             print(line, flush=True)
     if comm is None:
