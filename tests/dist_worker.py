@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 
@@ -66,6 +67,8 @@ def failing_opt_pars(comm, action: str):
         if rank_of(comm) == 1 and calls[0] == 2:
             if action == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            if action == "stall":  # far longer than the watchdog's timeout
+                time.sleep(60)
             raise RuntimeError("rank 1 fails on purpose in the middle of the epoch")
         return get_default_optimizer_params(epoch)
 

@@ -40,14 +40,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_"))}
+    env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     return env
 
 
-def run(nranks: int, *args: str) -> tuple[int, str]:
+def run(nranks: int, *args: str, **env: str) -> tuple[int, str]:
     """Run ``args`` (a Python command line) on ``nranks`` ranks; return (exit code, output).
 
     ``nranks=1`` runs one plain process, no launcher. The job runs in its own process group,
@@ -56,7 +57,7 @@ def run(nranks: int, *args: str) -> tuple[int, str]:
     cmd = [sys.executable, *args]
     if nranks > 1:
         cmd = [MPIEXEC, "-n", str(nranks), *cmd]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(**env), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -67,8 +68,8 @@ def run(nranks: int, *args: str) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def worker(nranks: int, *args: str) -> tuple[int, str]:
-    return run(nranks, WORKER, *args)
+def worker(nranks: int, *args: str, **env: str) -> tuple[int, str]:
+    return run(nranks, WORKER, *args, **env)
 
 
 def errors(outdir: Path, rank: int) -> str:
@@ -175,6 +176,14 @@ def test_rank_that_is_killed_ends_every_rank(tmp_path):
     # the ranks' start-up line maps that pid to rank 1.
     launcher_lines = [s for s in out.splitlines() if "rank 1 = pid" not in s]
     assert any(pids.group(2) in s for s in launcher_lines), out
+
+
+def test_watchdog_ends_a_job_whose_rank_stalls(tmp_path):
+    """Rank 1 sleeps for a minute before its second step; rank 0's watchdog (2 s) aborts."""
+    code, out = worker(2, "fault", str(tmp_path), "stall", GGOPT_DIST_TIMEOUT="2")
+    assert code != 0, out
+    assert re.search(r"rank 0 of 2: waited \d+\.\d s in the gradient all-reduce \(timeout 2 s\)",
+                     out), out
 
 
 def test_example_error_on_every_rank_ends_the_job(tmp_path):

@@ -8,6 +8,7 @@ instead of a deadlock. ``mpi4py`` is imported only when a communicator is made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -81,6 +82,7 @@ class Communicator:
         self._comm = mpi_comm
         self.check_every = check_every
         self.stats = AllreduceStats()
+        self._watchdog = None
 
     @property
     def rank(self) -> int:
@@ -103,21 +105,44 @@ class Communicator:
         if buf.dtype != np.float32 or not buf.flags.c_contiguous:
             raise DTypeError("allreduce_sum_ needs a contiguous float32 array")
         t0 = time.perf_counter()
-        self._comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
+        with self._waiting("the gradient all-reduce"):
+            self._comm.Allreduce(self._mpi.IN_PLACE, buf, op=self._mpi.SUM)
         self.stats.seconds += time.perf_counter() - t0
         self.stats.calls += 1
         self.stats.bytes += buf.nbytes
 
     def bcast_(self, arr: np.ndarray, root: int = 0) -> None:
         """Overwrite the contiguous array ``arr`` with rank ``root``'s on every rank."""
-        self._comm.Bcast(arr, root=root)
+        with self._waiting("a broadcast"):
+            self._comm.Bcast(arr, root=root)
 
     def allgather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order."""
-        return self._comm.allgather(obj)
+        with self._waiting("an all-gather"):
+            return self._comm.allgather(obj)
 
     def barrier(self) -> None:
-        self._comm.Barrier()
+        with self._waiting("a barrier"):
+            self._comm.Barrier()
+
+    def _waiting(self, what: str):
+        return contextlib.nullcontext() if self._watchdog is None else \
+            self._watchdog.waiting(what)
+
+    def start_watchdog(self, timeout: float) -> None:
+        """Collective: abort the job when a rank waits in one collective longer than
+        ``timeout`` seconds or sees a rank on its host die (:class:`ggopt.dist.faults.Watchdog`).
+
+        Pick ``timeout`` above the longest legitimate wait, e.g. rank 0 writing a checkpoint
+        while the others wait at the next step.
+        """
+        if not timeout > 0:
+            raise ShapeError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if self._watchdog is None:
+            from .faults import Watchdog
+
+            self._watchdog = Watchdog(self, timeout)
+        self._watchdog.timeout = float(timeout)
 
     def count_local_ranks(self) -> int:
         """Collective: how many ranks share this rank's machine (to divide its cores)."""
