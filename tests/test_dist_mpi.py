@@ -105,6 +105,7 @@ def test_mnist_example_two_ranks_equals_one_process(tmp_path):
     assert len(scores[0]) == 2 and scores[0] == scores[1]
 
 
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
 def test_mnist_example_four_ranks_match_one_process(tmp_path):
     """4 ranks: the example takes micro-batches of 250 (one per rank per step) instead of 500,
     so the sums run in another order and the result is equal up to rounding."""
@@ -178,6 +179,7 @@ def test_rank_that_is_killed_ends_every_rank(tmp_path):
     assert any(pids.group(2) in s for s in launcher_lines), out
 
 
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
 def test_watchdog_ends_a_job_whose_rank_stalls(tmp_path):
     """Rank 1 sleeps for a minute before its second step; rank 0's watchdog (2 s) aborts."""
     code, out = worker(2, "fault", str(tmp_path), "stall", GGOPT_DIST_TIMEOUT="2")
@@ -193,6 +195,7 @@ def test_example_error_on_every_rank_ends_the_job(tmp_path):
     assert "mnist: error:" in out
 
 
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
 def test_example_refuses_ranks_that_cannot_share_the_batch(tmp_path):
     code, out = run(3, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--out",
                     str(tmp_path / "fc.gguf"))
@@ -214,6 +217,7 @@ def test_disagreeing_ranks_get_the_same_error(tmp_path, what, expected):
         assert errors(tmp_path, rank).startswith(f"ShapeError: {expected}"), out
 
 
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
 def test_opt_period_must_split_over_the_ranks(tmp_path):
     code, out = worker(3, "misuse", str(tmp_path), "none")
     assert code == 3, out
