@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
 
 __all__ = ["OptContext"]
 
@@ -599,7 +602,7 @@ class OptContext:
         return self._opt_period if self._dp is None else self._dp.local_period
 
     @property
-    def comm(self):
+    def comm(self) -> Communicator | None:
         """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
         for a communicator of one rank)."""
         return None if self._dp is None else self._dp.comm
