@@ -647,3 +647,13 @@ def test_one_opt_context_from_two_threads():
     assert cd.w == 3.0 - 13.0
     assert not math.isnan(cd.w)
 
+
+
+def test_reset_keeps_an_alloc_whose_eval_was_not_tried():
+    cd = make_ctx_data(opt.OptimizerType.SGD, init_opt_ctx=False)
+    cd.params.get_opt_pars = get_test_opt_pars
+    ctx = opt.OptContext(cd.params)
+    ctx.alloc(True)
+    ctx.reset(False)  # as in ggml: the alloc stands
+    ctx.eval()
+    assert cd.w == 2.0

@@ -162,6 +162,7 @@ class OptContext:
         self._closed = False
         self._lock = threading.RLock()
         self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
+        self._eval_failed = False  # the pending alloc's eval was tried and raised
 
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
@@ -481,12 +482,14 @@ class OptContext:
         self._build_type = build_type
         self._eval_ready = True
         self._alloc_thread = threading.get_ident()
+        self._eval_failed = False
 
     def _abandon(self) -> None:
         """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
         also drop their graphs, which hold the loss now: prepare_alloc comes next."""
         self._eval_ready = False
         self._alloc_thread = None
+        self._eval_failed = False
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
 
@@ -520,12 +523,15 @@ class OptContext:
                 f"prepare_alloc first), holding the scheduler (with sched: ...) around alloc "
                 f"and eval ({fn})")
         is_opt = self._build_type is BuildType.OPT
-        if is_opt:
-            pars = self._get_opt_pars(self._get_opt_pars_ud)
-            values = optimizer_step_values(pars, self._optimizer, self._iter)
-            tensor_set(self._opt_step_params, values)
-
-        self._sched.graph_compute(graph)
+        try:
+            if is_opt:
+                pars = self._get_opt_pars(self._get_opt_pars_ud)
+                values = optimizer_step_values(pars, self._optimizer, self._iter)
+                tensor_set(self._opt_step_params, values)
+            self._sched.graph_compute(graph)
+        except BaseException:
+            self._eval_failed = True  # the alloc stands (eval may be retried); reset drops it
+            raise
 
         if self._build_type is not BuildType.FORWARD:
             self._opt_i = (self._opt_i + 1) % self._period
@@ -538,6 +544,7 @@ class OptContext:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
         self._alloc_thread = None
+        self._eval_failed = False
         if result is None:
             return
         loss = np.float32(tensor_get(self._loss).reshape(-1)[0])
@@ -552,13 +559,13 @@ class OptContext:
         """Zero the gradient accumulators; with ``optimizer=True`` also the AdamW moments and
         the step count used for bias correction. Parameters and the RNG are untouched.
 
-        An alloc still waiting for its eval (an eval that raised, e.g. on KeyboardInterrupt)
-        is dropped, so :meth:`alloc` works again.
+        An alloc whose eval raised (a bad optimizer value, a KeyboardInterrupt, ...) is
+        dropped, so :meth:`alloc` works again; an alloc whose eval has not been tried stays.
 
         ggml: ``ggml_opt_reset``.
         """
         self._check_open("ggml_opt_reset")
-        if self._eval_ready:
+        if self._eval_ready and self._eval_failed:
             self._abandon()
         if self._static_allocated:
             self._reset_grads(momenta=bool(optimizer))
