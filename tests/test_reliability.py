@@ -159,6 +159,34 @@ def test_idx_write_failing_mid_write_keeps_the_file(tmp_path, monkeypatch, name)
     assert _leftovers(tmp_path, {name}) == []
 
 
+def test_plot_failing_mid_write_keeps_the_file(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from ggopt.examples.mnist_plot import plot_history
+
+    history = opt.FitHistory()
+    for name in ("train", "val"):
+        for field in ("loss", "loss_unc", "acc", "acc_unc"):
+            getattr(history, f"{name}_{field}").append(0.5)
+    history.seconds.append(1.0)
+    path = tmp_path / "curves.png"
+    plot_history(history, path)
+    before = path.read_bytes()
+    assert before.startswith(b"\x89PNG")
+    real_savefig = Figure.savefig
+
+    def failing(self, fname, **kwargs):
+        real_savefig(self, fname, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", failing)
+    with pytest.raises(OSError, match="disk full"):
+        plot_history(history, path, title="second")
+    assert path.read_bytes() == before
+    assert _leftovers(tmp_path, {"curves.png"}) == []
+
+
 def test_writers_keep_permissions_like_a_plain_open(tmp_path):
     path = tmp_path / "m.gguf"
     ggio.save(path, {"w": np.ones(3, np.float32)}, {"general.architecture": "x"})
