@@ -67,7 +67,7 @@ def huge_ctx_alloc():
     ctx.new_tensor_4d(F32, 2**20, 2**20, 2**20, 2**20)
     gb.alloc_ctx_tensors(ctx, gb.cpu_init())
 probe("alloc_ctx_tensors 2^80 elements", huge_ctx_alloc)
-probe("dataset 2^40 rows", lambda: opt.Dataset(F32, F32, 1, 1, 2**40, 1))
+probe("dataset 2^40 rows", lambda: opt.Dataset(F32, F32, 2**10, 1, 2**40, 1))
 probe("dataset 2^62 x 2^62", lambda: opt.Dataset(F32, F32, 2**62, 1, 2**62, 1))
 probe("buffer 2^63", lambda: gb.cpu_init().alloc_buffer(2**63))
 probe("graph size 2^62", lambda: ggopt.new_graph_custom(ggopt.Context(), 2**62, True))

@@ -425,13 +425,15 @@ def test_empty_tensors_read_back_with_their_shape(ne, shape):
 def test_huge_allocations_raise_out_of_memory():
     with pytest.raises(OutOfMemoryError):
         ggopt.Context(no_alloc=False).new_tensor_2d(ggopt.F32, 2**31, 2**31)
+    # sizes beyond the 128 TiB address space, so that even an overcommitting kernel refuses
     ctx = ggopt.Context()
-    ctx.new_tensor_2d(ggopt.F32, 2**20, 2**20)  # 4 TiB
+    ctx.new_tensor_1d(ggopt.F32, 16)
+    ctx.new_tensor_2d(ggopt.F32, 2**24, 2**24)  # 4 PiB
     with pytest.raises(OutOfMemoryError):
         gb.alloc_ctx_tensors(ctx, gb.cpu_init())
     assert all(t.buffer is None for t in ctx)
     with pytest.raises(OutOfMemoryError):
-        opt.Dataset(ggopt.F32, ggopt.F32, 1, 0, 2**40, 1)
+        opt.Dataset(ggopt.F32, ggopt.F32, 2**10, 0, 2**40, 1)
     with pytest.raises(OutOfMemoryError):
         gb.cpu_init().alloc_buffer(2**62)
 
