@@ -21,9 +21,9 @@ import sys
 from collections.abc import Callable
 
 import pytest
+from ggopt._kernels._openmp_helpers import min_parallel_work
 
 import ggopt
-from ggopt._kernels._openmp_helpers import min_parallel_work
 
 #: The element count above which every element-wise, reduction and softmax kernel starts a
 #: team, under the wait policy in effect (the kernels' largest base is 1 << 15 work units; an
