@@ -165,8 +165,16 @@ def test_binary_errors_leave_dst_untouched(rng):
 
 
 def test_binary_empty():
+    # dst is an empty window into a guarded buffer: nothing may be written around it
+    guard = np.full(32, 7.0, np.float32)
     a = np.zeros((0, 3, 1, 5), np.float32)
-    E.binary(E.BIN_ADD, a, np.ones((1, 1, 1, 5), np.float32), a.copy(), 2)
+    b = np.ones((1, 1, 1, 5), np.float32)
+    dst = guard[8:8].reshape(0, 3, 1, 5)
+    assert E.binary(E.BIN_ADD, a, b, dst, 2) is None
+    assert (guard == 7.0).all() and (b == 1.0).all() and dst.shape == (0, 3, 1, 5)
+    with pytest.raises(ShapeError):  # an empty a still needs a dst of its shape
+        E.binary(E.BIN_ADD, a, b, guard[:15].reshape(1, 3, 1, 5), 2)
+    assert (guard == 7.0).all()
 
 
 # ---------------------------------------------------------------------------------------------

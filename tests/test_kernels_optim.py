@@ -105,6 +105,16 @@ def test_sgd_errors():
 
 
 def test_empty_parameters_are_a_no_op():
-    e = np.zeros(0, np.float32)
-    O.adamw_step(e, e, e, e, adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1), 2)
-    O.sgd_step(e, e, np.array([0.1, 0.0], np.float32), 2)
+    # every array is an empty window into a guarded buffer: nothing may be written around it
+    guard = np.full(16, 5.0, np.float32)
+    e = guard[4:4]
+    adamw = adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1)
+    sgd = np.array([0.1, 0.0], np.float32)
+    assert O.adamw_step(e, e, e, e, adamw, 2) is None
+    assert O.sgd_step(e, e, sgd, 2) is None
+    assert (guard == 5.0).all()
+    np.testing.assert_array_equal(adamw, adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1))
+    np.testing.assert_array_equal(sgd, np.array([0.1, 0.0], np.float32))
+    with pytest.raises(ShapeError, match="same length"):  # empty w, non-empty gradient
+        O.sgd_step(e, guard[:3], sgd, 2)
+    assert (guard == 5.0).all()
