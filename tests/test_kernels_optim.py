@@ -13,7 +13,8 @@ SIZES = [1, 7, 1000, 100_003]  # the last one spans several parallel chunks
 
 
 def adamw_ref(w, g, m, v, params):
-    """ggml_compute_forward_opt_step_adamw_f32, in float32, in place."""
+    """ggml_compute_forward_opt_step_adamw_f32, in float32, in place (checks the rounding; the
+    independent reference is torch.optim.AdamW in tests/test_torch_parity.py)."""
     alpha, b1, b2, eps, wd, b1h, b2h = (np.float32(p) for p in params)
     one = np.float32(1)
     keep = one - alpha * wd
