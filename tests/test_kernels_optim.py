@@ -69,9 +69,10 @@ def test_adamw_errors_leave_arrays_untouched():
         O.adamw_step(
             w, np.ones(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32), good[:6], 1
         )
+    strided = np.ones(8, np.float32)
     with pytest.raises(ValueError):  # not contiguous
         O.adamw_step(
-            np.ones(8, np.float32)[::2],
+            strided[::2],
             np.ones(4, np.float32),
             np.zeros(4, np.float32),
             np.zeros(4, np.float32),
@@ -79,6 +80,7 @@ def test_adamw_errors_leave_arrays_untouched():
             1,
         )
     np.testing.assert_array_equal(w, 1)
+    np.testing.assert_array_equal(strided, 1)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
