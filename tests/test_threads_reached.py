@@ -18,7 +18,10 @@ from _threadcheck import threads_started
 from helpers import run
 
 import ggopt
+from ggopt._kernels import _conv as C
+from ggopt._kernels import _copy, _get_rows
 from ggopt._kernels import _elementwise as E
+from ggopt._kernels import _gather as G
 from ggopt._kernels import _optim as O
 from ggopt._kernels import _reduce as R
 from ggopt._kernels import _softmax as S
@@ -79,6 +82,35 @@ KERNEL_CASES = {
     "sgd_step": lambda n: O.sgd_step(_f32(N_OPTIM), _f32(N_OPTIM),
                                      np.array([0.05, 0.01], np.float32), n),
 }
+
+
+MNIST_CONV = (3, 3, 1, 1, 1, 1, 1, 1)  # 3x3, stride 1, pad 1
+
+
+def _idx(high: int, *shape: int) -> np.ndarray:
+    return np.random.default_rng(1).integers(0, high, shape).astype(np.int32)
+
+
+# The largest cases of test_kernels_conv / _get_rows / _gather / _copy (their own thresholds).
+KERNEL_CASES.update({
+    "im2col": lambda n: C.im2col(_f32(20, 8, 14, 14), _dst((20, 14, 14, 72)), *MNIST_CONV, n),
+    "im2col_back": lambda n: C.im2col_back(_f32(9, 14, 14, 72), _dst((9, 8, 14, 14)),
+                                           *MNIST_CONV, n),
+    "pool_2d": lambda n: C.pool_2d(_f32(8, 6, 24, 31), _dst((8, 6, 12, 15)), C.POOL_MAX,
+                                   2, 2, 2, 2, 0, 0, n),
+    "pool_2d_back": lambda n: C.pool_2d_back(_f32(8, 6, 12, 15), _f32(8, 6, 24, 31),
+                                             _dst((8, 6, 24, 31)), C.POOL_MAX, 2, 2, 2, 2, 0, 0,
+                                             n),
+    "get_rows": lambda n: _get_rows.get_rows(_f32(2, 2, 300, 70), _idx(300, 2, 2, 250),
+                                             _dst((2, 2, 250, 70)), n),
+    "get_rows_back": lambda n: _get_rows.get_rows_back(_f32(500, 129), _idx(8, 500),
+                                                       _dst((8, 129)), n),
+    "gather_shards": lambda n: G.gather_shards(
+        np.zeros(2000 * 3136, np.uint8), np.zeros(500 * 3136, np.uint8),
+        np.random.default_rng(2).permutation(2000).astype(np.int64), 0, 500, 3136, n),
+    "copy_permuted": lambda n: _copy.copy(_f32(5, 7, 33, 65).transpose(1, 2, 0, 3),
+                                          _dst((7, 33, 5, 65)), n),
+})
 
 
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
