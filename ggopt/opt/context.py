@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
 
 __all__ = ["OptContext"]
 
@@ -70,10 +73,31 @@ class OptContext:
     DTypeError, ShapeError, StateError
         Invalid parameters or an unusable graph; nothing is kept.
 
+    With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
+    data-parallel (``docs/distributed.md``): construction is collective, and an error on any
+    rank raises on every rank.
+
     ggml: ``ggml_opt_init`` (and ``ggml_opt_free`` as :meth:`close`).
     """
 
     def __init__(self, params: OptParams) -> None:
+        self._dp = None
+        comm = params.comm if isinstance(params, OptParams) else None
+        if comm is None:
+            self._init(params)
+            return
+        from ..dist.data_parallel import DataParallel
+
+        comm = DataParallel.check_comm(comm)
+        if comm is None:  # a single rank is no communicator at all
+            self._init(params)
+            return
+        comm.run_all("ggml_opt_init", lambda: self._init(params))
+        self._dp = DataParallel(self, comm)
+        if self._static_allocated:
+            comm.run_all("ggml_opt_init", self._dp.setup)
+
+    def _init(self, params: OptParams) -> None:
         fn = "ggml_opt_init"
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
@@ -281,11 +305,10 @@ class OptContext:
             self._optimizer is OptimizerType.ADAMW
         )
         new = self._ctx_static.new_tensor
-        for node in gf.nodes:
-            if not node.flags & TensorFlag.PARAM:
-                continue
-            if accumulate:
-                param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
+            param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        for node in params:
             if need_moments:
                 moments[node] = (
                     ops.set_name(new(F32, node.ne), f"AdamW m for {node.name}"),
@@ -401,17 +424,20 @@ class OptContext:
             )
         if not backward:
             build_type = BuildType.FORWARD
-        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._opt_period == 0:
+        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
             build_type = BuildType.OPT
         else:
             build_type = BuildType.GRAD
 
         if not self._static_graphs:
             self._commit(self._build(self._gf, build_type))
+            if self._dp is not None and not self._dp.ready:
+                self._dp.comm.run_all(fn, self._dp.setup)
         graph = {
             BuildType.FORWARD: self._gf,
             BuildType.GRAD: self._gb_grad,
-            BuildType.OPT: self._gb_opt,
+            # data-parallel: the step runs in eval, after the accumulators are summed
+            BuildType.OPT: self._gb_opt if self._dp is None else self._gb_grad,
         }[build_type]
         if graph is not self._allocated_graph:
             self._sched.reset()
@@ -441,7 +467,7 @@ class OptContext:
         if result is not None:
             result._check_eval(self._loss_per_datapoint, self._opt_period, nd)
         graph = self._allocated_graph
-        is_opt = graph is self._gb_opt
+        is_opt = self._build_type is BuildType.OPT
         if is_opt:
             pars = self._get_opt_pars(self._get_opt_pars_ud)
             values = optimizer_step_values(pars, self._optimizer, self._iter)
@@ -449,11 +475,13 @@ class OptContext:
 
         self._sched.graph_compute(graph)
 
+        if self._build_type is not BuildType.FORWARD:
+            self._opt_i = (self._opt_i + 1) % self._period
+            self._period_complete = self._opt_i == 0
+            if self._dp is not None and self._period_complete:
+                self._dp.end_period(step=is_opt)
         if is_opt:
             self._iter += 1
-        if self._build_type is not BuildType.FORWARD:
-            self._opt_i = (self._opt_i + 1) % self._opt_period
-            self._period_complete = self._opt_i == 0
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
@@ -565,7 +593,19 @@ class OptContext:
 
     @property
     def opt_period(self) -> int:
+        """Physical batches per optimizer step (over all ranks when data-parallel)."""
         return self._opt_period
+
+    @property
+    def _period(self) -> int:
+        """Backward evals of this process per optimizer step."""
+        return self._opt_period if self._dp is None else self._dp.local_period
+
+    @property
+    def comm(self) -> Communicator | None:
+        """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
+        for a communicator of one rank)."""
+        return None if self._dp is None else self._dp.comm
 
     @property
     def rng(self) -> Mt19937:
