@@ -17,10 +17,11 @@ from .errors import DTypeError, ShapeError
 
 __all__ = ["get_n_threads", "openmp_enabled", "set_n_threads", "MAX_N_THREADS", "check_n_threads"]
 
-#: The most threads a kernel may be asked for: four per CPU, at least 64. OpenMP runtimes abort
-#: the process (libgomp: SIGSEGV or a fatal "Thread creation failed") when a count far above
-#: what the system can start reaches a parallel region, so larger counts are refused up front.
-MAX_N_THREADS = max(64, 4 * (os.cpu_count() or 1))
+#: The most threads a kernel may be asked for: four per CPU, at least 512 (far beyond any useful
+#: count). OpenMP runtimes end the process when a parallel region asks for more threads than
+#: they or the system can start (libgomp: SIGSEGV at 100,000, a fatal "Thread creation failed"
+#: once the system's thread limit is reached), so larger counts are refused up front.
+MAX_N_THREADS = max(512, 4 * (os.cpu_count() or 1))
 
 
 def openmp_enabled() -> bool:
@@ -49,7 +50,7 @@ def check_n_threads(n: object, fn: str) -> int:
     if not 1 <= n <= MAX_N_THREADS:
         raise ShapeError(
             f"{fn}: n_threads must be a positive number of threads, at most {MAX_N_THREADS} "
-            f"(4 per CPU, at least 64), got {n}"
+            f"(4 per CPU, at least 512), got {n}"
         )
     return n
 

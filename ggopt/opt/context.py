@@ -31,7 +31,7 @@ from .. import graph as _graph
 from .. import ops
 from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, GgoptError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, TensorFlag
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
@@ -529,8 +529,10 @@ class OptContext:
                 values = optimizer_step_values(pars, self._optimizer, self._iter)
                 tensor_set(self._opt_step_params, values)
             self._sched.graph_compute(graph)
-        except BaseException:
-            self._eval_failed = True  # the alloc stands (eval may be retried); reset drops it
+        except GgoptError:  # refused before anything changed: fix the cause and eval again
+            raise
+        except BaseException:  # an interrupt or a failing callback: the alloc stands (eval may
+            self._eval_failed = True  # be retried), and reset drops it
             raise
 
         if self._build_type is not BuildType.FORWARD:
