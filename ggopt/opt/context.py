@@ -20,8 +20,10 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,15 +31,30 @@ from .. import graph as _graph
 from .. import ops
 from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, GgoptError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, TensorFlag
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+from .rollback import graph_rollback
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
 
 __all__ = ["OptContext"]
+
+
+def _locked(method):
+    """Run ``method`` holding the scheduler's lock, then the context's (always in this order)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._sched, self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclasses.dataclass
@@ -68,17 +85,47 @@ class OptContext:
     Raises
     ------
     DTypeError, ShapeError, StateError
-        Invalid parameters or an unusable graph; nothing is kept.
+        Invalid parameters or an unusable graph; nothing is kept, and the graph and context
+        passed in are left as they were.
+
+    Threads: every call holds the scheduler's lock and the context's own, so calls from
+    several threads never overlap. An alloc/eval pair belongs to the thread that called
+    :meth:`alloc`: :meth:`eval` from another thread raises StateError. If another context (or
+    thread) allocates its graph on the shared scheduler between :meth:`alloc` and :meth:`eval`,
+    eval raises StateError and computes nothing; hold the scheduler (``with sched:``) around
+    the pair, as :func:`~ggopt.opt.epoch` and :func:`~ggopt.opt.fit` do, to share one.
+
+    With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
+    data-parallel (``docs/distributed.md``): construction is collective, and an error on any
+    rank raises on every rank.
 
     ggml: ``ggml_opt_init`` (and ``ggml_opt_free`` as :meth:`close`).
     """
 
     def __init__(self, params: OptParams) -> None:
+        self._dp = None
+        comm = params.comm if isinstance(params, OptParams) else None
+        if comm is None:
+            self._init(params)
+            return
+        from ..dist.data_parallel import DataParallel
+
+        comm = DataParallel.check_comm(comm)
+        if comm is None:  # a single rank is no communicator at all
+            self._init(params)
+            return
+        comm.run_all("ggml_opt_init", lambda: self._init(params))
+        self._dp = DataParallel(self, comm)
+        if self._static_allocated:
+            comm.run_all("ggml_opt_init", self._dp.setup)
+
+    def _init(self, params: OptParams) -> None:
         fn = "ggml_opt_init"
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
         sched = params.backend_sched
-        for attr in ("backends", "reset", "alloc_graph", "graph_compute"):
+        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
+                     "__enter__"):
             if not hasattr(sched, attr):
                 raise DTypeError(
                     f"backend_sched must be a ggopt.backend.Scheduler, got "
@@ -113,6 +160,9 @@ class OptContext:
         self._rng = rng
         self._static_graphs = all(given)
         self._closed = False
+        self._lock = threading.RLock()
+        self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
+        self._eval_failed = False  # the pending alloc's eval was tried and raised
 
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
@@ -144,8 +194,9 @@ class OptContext:
         if self._static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
-            _graph.build_forward_expand(gf, params.outputs)
-            self._commit(self._build(gf, self._build_type_alloc))
+            with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
+                _graph.build_forward_expand(gf, params.outputs)
+                self._commit(self._build(gf, self._build_type_alloc))
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:
@@ -281,11 +332,10 @@ class OptContext:
             self._optimizer is OptimizerType.ADAMW
         )
         new = self._ctx_static.new_tensor
-        for node in gf.nodes:
-            if not node.flags & TensorFlag.PARAM:
-                continue
-            if accumulate:
-                param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
+            param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        for node in params:
             if need_moments:
                 moments[node] = (
                     ops.set_name(new(F32, node.ne), f"AdamW m for {node.name}"),
@@ -350,6 +400,7 @@ class OptContext:
                 tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
 
     # --- the state machine ----------------------------------------------------------------
+    @_locked
     def prepare_alloc(
         self, ctx_compute: Context, gf: _graph.Graph, inputs: Tensor, outputs: Tensor
     ) -> None:
@@ -371,6 +422,7 @@ class OptContext:
             raise DTypeError(f"gf must be a Graph, got {type(gf).__name__} ({fn})")
         self._ctx_compute, self._gf, self._inputs, self._outputs = ctx_compute, gf, inputs, outputs
 
+    @_locked
     def alloc(self, backward: bool) -> None:
         """Choose and allocate the graph of the next :meth:`eval`.
 
@@ -390,7 +442,9 @@ class OptContext:
         fn = "ggml_opt_alloc"
         self._check_open(fn)
         if self._eval_ready:
-            raise StateError(f"alloc called twice without eval in between ({fn})")
+            other = "" if self._alloc_thread == threading.get_ident() else (
+                "; the pending alloc is another thread's")
+            raise StateError(f"alloc called twice without eval in between{other} ({fn})")
         if backward and self._build_type_alloc is BuildType.FORWARD:
             raise StateError(
                 f"this context was built with BuildType.FORWARD and has no backward pass ({fn})"
@@ -401,19 +455,24 @@ class OptContext:
             )
         if not backward:
             build_type = BuildType.FORWARD
-        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._opt_period == 0:
+        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
             build_type = BuildType.OPT
         else:
             build_type = BuildType.GRAD
 
         if not self._static_graphs:
-            self._commit(self._build(self._gf, build_type))
+            with graph_rollback(self._gf, [self._ctx_compute, self._ctx_static],
+                                [self._inputs, self._outputs]):
+                self._commit(self._build(self._gf, build_type))
+            if self._dp is not None and not self._dp.ready:
+                self._dp.comm.run_all(fn, self._dp.setup)
         graph = {
             BuildType.FORWARD: self._gf,
             BuildType.GRAD: self._gb_grad,
-            BuildType.OPT: self._gb_opt,
+            # data-parallel: the step runs in eval, after the accumulators are summed
+            BuildType.OPT: self._gb_opt if self._dp is None else self._gb_grad,
         }[build_type]
-        if graph is not self._allocated_graph:
+        if graph is not self._allocated_graph or self._sched.allocated_graph is not graph:
             self._sched.reset()
             self._sched.alloc_graph(graph)
             self._allocated_graph = graph
@@ -422,7 +481,19 @@ class OptContext:
         self._period_complete = False
         self._build_type = build_type
         self._eval_ready = True
+        self._alloc_thread = threading.get_ident()
+        self._eval_failed = False
 
+    def _abandon(self) -> None:
+        """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
+        also drop their graphs, which hold the loss now: prepare_alloc comes next."""
+        self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
+        if not self._static_graphs:
+            self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
+
+    @_locked
     def eval(self, result: Result | None = None) -> None:
         """Compute the allocated graph and add its loss (and predictions) to ``result``.
 
@@ -435,28 +506,47 @@ class OptContext:
         self._check_open(fn)
         if not self._eval_ready:
             raise StateError(f"no graph allocated; call alloc before eval ({fn})")
+        if self._alloc_thread != threading.get_ident():
+            raise StateError(f"the pending alloc was made by another thread; an alloc/eval "
+                             f"pair belongs to one thread ({fn})")
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"result must be a Result or None, got {type(result).__name__} ({fn})")
         nd = self._outputs.ne[1]
         if result is not None:
             result._check_eval(self._loss_per_datapoint, self._opt_period, nd)
         graph = self._allocated_graph
-        is_opt = graph is self._gb_opt
-        if is_opt:
-            pars = self._get_opt_pars(self._get_opt_pars_ud)
-            values = optimizer_step_values(pars, self._optimizer, self._iter)
-            tensor_set(self._opt_step_params, values)
+        if self._sched.allocated_graph is not graph:
+            self._abandon()
+            raise StateError(
+                f"the scheduler's graph was replaced since alloc (by another context or "
+                f"thread); nothing was computed. Call alloc again (dynamic graphs: "
+                f"prepare_alloc first), holding the scheduler (with sched: ...) around alloc "
+                f"and eval ({fn})")
+        is_opt = self._build_type is BuildType.OPT
+        try:
+            if is_opt:
+                pars = self._get_opt_pars(self._get_opt_pars_ud)
+                values = optimizer_step_values(pars, self._optimizer, self._iter)
+                tensor_set(self._opt_step_params, values)
+            self._sched.graph_compute(graph)
+        except GgoptError:  # refused before anything changed: fix the cause and eval again
+            raise
+        except BaseException:  # an interrupt or a failing callback: the alloc stands (eval may
+            self._eval_failed = True  # be retried), and reset drops it
+            raise
 
-        self._sched.graph_compute(graph)
-
+        if self._build_type is not BuildType.FORWARD:
+            self._opt_i = (self._opt_i + 1) % self._period
+            self._period_complete = self._opt_i == 0
+            if self._dp is not None and self._period_complete:
+                self._dp.end_period(step=is_opt)
         if is_opt:
             self._iter += 1
-        if self._build_type is not BuildType.FORWARD:
-            self._opt_i = (self._opt_i + 1) % self._opt_period
-            self._period_complete = self._opt_i == 0
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
         if result is None:
             return
         loss = np.float32(tensor_get(self._loss).reshape(-1)[0])
@@ -466,18 +556,25 @@ class OptContext:
             ncorrect = int(tensor_get(self._ncorrect).reshape(-1)[0])
         result._add_eval(self._loss_per_datapoint, self._opt_period, nd, loss, pred, ncorrect)
 
+    @_locked
     def reset(self, optimizer: bool) -> None:
         """Zero the gradient accumulators; with ``optimizer=True`` also the AdamW moments and
         the step count used for bias correction. Parameters and the RNG are untouched.
 
+        An alloc whose eval raised (a bad optimizer value, a KeyboardInterrupt, ...) is
+        dropped, so :meth:`alloc` works again; an alloc whose eval has not been tried stays.
+
         ggml: ``ggml_opt_reset``.
         """
         self._check_open("ggml_opt_reset")
+        if self._eval_ready and self._eval_failed:
+            self._abandon()
         if self._static_allocated:
             self._reset_grads(momenta=bool(optimizer))
         if optimizer:
             self._iter = 1
 
+    @_locked
     def grad_acc(self, node: Tensor) -> Tensor | None:
         """The gradient accumulator of forward node ``node``, or None if it has none.
 
@@ -497,6 +594,7 @@ class OptContext:
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
 
+    @_locked
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
         self._closed = True
@@ -565,7 +663,19 @@ class OptContext:
 
     @property
     def opt_period(self) -> int:
+        """Physical batches per optimizer step (over all ranks when data-parallel)."""
         return self._opt_period
+
+    @property
+    def _period(self) -> int:
+        """Backward evals of this process per optimizer step."""
+        return self._opt_period if self._dp is None else self._dp.local_period
+
+    @property
+    def comm(self) -> Communicator | None:
+        """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
+        for a communicator of one rank)."""
+        return None if self._dp is None else self._dp.comm
 
     @property
     def rng(self) -> Mt19937:
