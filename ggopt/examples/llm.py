@@ -14,6 +14,7 @@ error in the input (files, shapes), 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import sys
@@ -29,6 +30,7 @@ from . import llm_data as data
 from . import llm_gguf
 from . import llm_model as model
 from . import llm_train as training
+from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main"]
@@ -85,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--plot", metavar="PNG", help="also write loss/accuracy per epoch as PNG")
     tr.add_argument("--seed", type=int, default=0, help="weight-init seed (default 0)")
     tr.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    tr.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
+                    help="data-parallel training over MPI (run under mpiexec -n N, as the MNIST "
+                         "example): 'auto' (default) when an MPI launcher started more than "
+                         "one process, 'mpi' always, 'none' never; --ubatch defaults to "
+                         "--batch / N there")
     tr.set_defaults(func=_train)
 
     ge = sub.add_parser("generate", help="sample text from a model")
@@ -123,9 +130,13 @@ def _load(args: argparse.Namespace) -> model.LlamaModel:
 def _train(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # fail before training, not after
+    comm = _world(args)
+    nranks = 1 if comm is None else comm.size
+    if args.ubatch is None and args.batch % nranks:
+        raise ShapeError(f"--dist: {nranks} ranks must divide --batch {args.batch}")
     cfg = model.Config(n_ctx=args.ctx, n_embd=args.embd, n_layer=args.layers,
                        n_head=args.heads, n_head_kv=args.heads_kv or args.heads, n_ff=args.ff)
-    tp = training.TrainParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch,
+    tp = training.TrainParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch // nranks,
                               lr=args.lr, wd=args.wd, static=args.static)
     tp.check()
     paths = args.text or data.default_corpus_paths()
@@ -136,21 +147,26 @@ def _train(args: argparse.Namespace) -> int:
     if not os.path.isdir(out_dir):
         raise ShapeError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     h1 = data.unigram_entropy_bits(tokens)
+    rank0 = comm is None or comm.rank == 0
+    log = sys.stderr if rank0 else io.StringIO()
     print(f"main: {len(tokens)} bytes from {len(paths)} file(s), unigram entropy "
           f"{h1:.4f} bits/byte; {dataset.ndata} windows of {cfg.n_ctx} (stride {stride})",
-          file=sys.stderr)
+          file=log)
 
     m = model.build_model(cfg, _sched(args))
     model.set_weights(m, model.init_weights(cfg, args.seed), "init")
-    trainer = training.Trainer(m, tp)
+    trainer = training.Trainer(m, tp, comm=comm)
     ntrain, nval = trainer.split(dataset)
     print(f"main: {ntrain} training and {nval} validation micro-batches of {tp.n_ubatch} "
           f"sequences, opt_period {tp.opt_period}, {'static' if tp.static else 'dynamic'} "
-          f"graphs", file=sys.stderr)
+          f"graphs" + ("" if comm is None else f", data-parallel over {comm.size} ranks"),
+          file=log)
     t0 = time.perf_counter()
-    history = trainer.fit(dataset, args.epochs, stream=sys.stderr)
+    history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr)
     seconds = time.perf_counter() - t0
     trainer.close()
+    if not rank0:
+        return 0
     tim = trainer.timing
     ntok = tim.n * cfg.n_ctx * tp.n_ubatch
     print(f"main: trained {args.epochs} epoch(s) in {seconds:.1f} s; {tim.total / tim.n * 1e3:.2f}"
@@ -225,11 +241,15 @@ def _eval(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
     args = _parser().parse_args(argv)
+    args.comm = None
     try:
         return args.func(args)
     except (GgoptError, OSError, ImportError) as exc:
-        print(f"llm: error: {exc}", file=sys.stderr)
-        return 1
+        message = f"llm: error: {exc}"
+    if args.comm is not None:  # the other ranks would wait for this one forever
+        args.comm.abort(1, message)
+    print(message, file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import numpy as np
 import ggopt
 
 from ..backend import tensor_get, tensor_set
+from ..dist import Communicator
 from ..errors import ShapeError
 from ..opt import (
     BuildType,
@@ -92,13 +93,20 @@ def _one_hot(labels: np.ndarray, n_vocab: int) -> np.ndarray:
 class Trainer:
     """An optimization context over ``model`` with its micro-batch inputs."""
 
-    def __init__(self, model: LlamaModel, tp: TrainParams, seed: int = 5489) -> None:
+    def __init__(self, model: LlamaModel, tp: TrainParams, seed: int = 5489,
+                 comm: Communicator | None = None) -> None:
         tp.check()
+        self.size, self.rank = (1, 0) if comm is None else (comm.size, comm.rank)
+        if tp.opt_period % self.size:
+            raise ShapeError(f"llm train: {self.size} ranks must divide the micro-batches per "
+                             f"optimizer step ({tp.n_batch} / {tp.n_ubatch} = "
+                             f"{tp.opt_period}); use a smaller --ubatch")
         self.model, self.tp = model, tp
         self.inp: Inputs = make_inputs(model, tp.n_ubatch)
         params = default_params(model.sched, LossType.CROSS_ENTROPY)
         params.opt_period = tp.opt_period
         params.rng_seed = seed
+        params.comm = comm
         opt_pars = OptimizerParams()
         opt_pars.adamw.alpha, opt_pars.adamw.wd = tp.lr, tp.wd
         params.get_opt_pars = lambda _ud: opt_pars
@@ -148,54 +156,87 @@ class Trainer:
 
     def epoch(self, dataset: Dataset, result_train: Result, result_val: Result,
               progress: TextIO | None = None, silent: bool = False) -> None:
-        """Shuffle the training windows, train on them, evaluate the validation windows."""
+        """Shuffle the training windows, train on them, evaluate the validation windows.
+
+        Data-parallel: rank ``r`` of ``N`` takes micro-batches ``k*P + r*P/N ...`` of
+        optimizer step ``k`` (``P = opt_period``) and every ``N``-th validation micro-batch;
+        the results hold this rank's micro-batches (see :func:`gather_stats`).
+        """
         ntrain, nval = self.split(dataset)
         dataset.shuffle(self.opt_ctx, ntrain * self.tp.n_ubatch)
-        for part, first, count, result in ((True, 0, ntrain, result_train),
-                                           (False, ntrain, nval, result_val)):
+        period, size, rank = self.tp.opt_period, self.size, self.rank
+        local = period // size
+        train_ids = [k * period + rank * local + j
+                     for k in range(ntrain // period) for j in range(local)]
+        val_ids = list(range(ntrain + rank, ntrain + nval, size))
+        silent = silent or rank != 0
+        for part, ids, result in ((True, train_ids, result_train),
+                                  (False, val_ids, result_val)):
             t_start = time_us()
-            for i in range(count):
-                self._microbatch(dataset, first + i, part, result)
+            for i, ibatch in enumerate(ids):
+                self._microbatch(dataset, ibatch, part, result)
                 if not silent:
                     epoch_callback_progress_bar(part, self.opt_ctx, dataset, result, i + 1,
-                                                count, t_start, stream=progress)
+                                                len(ids), t_start, stream=progress)
 
     def fit(self, dataset: Dataset, nepoch: int, silent: bool = False,
             stream: TextIO | None = None) -> FitHistory:
-        """``nepoch`` epochs; returns the per-epoch statistics, printing one line per epoch."""
+        """``nepoch`` epochs; returns the per-epoch statistics (over all ranks), printing one
+        line per epoch."""
         history = FitHistory()
+        comm = self.opt_ctx.comm
         for iepoch in range(nepoch):
             t0 = time.perf_counter()
             train, val = Result(), Result()
             self.epoch(dataset, train, val, progress=stream, silent=silent)
-            record(history, train, val, time.perf_counter() - t0)
-            if not silent:
-                print(epoch_line(iepoch + 1, train, val), file=stream, flush=True)
+            stats = gather_stats(comm, train), gather_stats(comm, val)
+            record(history, *stats, time.perf_counter() - t0)
+            if not silent and self.rank == 0:
+                print(epoch_line(iepoch + 1, *stats), file=stream, flush=True)
         return history
 
     def close(self) -> None:
         self.opt_ctx.close()
 
 
-def record(history: FitHistory, train: Result, val: Result, seconds: float) -> None:
-    """Append one epoch's losses and accuracies (NaN for an empty part)."""
-    for prefix, result in (("train", train), ("val", val)):
-        stats = (*result.loss(), *result.accuracy()) if result.ndata else (math.nan,) * 4
+Stats = tuple  # (loss, loss uncertainty, accuracy, accuracy uncertainty), NaN when empty
+
+
+def gather_stats(comm: Communicator | None, result: Result) -> Stats:
+    """Loss and accuracy of ``result``, combined over the ranks of ``comm``: the mean of all
+    micro-batch losses and the fraction of correct tokens (uncertainties: one rank's only
+    when alone, else NaN)."""
+    if comm is None:
+        if not result.ndata:
+            return (math.nan,) * 4
+        return (*result.loss(), *result.accuracy())
+    # every micro-batch holds the same number of tokens: weigh by tokens
+    own = (result.loss()[0], result.ndata, result.accuracy()[0]) if result.ndata else (0, 0, 0)
+    parts = [p for p in comm.allgather(own) if p[1]]
+    n = sum(p[1] for p in parts)
+    if not n:
+        return (math.nan,) * 4
+    loss = sum(p[0] * p[1] for p in parts) / n
+    acc = sum(p[2] * p[1] for p in parts) / n
+    return loss, math.nan, acc, math.nan
+
+
+def record(history: FitHistory, train: Stats, val: Stats, seconds: float) -> None:
+    """Append one epoch's losses and accuracies."""
+    for prefix, stats in (("train", train), ("val", val)):
         for name, value in zip(("loss", "loss_unc", "acc", "acc_unc"), stats, strict=True):
             getattr(history, f"{prefix}_{name}").append(value)
     history.seconds.append(seconds)
 
 
-def epoch_line(iepoch: int, train: Result, val: Result) -> str:
-    """``epoch N: train loss .. acc .. ppl .. bpb .. | val ...``."""
-    parts = [f"epoch {iepoch}:"]
-    for name, r in (("train", train), ("val", val)):
-        if r.ndata == 0:
-            continue
-        loss, acc = r.loss()[0], r.accuracy()[0]
-        parts.append(f"{name} loss={loss:.4f} acc={100 * acc:.2f}% ppl={math.exp(loss):.3f} "
-                     f"bits/byte={bits_per_byte(loss):.4f}")
-    return " ".join(parts[:2]) + "".join(f" | {p}" for p in parts[2:])
+def epoch_line(iepoch: int, train: Stats, val: Stats) -> str:
+    """``epoch N: train loss .. acc .. ppl .. bits/byte .. | val ...``."""
+    parts = []
+    for name, (loss, _, acc, _) in (("train", train), ("val", val)):
+        if not math.isnan(loss):
+            parts.append(f"{name} loss={loss:.4f} acc={100 * acc:.2f}% ppl={math.exp(loss):.3f}"
+                         f" bits/byte={bits_per_byte(loss):.4f}")
+    return f"epoch {iepoch}: " + " | ".join(parts)
 
 
 def evaluate(model: LlamaModel, dataset: Dataset, n_ubatch: int = 1) -> Result:
