@@ -1,6 +1,6 @@
 """The LLM example beside a PyTorch reference: same model, same init, same data order.
 
-``python bench/bench_llm.py`` trains ``python -m ggopt.examples.llm train``'s default model
+``python -m bench.bench_llm`` (from the repository root) trains ``python -m ggopt.examples.llm train``'s default model
 with ggopt (dynamic graphs, as the example) and then the same model in PyTorch (eager,
 ``torch.optim.AdamW`` with ggml's hyper-parameters), feeding PyTorch exactly the windows, in
 exactly the order, that ggopt's shuffles produced. It prints both validation-loss curves, their
