@@ -116,10 +116,8 @@ class Trainer:
             params.outputs = build_logits(params.ctx_compute, model, self.inp)
         self.opt_ctx = OptContext(params)
         self.timing = Timing()
-        n = model.cfg.n_ctx * tp.n_ubatch
         self._tokens = np.empty((tp.n_ubatch, model.cfg.n_ctx), np.int32)
         self._labels = np.empty((tp.n_ubatch, model.cfg.n_ctx), np.int32)
-        self._n = n
 
     def split(self, dataset: Dataset) -> tuple[int, int]:
         """``(training micro-batches, validation micro-batches)`` of ``dataset``."""
