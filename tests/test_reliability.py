@@ -489,7 +489,7 @@ def test_im2col_back_with_huge_stride_and_padding_needs_little_memory():
     lambda ctx: ggopt.cross_entropy_loss(ctx, ctx.new_tensor_2d(ggopt.F32, 0, 3),
                                          ctx.new_tensor_2d(ggopt.F32, 0, 3)),
     lambda ctx: ggopt.scale(ctx, ctx.new_tensor_1d(ggopt.F32, 3), 10**400),
-    lambda ctx: ggopt.soft_max_ext(ctx, ctx.new_tensor_1d(ggopt.F32, 3), -(10**400)),
+    lambda ctx: ggopt.soft_max_ext(ctx, ctx.new_tensor_1d(ggopt.F32, 3), None, -(10**400), 0.0),
 ])
 def test_ops_refuse_values_the_kernels_cannot_take(build):
     ctx = ggopt.Context()
