@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
-import os
 
 import gguf
 import numpy as np
@@ -158,12 +158,12 @@ def test_cli_train_generate_eval(tmp_path, capsys):
     text = _write(tmp_path, "t.txt", _text(4000) + b"\xff\xfe\x00")
     out = tmp_path / "m.gguf"
     plot = tmp_path / "p.png"
-    pytest.importorskip("matplotlib")
-    assert llm.main(["train", "--text", text, "--out", str(out), "--plot", str(plot),
-                     *TINY_ARGS]) == 0
+    has_mpl = importlib.util.find_spec("matplotlib") is not None
+    assert llm.main(["train", "--text", text, "--out", str(out), *TINY_ARGS,
+                     *(["--plot", str(plot)] if has_mpl else [])]) == 0
     captured = capsys.readouterr().out
     assert "epoch 1:" in captured and "bits/byte=" in captured and "tokens/s" in captured
-    assert out.exists() and plot.exists()
+    assert out.exists() and plot.exists() == has_mpl
     assert llm.main(["generate", "--model", str(out), "--prompt", "def ", "-n", "20",
                      "--seed", "1"]) == 0
     gen = capsys.readouterr().out
@@ -213,7 +213,7 @@ def test_cli_train_errors_write_nothing(tmp_path, capsys, case):
     expected = {"empty": "too few", "short": "too few", "heads": "must divide n_embd",
                 "batch": "must divide the batch"}[case]
     assert expected in err
-    assert not out.exists() and os.listdir(tmp_path) == [p.name for p in tmp_path.iterdir()]
+    assert not out.exists()
     assert not any(p.suffix == ".gguf" or ".tmp" in p.name for p in tmp_path.iterdir())
 
 
