@@ -54,7 +54,7 @@ def _torch_step(fn, x: np.ndarray, g: np.ndarray):
     return step, out
 
 
-def assert_step_matches(got_y, got_dx, want_y, want_dx, atol=1e-5):
+def assert_matches(got_y, got_dx, want_y, want_dx, atol=1e-5):
     np.testing.assert_allclose(got_y, want_y, rtol=1e-4, atol=atol)
     np.testing.assert_allclose(got_dx, want_dx, rtol=1e-4, atol=atol)
 
@@ -81,7 +81,7 @@ def test_rms_norm(benchmark, ratio_to, impl):
         _norm.rms_norm_back(g, x, dx, EPS, n)
 
     benchmark(step)
-    assert_step_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy())
+    assert_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy())
     ratio_to(impl, torch=1.0)
 
 
@@ -119,7 +119,7 @@ def test_rope(benchmark, ratio_to, impl):
         _rope.rope(g, pos, None, dx, *prm, -1.0, n)
 
     benchmark(step)
-    assert_step_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy(), atol=2e-4)
+    assert_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy(), atol=2e-4)
     ratio_to(impl, torch=1.0)
 
 
@@ -148,7 +148,7 @@ def test_masked_soft_max(benchmark, ratio_to, impl):
         _softmax.soft_max_back(g, y, dx, scale, n)
 
     benchmark(step)
-    assert_step_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy())
+    assert_matches(y, dx, ref["y"].numpy(), ref["dx"].numpy())
     ratio_to(impl, torch=1.0)
 
 
