@@ -243,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.comm = None
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except (GgoptError, OSError, ImportError) as exc:
         message = f"llm: error: {exc}"
     if args.comm is not None:  # the other ranks would wait for this one forever

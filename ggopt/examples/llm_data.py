@@ -88,6 +88,8 @@ def make_dataset(tokens: np.ndarray, n_ctx: int, stride: int, where: str = "data
     ds = Dataset(I32, I32, n_ctx, n_ctx, ndata, 1)
     starts = np.arange(ndata, dtype=np.int64)[:, None] * stride + np.arange(n_ctx)[None, :]
     tok = np.asarray(tokens, dtype=np.int32)
+    labels = ds.labels
+    assert labels is not None  # a dataset with ne_label > 0
     ds.data.numpy()[...] = tok[starts]
-    ds.labels.numpy()[...] = tok[starts + 1]
+    labels.numpy()[...] = tok[starts + 1]
     return ds

@@ -9,6 +9,7 @@ invalid UTF-8 included) and detokenizes back. Tensors are F32 under llama.cpp's 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
@@ -84,7 +85,7 @@ def save(path: str | os.PathLike[str], cfg: Config, weights: dict[str, np.ndarra
         raise
 
 
-def _f32(value: object) -> float:
+def _f32(value: Any) -> float:
     """An f32 key as the shortest decimal that rounds to it (1e-05, not 9.99999974e-06)."""
     return float(str(np.float32(value)))
 
@@ -106,7 +107,7 @@ def load(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.ndarray]]:
         raise ShapeError(f"{where}: general.architecture: expected {ARCH!r}, got {arch!r}")
     a = ARCH
 
-    def get(key: str, default: object = None) -> object:
+    def get(key: str, default: object = None) -> Any:
         value = meta.get(f"{a}.{key}", default)
         if value is None:
             raise ShapeError(f"missing key {a}.{key}")

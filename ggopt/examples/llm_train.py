@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import numpy as np
 
 import ggopt
 
+from .. import Tensor
 from ..backend import tensor_get, tensor_set
 from ..dist import Communicator
 from ..errors import ShapeError
@@ -84,6 +86,13 @@ class Timing:
         return self.build / self.total if self.total else math.nan
 
 
+def _labels_of(opt_ctx: OptContext) -> Tensor:
+    """The context's (cross-entropy) labels tensor of the allocated graph."""
+    labels = opt_ctx.labels
+    assert labels is not None, "cross-entropy contexts have labels once allocated"
+    return labels
+
+
 def _one_hot(labels: np.ndarray, n_vocab: int) -> np.ndarray:
     out = np.zeros((labels.size, n_vocab), np.float32)
     out[np.arange(labels.size), labels.reshape(-1)] = 1.0
@@ -144,7 +153,7 @@ class Trainer:
         t1 = time.perf_counter()
         dataset.get_batch_host(self._tokens, self._labels, ibatch)
         tensor_set(self.inp.tokens, self._tokens.reshape(-1))
-        tensor_set(self.opt_ctx.labels, _one_hot(self._labels, self.model.cfg.n_vocab))
+        tensor_set(_labels_of(self.opt_ctx), _one_hot(self._labels, self.model.cfg.n_vocab))
         self.opt_ctx.eval(result)
         if train:
             t2 = time.perf_counter()
@@ -197,7 +206,8 @@ class Trainer:
         self.opt_ctx.close()
 
 
-Stats = tuple  # (loss, loss uncertainty, accuracy, accuracy uncertainty), NaN when empty
+#: (loss, loss uncertainty, accuracy, accuracy uncertainty), NaN when empty.
+Stats = tuple[float, float, float, float]
 
 
 def gather_stats(comm: Communicator | None, result: Result) -> Stats:
@@ -253,12 +263,12 @@ def evaluate(model: LlamaModel, dataset: Dataset, n_ubatch: int = 1) -> Result:
             opt_ctx.alloc(False)
             dataset.get_batch_host(tokens, labels, ibatch)
             tensor_set(inp.tokens, tokens.reshape(-1))
-            tensor_set(opt_ctx.labels, _one_hot(labels, model.cfg.n_vocab))
+            tensor_set(_labels_of(opt_ctx), _one_hot(labels, model.cfg.n_vocab))
             opt_ctx.eval(result)
     return result
 
 
-def last_logits(model: LlamaModel):
+def last_logits(model: LlamaModel) -> Callable[[np.ndarray], np.ndarray]:
     """A function ``window -> logits of its last token`` over one static forward graph.
 
     The window (at most ``n_ctx`` token ids) sits at the start of the context, padded with 0;
@@ -281,6 +291,7 @@ def last_logits(model: LlamaModel):
         buf[:n] = window
         tensor_set(inp.tokens, buf)
         sched.graph_compute(gf)
-        return tensor_get(logits).reshape(n_ctx, n_vocab)[n - 1]
+        out: np.ndarray = tensor_get(logits).reshape(n_ctx, n_vocab)[n - 1]
+        return out
 
     return run
