@@ -13,13 +13,21 @@ import os as _os
 # to override).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from . import errors  # noqa: E402
+# The sub-packages (CuPy is imported only by ggopt.backend.cupy_init, never here). Importing
+# the backend also installs the host allocator of Context(no_alloc=False).
+from . import (  # noqa: E402,I001
+    backend,
+    errors,  # noqa: E402
+    io,
+    opt,
+)
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
     BackendUnavailableError,
     DTypeError,
     GgoptError,
+    InvalidValueError,
     OutOfMemoryError,
     ShapeError,
     StateError,
@@ -44,19 +52,12 @@ from .types import F16, F32, I32, I64, GGType, TensorFlag
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "errors", "get_n_threads", "set_n_threads", "openmp_enabled", "Context",
-    "GgoptError", "ShapeError", "DTypeError", "StateError", "BackendUnavailableError",
+    "__version__", "errors", "backend", "io", "opt", "get_n_threads", "set_n_threads",
+    "openmp_enabled", "Context", "GgoptError", "ShapeError", "InvalidValueError", "DTypeError",
+    "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
     "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",
     "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "I32",
     "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
 ]
 
-
-def __getattr__(name: str):
-    # Sub-packages load on first use so that ``import ggopt`` stays light.
-    if name in ("backend", "opt", "io"):
-        import importlib
-
-        return importlib.import_module(f"ggopt.{name}")
-    raise AttributeError(f"module 'ggopt' has no attribute {name!r}")

@@ -13,7 +13,7 @@ import os
 
 from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidValueError
 
 __all__ = ["get_n_threads", "openmp_enabled", "set_n_threads"]
 
@@ -57,7 +57,7 @@ def set_n_threads(n: int | None) -> None:
     ------
     DTypeError
         ``n`` is not an integer (a TypeError).
-    ShapeError
+    InvalidValueError
         ``n`` is not positive (a ValueError).
     """
     global _n_threads
@@ -72,7 +72,7 @@ def set_n_threads(n: int | None) -> None:
         )
     n = int(n)
     if n < 1:
-        raise ShapeError(
+        raise InvalidValueError(
             f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be a positive number of "
             f"threads, got {n}"
         )
@@ -102,15 +102,10 @@ def _limit_blas(n: int | None) -> None:
     _blas_limit = n
 
 
-# --- deterministic parallel BLAS -----------------------------------------------------------
-# OpenBLAS sums a product's K dimension differently depending on its thread count and on how
-# the output is partitioned. ggopt therefore runs every product of a graph compute with BLAS on
-# one thread, over slices whose bounds depend only on the shapes, spread over its own worker
-# threads: the results are the same bits for any thread count.
+# --- the worker threads of the CPU products (see backend/blas.py and cpu_ops/linalg.py) -------
 
 _pool = None  # concurrent.futures.ThreadPoolExecutor, grown on demand
 _pool_workers = 0
-_serial_blas: list = []  # threadpoolctl controllers of the loaded BLAS libraries
 
 
 def run_concurrently(tasks: list) -> None:
@@ -135,25 +130,3 @@ def run_concurrently(tasks: list) -> None:
     finally:
         for f in futures:
             f.result()
-
-
-def blas_serial_begin() -> list[int]:
-    """Put BLAS on one thread for the products of a graph compute; returns what to restore."""
-    global _serial_blas
-    if not _serial_blas:
-        from threadpoolctl import ThreadpoolController
-
-        _serial_blas = [c for c in ThreadpoolController().lib_controllers
-                        if c.user_api == "blas"] or [None]
-    if _serial_blas[0] is None:
-        return []
-    before = [c.num_threads for c in _serial_blas]
-    for c in _serial_blas:
-        c.set_num_threads(1)
-    return before
-
-
-def blas_serial_end(before: list[int]) -> None:
-    """Undo :func:`blas_serial_begin`."""
-    for c, n in zip(_serial_blas, before):
-        c.set_num_threads(n)

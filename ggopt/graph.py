@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from .context import Context
 from .errors import DTypeError, ShapeError, StateError
-from .ops import BACKWARD, _sub_inplace, add, add_inplace, ignored_sources, neg, sub
+from .ops._base import BACKWARD, ignored_sources
+from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
 from .tensor import Op, Tensor
 from .types import F16, F32, I32, TensorFlag
 
@@ -323,8 +324,6 @@ def graph_reset(g: Graph | None) -> None:
     _check_graph("ggml_graph_reset", g)
     if g.grads is None:
         raise StateError("ggml_graph_reset: the graph has no gradient slots")
-    from .backend.buffer import fill_tensor
-
     work: list[tuple[Tensor, float]] = []
     for node in g.nodes:
         if node.op is Op.OPT_STEP_ADAMW:
@@ -343,5 +342,5 @@ def graph_reset(g: Graph | None) -> None:
         if t.buffer is None:
             raise StateError(f"ggml_graph_reset: '{t.name}' has no memory; allocate it first")
     for t, value in work:
-        fill_tensor(t, value)
+        t.buffer.fill(t, value)  # type: ignore[union-attr]  # checked above
 

@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import Context
+from ..context import Context, set_host_allocator
 from ..errors import DTypeError
 from ..tensor import Tensor
 from .base import Backend, _check_transfer
 from .buffer import Buffer, align, init_view
-from .cpu import CPUBackend, cpu_init
+from .cpu import CPUBackend, cpu_init, host_backend
 from .sched import Scheduler
 
 __all__ = [
     "Backend", "Buffer", "CPUBackend", "Scheduler", "cpu_init", "cupy_init",
     "alloc_ctx_tensors", "tensor_set", "tensor_get",
 ]
+
+
+# Contexts created with no_alloc=False take their memory from the shared host backend.
+set_host_allocator(lambda nbytes: host_backend().alloc_buffer(nbytes))
 
 
 def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..errors import StateError
 from ..tensor import Tensor
 
 if TYPE_CHECKING:
@@ -34,9 +35,13 @@ class Buffer:
         self.data = data
         self.is_host = backend.is_host
 
-    def view(self, t: Tensor):
+    def view(self, t: Tensor) -> Any:
         """The 4-D array (NumPy order) of tensor ``t``, which must point into this buffer."""
-        return self.backend.array_view(self, t)
+        return self.backend.array_at(self, t.offset, t)
+
+    def fill(self, t: Tensor, value: float) -> None:
+        """Set every element of ``t`` (which points into this buffer) to ``value``."""
+        self.backend.fill(t, value)
 
     def __repr__(self) -> str:
         return f"Buffer({self.backend.name}, {self.size} bytes)"
@@ -51,4 +56,6 @@ def init_view(t: Tensor) -> None:
 
 def fill_tensor(t: Tensor, value: float) -> None:
     """Set every element of ``t`` to ``value`` on whatever backend holds it."""
-    t.buffer.backend.fill(t, value)
+    if t.buffer is None:
+        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
+    t.buffer.fill(t, value)

@@ -18,7 +18,8 @@ from ..graph import Graph
 from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import TensorFlag
 from .alloc import plan_memory
-from .base import Backend, Step
+from .base import Backend, Placement, Step
+from .blas import SerialBlas
 from .buffer import Buffer
 
 __all__ = ["Scheduler"]
@@ -77,6 +78,7 @@ class Scheduler:
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._current: _Compiled | None = None
         self._ctx = Context()  # holds split-input copies
+        self._blas = SerialBlas()  # BLAS on one thread during computes (see blas.py)
 
     # --- public API ---------------------------------------------------------------------------
     @property
@@ -132,15 +134,11 @@ class Scheduler:
         """
         if self._current is None:
             self.alloc_graph(g)
-        tokens = [b.begin_compute() for b in self.backends]
-        try:
+        with self._blas:
             for step in self._current.steps:
                 step()
             for b in self.backends:
                 b.synchronize()
-        finally:
-            for b, token in zip(self.backends, tokens):
-                b.end_compute(token)
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""
@@ -269,31 +267,21 @@ class Scheduler:
                 comp.placed.append((t, b, off))
         comp.fixed = [(t, buf, off) for t, (buf, off) in fixed.items()]
 
-        # Point tensors at their memory so the steps can bind their arrays.
-        for t, b, off in comp.placed:
-            t.buffer = comp.buffers[b]
-            t.offset = off
+        # The placement map: the steps bind their arrays through it; alloc_graph applies it.
+        mem = Placement({t: (comp.buffers[b], off) for t, b, off in comp.placed})
         for t in list(g.leafs) + g.nodes:
             if t.view_src is not None and t not in fixed:
                 comp.views.append(t)
-                t.buffer = t.view_src.buffer
-                t.offset = t.view_src.offset + t.view_offs
-        for t in comp.views:
-            if t.buffer is None:
-                raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
-                                 f"'{t.view_src.name}', which has no memory")
+                if not mem.has_memory(t.view_src):
+                    raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
+                                     f"'{t.view_src.name}', which has no memory")
         for split in splits:
             for src, cp in split.copies:
-                split.steps.append(split.backend.copy_step(src, cp))
+                split.steps.append(split.backend.copy_step(src, cp, mem))
             for node in split.nodes:
-                step = split.backend.compile_node(node, srcs_of[node])
+                step = split.backend.compile_node(node, srcs_of[node], mem)
                 if step is not None:
                     split.steps.append(step)
             comp.steps.extend(split.steps)
         comp.splits = splits
-        # Leave the tensors unallocated: alloc_graph applies the plan.
-        for t, _, _ in comp.placed:
-            t.buffer = None
-        for t in comp.views:
-            t.buffer = None
         return comp

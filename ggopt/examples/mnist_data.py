@@ -16,7 +16,7 @@ from typing import TextIO
 import numpy as np
 
 from .. import F32
-from ..errors import ShapeError
+from ..errors import InvalidValueError, ShapeError
 from ..io import idx
 from ..opt import Dataset
 
@@ -110,7 +110,7 @@ def load_split(
     ``data_dir`` as for :func:`load_mnist`; only that split's two files are needed.
     """
     if part not in ("train", "test"):
-        raise ShapeError(f"load_split: part: expected 'train' or 'test', got {part!r}")
+        raise InvalidValueError(f"load_split: part: expected 'train' or 'test', got {part!r}")
     names = FILES[f"{part}_images"], FILES[f"{part}_labels"]
     if data_dir is None:
         root = resources.files(__package__) / "data"

@@ -22,7 +22,7 @@ import numpy as np
 from .. import F32, Context, Tensor
 from .. import ops as g
 from ..backend import Scheduler, alloc_ctx_tensors, cpu_init, cupy_init, tensor_get, tensor_set
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..io import gguf
 from ..opt import (
     BuildType,
@@ -138,12 +138,12 @@ def make_scheduler(device: Literal["cpu", "cupy"] = "cpu") -> Scheduler:
         return Scheduler([cpu_init()])
     if device == "cupy":
         return Scheduler([cupy_init(), cpu_init()])
-    raise ShapeError(f"device: expected 'cpu' or 'cupy', got {device!r}")
+    raise InvalidValueError(f"device: expected 'cpu' or 'cupy', got {device!r}")
 
 
 def _check_arch(arch: object, where: str) -> str:
     if not isinstance(arch, str) or arch not in PARAM_SHAPES:
-        raise ShapeError(f"{where}: architecture ({ARCH_KEY}): expected one of "
+        raise InvalidValueError(f"{where}: architecture ({ARCH_KEY}): expected one of "
                          f"{', '.join(ARCHS)}, got {arch!r}")
     return arch
 
@@ -212,7 +212,7 @@ def init_params(model: MnistModel, seed: int = 0, scheme: str = "ggml") -> None:
     :data:`PARAM_SHAPES` order from ``np.random.default_rng(seed)``.
     """
     if scheme not in INIT_SCHEMES:
-        raise ShapeError(f"init_params: scheme must be one of {', '.join(INIT_SCHEMES)}, "
+        raise InvalidValueError(f"init_params: scheme must be one of {', '.join(INIT_SCHEMES)}, "
                          f"got {scheme!r}")
     rng = np.random.default_rng(seed)
     for name, shape in PARAM_SHAPES[model.arch].items():

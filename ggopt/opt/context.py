@@ -29,7 +29,7 @@ from .. import graph as _graph
 from .. import ops
 from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, TensorFlag
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
@@ -91,7 +91,7 @@ class OptContext:
         if isinstance(opt_period, bool) or not isinstance(opt_period, (int, np.integer)):
             raise DTypeError(f"opt_period must be an int, got {opt_period!r} ({fn})")
         if opt_period < 1:
-            raise ShapeError(f"opt_period must be >= 1, got {opt_period} ({fn})")
+            raise InvalidValueError(f"opt_period must be >= 1, got {opt_period} ({fn})")
         if not callable(params.get_opt_pars):
             raise DTypeError(f"get_opt_pars must be callable ({fn})")
         given = [x is not None for x in (params.ctx_compute, params.inputs, params.outputs)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from ..errors import ShapeError
+from ..errors import InvalidValueError
 
 __all__ = ["LossType", "BuildType", "OptimizerType", "optimizer_name"]
 
@@ -28,7 +28,8 @@ class _Coercible(enum.IntEnum):
             except ValueError:
                 pass
         valid = ", ".join(f"{m.name}={m.value}" for m in cls)
-        raise ShapeError(f"unknown {cls.__name__} {value!r}; expected one of {valid} ({where})")
+        raise InvalidValueError(f"unknown {cls.__name__} {value!r}; expected one of {valid} "
+                                f"({where})")
 
 
 class LossType(_Coercible):

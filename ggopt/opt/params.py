@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError
 from .enums import BuildType, LossType, OptimizerType
 
 __all__ = [
@@ -140,7 +140,7 @@ def _f32(value: Any, name: str) -> np.float32:
 
 def _check(ok: bool, name: str, value: np.float32, bound: str) -> None:
     if not ok:
-        raise ShapeError(
+        raise InvalidValueError(
             f"optimizer parameter {name}={float(value)!r} out of bounds, expected {bound} "
             "(ggml_opt_eval)"
         )

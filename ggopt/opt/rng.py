@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 
 __all__ = ["Mt19937", "DEFAULT_SEED"]
 
@@ -35,7 +35,7 @@ class Mt19937:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise DTypeError(f"mt19937 seed must be an int, got {type(seed).__name__}")
         if not 0 <= seed < _U32:
-            raise ShapeError(f"mt19937 seed must be in [0, 2**32), got {seed}")
+            raise InvalidValueError(f"mt19937 seed must be in [0, 2**32), got {seed}")
         legacy = np.random.RandomState(int(seed)).get_state(legacy=False)
         self._bitgen = np.random.MT19937()
         self._bitgen.state = {"bit_generator": "MT19937", "state": legacy["state"]}

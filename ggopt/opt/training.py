@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
 from .context import OptContext
 from .dataset import Dataset
@@ -158,7 +158,7 @@ def fit_split(
     except (TypeError, ValueError):
         raise DTypeError(f"val_split must be a float, got {val_split!r} ({fn})") from None
     if not 0.0 <= vs < 1.0:
-        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})")
+        raise InvalidValueError(f"val_split must be in [0, 1), got {val_split} ({fn})")
     opt_period = nbatch_logical // nbatch_physical
     nbatches_logical = ndata // nbatch_logical
     train_logical = int(np.float32((np.float32(1.0) - vs) * np.float32(nbatches_logical)))
@@ -255,7 +255,7 @@ def fit(
         raise DTypeError(f"get_opt_pars must be callable ({fn})")
     nepoch = _int(nepoch, "nepoch", fn)
     if nepoch < 0:
-        raise ShapeError(f"nepoch must be >= 0, got {nepoch} ({fn})")
+        raise InvalidValueError(f"nepoch must be >= 0, got {nepoch} ({fn})")
     nbatch_logical = _int(nbatch_logical, "nbatch_logical", fn)
     loss_type = LossType.coerce(loss_type, fn)
     _check_dataset(dataset, inputs, loss_type, fn)
