@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from .._kernels._gather import gather_shards
@@ -11,7 +13,7 @@ from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
-from .context import OptContext
+from .rng import Mt19937
 
 __all__ = ["Dataset"]
 
@@ -26,6 +28,13 @@ def _host_bytes(t: Tensor) -> np.ndarray:
     """The memory of a contiguous host tensor as a flat, writeable uint8 array."""
     return t.numpy().reshape(-1).view(np.uint8)
 
+
+
+class _HasRng(Protocol):
+    """What :meth:`Dataset.shuffle` accepts besides an engine: an owner of one (OptContext)."""
+
+    @property
+    def rng(self) -> Mt19937: ...
 
 class Dataset:
     """Datapoints (and optional labels) in host memory, cut into shards of ``ndata_shard``.
@@ -125,13 +134,15 @@ class Dataset:
         return self._permutation.copy()
 
     # --- shuffling ------------------------------------------------------------------------
-    def shuffle(self, opt_ctx: OptContext, idata: int = -1) -> None:
-        """Shuffle the shard order with ``opt_ctx``'s random engine.
+    def shuffle(self, rng: Mt19937 | _HasRng, idata: int = -1) -> None:
+        """Shuffle the shard order with the random engine ``rng``.
 
         Parameters
         ----------
-        opt_ctx : OptContext
-            Its ``std::mt19937`` (seed 5489 unless set in :class:`OptParams`) is advanced.
+        rng : Mt19937 or OptContext
+            The ``std::mt19937`` to advance, or anything with an ``rng`` attribute holding one:
+            ggml passes the optimization context (``OptContext.rng``, seed 5489 unless set in
+            :class:`OptParams`).
         idata : int
             Negative: shuffle every shard. Otherwise shuffle only the shards of the first
             ``idata`` datapoints (a multiple of ``ndata_shard``, at most ``ndata``) and keep the
@@ -140,20 +151,21 @@ class Dataset:
         ggml: ``ggml_opt_dataset_shuffle``.
         """
         fn = "ggml_opt_dataset_shuffle"
-        if not isinstance(opt_ctx, OptContext):
-            raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
-        rng = opt_ctx.rng
+        engine = rng if isinstance(rng, Mt19937) else getattr(rng, "rng", None)
+        if not isinstance(engine, Mt19937):
+            raise DTypeError(f"rng must be a Mt19937 or an OptContext (which holds one), got "
+                             f"{type(rng).__name__} ({fn})")
         idata = _int(idata, "idata", fn)
         if idata > self._ndata:
             raise ShapeError(f"idata={idata} exceeds ndata={self._ndata} ({fn})")
         if idata < 0:
-            rng.shuffle(self._permutation)
+            engine.shuffle(self._permutation)
             return
         if idata % self._ndata_shard != 0:
             raise ShapeError(
                 f"idata={idata} is not a multiple of ndata_shard={self._ndata_shard} ({fn})"
             )
-        rng.shuffle(self._permutation[: idata // self._ndata_shard])
+        engine.shuffle(self._permutation[: idata // self._ndata_shard])
 
     # --- batches --------------------------------------------------------------------------
     def _check_ibatch(self, ibatch: object, shards_per_batch: int, fn: str) -> int:
