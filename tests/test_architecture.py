@@ -115,3 +115,31 @@ def test_shuffle_takes_an_rng_or_its_owner():
     assert perm(Mt19937(7)) == perm(Owner()) != list(range(8))
     with pytest.raises(ggopt.DTypeError, match="Mt19937"):
         perm(np.random.default_rng(0))
+
+
+def test_cuda_preamble_and_kernel_sources_compile_as_c(tmp_path):
+    # No GPU here: compile the CuPy kernels' bodies with the C compiler instead, with the
+    # CUDA qualifiers defined away, so that a name or syntax error in the shared header or in
+    # a kernel source fails on every machine.
+    import shutil
+
+    from ggopt.backend.cupy_ops import elementwise, optim
+    from ggopt.backend.cupy_ops._base import preamble
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ["#define __CUDACC_RTC__ 1", "#include <math.h>", "#define __device__",
+             "#define __forceinline__ static inline", preamble()]
+    for i, src in enumerate(elementwise._UNARY_SRC.values()):
+        lines.append(f"float f{i}(float x) {{ float y; {src}; return y; }}")
+    for i, src in enumerate(elementwise._UNARY_BACK_SRC.values()):
+        lines.append(f"float b{i}(float x, float g) {{ float y; {src}; return y; }}")
+    lines.append("float adamw(float w, float g, float m, float v, const float *p) "
+                 f"{{ {optim._ADAMW_SRC}; return w + m + v; }}")
+    lines.append(f"float sgd(float w, float g, const float *p) {{ {optim._SGD_SRC}; return w; }}")
+    src = tmp_path / "kernels.c"
+    src.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-Wno-unused-function",
+                          "-fsyntax-only", str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -9,22 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
-from ._base import FUSED_COMPILERS
+from ._base import FUSED_COMPILERS, preamble
 
 if TYPE_CHECKING:
     from ..xp import ArrayBackend
 
-# spec §2.10; p = [alpha, beta1, beta2, eps, wd, 1/(1-beta1^t), 1/(1-beta2^t)]
-_ADAMW_SRC = """
-const float alpha = p[0], b1 = p[1], b2 = p[2], eps = p[3], wd = p[4];
-m = m * b1 + g * (1.0f - b1);
-v = v * b2 + g * g * (1.0f - b2);
-const float mh = m * p[5];
-const float vh = sqrtf(v * p[6]) + eps;
-w = w * (1.0f - alpha * wd) - alpha * mh / vh
-"""
+# spec §2.10; p = [alpha, beta1, beta2, eps, wd, 1/(1-beta1^t), 1/(1-beta2^t)]; the update of
+# one element is scalar_math.h's, as on the CPU
+_ADAMW_SRC = (
+    "w = ggopt_adamw1(w, g, &m, &v, p[0], p[1], p[2], p[3], 1.0f - p[0] * p[4], p[5], p[6])"
+)
 
-_SGD_SRC = "w = w * (1.0f - p[0] * p[1]) - p[0] * g"  # p = [alpha, wd]
+_SGD_SRC = "w = ggopt_sgd1(w, g, p[0], 1.0f - p[0] * p[1])"  # p = [alpha, wd]
 
 
 @functools.cache
@@ -32,8 +28,9 @@ def _kernels(cupy: ModuleType) -> tuple[Any, Any]:
     """(AdamW, SGD) kernels, built once per process."""
     ek = cupy.ElementwiseKernel
     return (ek("float32 g, raw float32 p", "float32 w, float32 m, float32 v", _ADAMW_SRC,
-               "ggopt_adamw"),
-            ek("float32 g, raw float32 p", "float32 w", _SGD_SRC, "ggopt_sgd"))
+               "ggopt_adamw", preamble=preamble()),
+            ek("float32 g, raw float32 p", "float32 w", _SGD_SRC, "ggopt_sgd",
+               preamble=preamble()))
 
 
 @FUSED_COMPILERS.register(Op.OPT_STEP_ADAMW)
