@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Callable, Sequence
 
 from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
@@ -20,7 +21,7 @@ __all__ = ["get_n_threads", "openmp_enabled", "set_n_threads"]
 
 def openmp_enabled() -> bool:
     """Whether the kernels were built with OpenMP (without it they always run on one thread)."""
-    return _openmp_enabled()
+    return bool(_openmp_enabled())
 
 
 def _default_n_threads() -> int:
@@ -108,7 +109,7 @@ _pool = None  # concurrent.futures.ThreadPoolExecutor, grown on demand
 _pool_workers = 0
 
 
-def run_concurrently(tasks: list) -> None:
+def run_concurrently(tasks: Sequence[Callable[[], object]]) -> None:
     """Run zero-argument callables at the same time (the first on this thread) and wait.
 
     The tasks must release the GIL to overlap (NumPy's matmul does). Exceptions propagate.

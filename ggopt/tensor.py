@@ -246,7 +246,8 @@ class Tensor:
                 f"tensor '{self.name}' lives on backend {self.buffer.backend.name}; "
                 "use ggopt.backend.tensor_get(t) to copy it to the host"
             )
-        return self.array4d()[(0,) * (GGML_MAX_DIMS - self.n_dims)]
+        view: np.ndarray = self.array4d()[(0,) * (GGML_MAX_DIMS - self.n_dims)]
+        return view
 
     def __repr__(self) -> str:
         dims = ", ".join(str(n) for n in self.ne[: self.n_dims])

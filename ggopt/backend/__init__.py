@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from ..context import Context, set_host_allocator
 from ..errors import DTypeError
 from ..tensor import Tensor
 from .base import Backend, _check_transfer
-from .buffer import Buffer, align, init_view
+from .buffer import Buffer, align, buffer_of, init_view
 from .cpu import CPUBackend, cpu_init, host_backend
 from .sched import Scheduler
 
@@ -49,16 +50,16 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     return buf
 
 
-def tensor_set(t: Tensor, array) -> None:
+def tensor_set(t: Tensor, array: npt.ArrayLike) -> None:
     """Copy ``array`` (same element count and dtype) into ``t`` (ggml_backend_tensor_set)."""
     _check_transfer(t)
-    t.buffer.backend.tensor_set(t, array)
+    buffer_of(t).backend.tensor_set(t, array)
 
 
 def tensor_get(t: Tensor) -> np.ndarray:
     """A host copy of ``t``'s data in NumPy order (ggml_backend_tensor_get)."""
     _check_transfer(t)
-    return t.buffer.backend.tensor_get(t)
+    return buffer_of(t).backend.tensor_get(t)
 
 
 def cupy_init(device: int = 0) -> Backend:

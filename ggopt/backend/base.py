@@ -6,10 +6,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import DTypeError, ShapeError, StateError
 from ..tensor import Tensor
-from .buffer import Buffer
+from .buffer import Buffer, buffer_of
 
 __all__ = ["Backend", "Placement", "Step", "check_row_indices"]
 
@@ -36,7 +37,7 @@ class Placement:
         if loc is not None:
             return loc
         if t.buffer is not None:
-            return t.buffer, t.offset
+            return buffer_of(t), t.offset
         if t.view_src is not None:
             buf, off = self.at(t.view_src)
             return buf, off + t.view_offs
@@ -67,7 +68,7 @@ class Backend:
     is_host = False
 
     # --- hooks --------------------------------------------------------------------------------
-    def _alloc(self, nbytes: int):
+    def _alloc(self, nbytes: int) -> Any:
         raise NotImplementedError("need _alloc")
 
     def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
@@ -111,7 +112,7 @@ class Backend:
             raise ShapeError(f"buffer size must be a non-negative int, got {nbytes!r}")
         return Buffer(self, int(nbytes), self._alloc(int(nbytes)))
 
-    def tensor_set(self, t: Tensor, array) -> None:
+    def tensor_set(self, t: Tensor, array: npt.ArrayLike) -> None:
         _check_transfer(t)
         arr = np.asarray(array)
         if arr.dtype != t.type.dtype:
@@ -137,7 +138,7 @@ def _check_transfer(t: Tensor) -> None:
         raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
 
 
-def check_row_indices(fn: str, idx, nrows: int) -> None:
+def check_row_indices(fn: str, idx: Any, nrows: int) -> None:
     """Raise ShapeError unless every index in ``idx`` (any array module) is in ``[0, nrows)``."""
     if idx.size and bool(((idx < 0) | (idx >= nrows)).any()):
         raise ShapeError(f"ggml_{fn}: row index out of range: indices span "

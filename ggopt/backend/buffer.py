@@ -10,7 +10,7 @@ from ..tensor import Tensor
 if TYPE_CHECKING:
     from .base import Backend
 
-__all__ = ["Buffer", "ALIGNMENT", "align", "fill_tensor", "init_view"]
+__all__ = ["Buffer", "ALIGNMENT", "align", "buffer_of", "fill_tensor", "init_view"]
 
 #: Byte alignment of every tensor placed in a buffer (a cache line; enough for AVX-512).
 ALIGNMENT = 64
@@ -29,7 +29,7 @@ class Buffer:
 
     __slots__ = ("backend", "size", "data", "is_host", "__weakref__")
 
-    def __init__(self, backend: Backend, size: int, data) -> None:
+    def __init__(self, backend: Backend, size: int, data: Any) -> None:
         self.backend = backend
         self.size = size
         self.data = data
@@ -47,11 +47,22 @@ class Buffer:
         return f"Buffer({self.backend.name}, {self.size} bytes)"
 
 
+def buffer_of(t: Tensor) -> Buffer:
+    """The buffer ``t`` points into (the core sees it as :class:`ggopt.tensor.Memory`)."""
+    buf = t.buffer
+    if buf is None:
+        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
+    if not isinstance(buf, Buffer):
+        raise StateError(f"tensor '{t.name}' points into {type(buf).__name__}, not a Buffer")
+    return buf
+
+
 def init_view(t: Tensor) -> None:
     """Point a view at its source's memory (ggml_backend_view_init)."""
     src = t.view_src
-    t.buffer = src.buffer
-    t.offset = src.offset + t.view_offs
+    if src is not None:
+        t.buffer = src.buffer
+        t.offset = src.offset + t.view_offs
 
 
 def fill_tensor(t: Tensor, value: float) -> None:

@@ -6,6 +6,8 @@ same thread count as the kernels); everything else is a ``ggopt._kernels`` funct
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _threads
@@ -44,7 +46,7 @@ class CPUBackend(Backend):
         start = (-raw.ctypes.data) % ALIGNMENT
         return raw[start:start + nbytes]
 
-    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> np.ndarray:
+    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
         ne, nb = t.ne, t.nb
         if 0 in ne:
             return np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=t.type.dtype)

@@ -43,7 +43,7 @@ def _import_cupy() -> tuple[ModuleType, ModuleType]:
     return cupy, cupyx
 
 
-def _open_device(cupy: ModuleType, device: int):
+def _open_device(cupy: ModuleType, device: int) -> Any:
     """The ``cupy.cuda.Device``, after a small kernel ran on it (driver, runtime and NVRTC)."""
     try:
         count = cupy.cuda.runtime.getDeviceCount()
@@ -87,26 +87,27 @@ class CuPyBackend(ArrayBackend):
         self._compilers.update(FUSED_COMPILERS)
 
     # --- array-module hooks -------------------------------------------------------------------
-    def _alloc(self, nbytes: int):
+    def _alloc(self, nbytes: int) -> Any:
         with self._dev:
             return self.xp.empty(nbytes, dtype=self.xp.uint8)
 
-    def _bytes_view(self, data, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                    dtype: np.dtype):
+    def _bytes_view(self, data: Any, offset: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         return self.xp.ndarray(shape, dtype, memptr=data.data + offset, strides=strides)
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
         with self._dev:
-            return arr.get()
+            host: np.ndarray = arr.get()
+            return host
 
-    def from_host(self, dst, host: np.ndarray) -> None:
+    def from_host(self, dst: Any, host: np.ndarray) -> None:
         with self._dev:
             if dst.flags.c_contiguous and host.dtype == dst.dtype:
                 dst.set(np.ascontiguousarray(host).reshape(dst.shape))
             else:
                 dst[...] = self.xp.asarray(host).reshape(dst.shape)
 
-    def scatter_add(self, dst, idx, src) -> None:
+    def scatter_add(self, dst: Any, idx: Any, src: Any) -> None:
         self._scatter_add(dst, idx, src)
 
     def _wrap(self, step: Step) -> Step:

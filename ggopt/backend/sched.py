@@ -20,7 +20,7 @@ from ..types import TensorFlag
 from .alloc import plan_memory
 from .base import Backend, Placement, Step
 from .blas import SerialBlas
-from .buffer import Buffer
+from .buffer import Buffer, buffer_of, init_view
 
 __all__ = ["Scheduler"]
 
@@ -121,9 +121,7 @@ class Scheduler:
             t.buffer = comp.buffers[backend]
             t.offset = off
         for t in comp.views:
-            src = t.view_src
-            t.buffer = src.buffer
-            t.offset = src.offset + t.view_offs
+            init_view(t)
         self._current = comp
         return True
 
@@ -134,6 +132,7 @@ class Scheduler:
         """
         if self._current is None:
             self.alloc_graph(g)
+        assert self._current is not None
         with self._blas:
             for step in self._current.steps:
                 step()
@@ -154,8 +153,7 @@ class Scheduler:
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend whose memory holds ``t``, or None."""
-        owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return self._memory_backend(t)
 
     # --- compilation --------------------------------------------------------------------------
     def _still_valid(self, g: Graph, comp: _Compiled) -> bool:
@@ -174,7 +172,7 @@ class Scheduler:
 
     def _memory_backend(self, t: Tensor) -> Backend | None:
         owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return buffer_of(owner).backend if owner.buffer is not None else None
 
     def _assign(self, g: Graph) -> dict[Tensor, Backend]:
         cpu = self.backends[-1]
@@ -243,18 +241,17 @@ class Scheduler:
         self._ctx.tensors.clear()  # the scheduler keeps the copies alive through its splits
 
         # Memory: one plan and one buffer per backend.
-        fixed = {}
+        fixed: dict[Tensor, tuple[Buffer, int]] = {}
         for t in list(g.leafs) + g.nodes:
             if t.buffer is not None:
-                fixed[t] = (t.buffer, t.offset)
+                fixed[t] = (buffer_of(t), t.offset)
         for b in self.backends:
             nodes_b = [n for n in g.nodes if where.get(n) is b]
             leafs_b = [t for t in g.leafs if where.get(t) is b]
-            plan = plan_memory(
-                nodes_b, leafs_b, copies[b],
-                owns=lambda t, b=b: t.buffer is None and where.get(t, b) is b,
-                keep=keep[b],
-            )
+            def owns(t: Tensor, b: Backend = b) -> bool:
+                return t.buffer is None and where.get(t, b) is b
+
+            plan = plan_memory(nodes_b, leafs_b, copies[b], owns=owns, keep=keep[b])
             comp.sizes[b] = plan.size
             buf = self._buffers.get(b)
             if plan.offsets and (buf is None or buf.size < plan.size):

@@ -64,19 +64,19 @@ class ArrayBackend(Backend):
         start = (-raw.ctypes.data) % ALIGNMENT
         return raw[start:start + nbytes]
 
-    def _bytes_view(self, data, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                    dtype: np.dtype):
+    def _bytes_view(self, data: Any, offset: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         return np.ndarray(shape, dtype=dtype, buffer=data, offset=offset, strides=strides)
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
         """A host (NumPy) copy of the array ``arr`` of this backend."""
         return np.array(arr, copy=True)
 
-    def from_host(self, dst, host: np.ndarray) -> None:
+    def from_host(self, dst: Any, host: np.ndarray) -> None:
         """Write the host array ``host`` (``dst``'s element count) into ``dst``."""
         np.copyto(dst, host.reshape(dst.shape), casting="unsafe")
 
-    def scatter_add(self, dst, idx, src) -> None:
+    def scatter_add(self, dst: Any, idx: Any, src: Any) -> None:
         """``dst[idx[i]] += src[i]`` for every ``i``, repeated indices accumulating."""
         np.add.at(dst, idx, src)
 
@@ -89,7 +89,7 @@ class ArrayBackend(Backend):
 
     # --- memory -------------------------------------------------------------------------------
     def view_bytes(self, buf: Buffer, offset: int, shape: tuple[int, ...],
-                   strides: tuple[int, ...], dtype: np.dtype):
+                   strides: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """An ``xp`` array of ``shape``/``strides`` (bytes) over ``buf`` from byte ``offset``."""
         if 0 in shape:
             return self.xp.empty(shape, dtype=dtype)

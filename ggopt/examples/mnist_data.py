@@ -179,6 +179,7 @@ def make_dataset(
         out = sys.stderr if stream is None else stream
         out.write(f"note: using {ndata} of {len(images)} images (a multiple of {step})\n")
     ds = Dataset(F32, F32, NINPUT, NCLASSES, ndata, ndata_shard)
+    assert ds.labels is not None  # made with labels above
     ds.data.numpy()[:] = images[:ndata]
     ds.labels.numpy()[:] = labels[:ndata]
     return ds

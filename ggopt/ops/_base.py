@@ -119,7 +119,7 @@ def as_scalar(fn: str, name: str, v: object) -> float:
 def as_int(fn: str, name: str, v: object) -> int:
     if isinstance(v, bool) or not hasattr(v, "__index__"):
         raise DTypeError(f"ggml_{fn}: {name} must be an int, got {v!r}")
-    return int(v)  # type: ignore[call-overload]
+    return int(v.__index__())
 
 
 def check_choice(fn: str, name: str, v: object, choices: dict[int, str]) -> int:
@@ -128,7 +128,7 @@ def check_choice(fn: str, name: str, v: object, choices: dict[int, str]) -> int:
     if isinstance(v, bool) or v not in choices:
         want = " or ".join(f"{n} ({c})" for c, n in choices.items())
         raise InvalidValueError(f"ggml_{fn}: {name} must be {want}, got {v!r}")
-    return int(v)  # type: ignore[call-overload]
+    return int(v)
 
 
 

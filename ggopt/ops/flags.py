@@ -17,10 +17,10 @@ def set_input(t: Tensor) -> None:
 
 def set_output(t: Tensor) -> None:
     """Flag ``t`` (and the tensors it views) as an output: kept readable after compute."""
-    check_tensor("set_output", "t", t)
-    while t is not None:
-        t.flags |= TensorFlag.OUTPUT
-        t = t.view_src
+    node: Tensor | None = check_tensor("set_output", "t", t)
+    while node is not None:
+        node.flags |= TensorFlag.OUTPUT
+        node = node.view_src
 
 
 def set_param(t: Tensor) -> None:

@@ -63,14 +63,15 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
     check_tensor(fn, "a", a)
     ne4 = normalize_ne(ne)
     offset = as_int(fn, "offset", offset)
+    nb4: tuple[int, int, int, int] | None = None
     if nb is None:
-        nb4 = None
-        nbl = (a.type.size, a.type.size * ne4[0])
-        nbl = nbl + (nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2])
+        nbl = [a.type.size, a.type.size * ne4[0]]
+        nbl += [nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2]]
     else:
-        nbl = (a.type.size,) + tuple(as_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb))
-        nbl = nbl + tuple(nbl[-1] * ne4[i] for i in range(len(nbl), 4))
-        nb4 = tuple(nbl)
+        nbl = [a.type.size] + [as_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb)]
+        last = nbl[-1]
+        nbl += [last * ne4[i] for i in range(len(nbl), 4)]
+        nb4 = (nbl[0], nbl[1], nbl[2], nbl[3])
     size = 0 if 0 in ne4 else a.type.size + builtins.sum((n - 1) * s for n, s in zip(ne4, nbl))
     owner_bytes = a.data_owner().nbytes()
     start = (a.view_offs if a.view_src is not None else 0) + offset
@@ -159,8 +160,8 @@ def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: 
     """Move source dimension ``i`` to position ``axis_i`` (ggml_permute)."""
     check_ctx("permute", ctx)
     check_tensor("permute", "a", a)
-    axes = tuple(as_int("permute", f"axis{i}", x)
-                 for i, x in enumerate((axis0, axis1, axis2, axis3)))
+    given = [as_int("permute", f"axis{i}", x) for i, x in enumerate((axis0, axis1, axis2, axis3))]
+    axes = (given[0], given[1], given[2], given[3])
     if sorted(axes) != [0, 1, 2, 3]:
         raise ShapeError(f"ggml_permute: axes must be a permutation of 0..3, got {list(axes)}")
     ne = [0] * 4
@@ -168,7 +169,8 @@ def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: 
     for i, ax in enumerate(axes):
         ne[ax] = a.ne[i]
         nb[ax] = a.nb[i]
-    return ctx.new_view(a, tuple(ne), tuple(nb), 0, Op.PERMUTE, (a,), PermuteParams(axes))
+    return ctx.new_view(a, (ne[0], ne[1], ne[2], ne[3]), (nb[0], nb[1], nb[2], nb[3]), 0,
+                        Op.PERMUTE, (a,), PermuteParams(axes))
 
 
 def transpose(ctx: Context, a: Tensor) -> Tensor:

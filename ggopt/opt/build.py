@@ -120,7 +120,8 @@ class Persistent:
         return param_accs, moments, ops.set_name(new(F32, (1,)), "loss (grad acc)")
 
 
-def _build_loss(spec: Spec, ctx: Context, outputs: Tensor) -> tuple:
+def _build_loss(spec: Spec, ctx: Context, outputs: Tensor) -> tuple[
+        Tensor | None, Tensor, Tensor | None, Tensor | None, bool]:
     """Construct the loss (and for CE the prediction) tensors; flags are set later."""
     fn = "ggml_opt_build"
     labels = pred = ncorrect = None
@@ -209,7 +210,9 @@ def build(spec: Spec, persist: Persistent, ctx_compute: Context, gf: _graph.Grap
     if first:
         param_accs, moments, loss_acc = persist.create(spec, gf, accumulate)
     else:
-        param_accs, moments, loss_acc = persist.param_accs, persist.moments, persist.loss_acc
+        param_accs, moments = persist.param_accs, persist.moments
+        assert persist.loss_acc is not None  # made with the accumulators
+        loss_acc = persist.loss_acc
     grad_accs: list[Tensor | None] = []
     for node in gf.nodes:
         if node.flags & TensorFlag.LOSS:

@@ -119,7 +119,7 @@ class OptContext:
             raise StateError(f"the optimization context is closed ({fn})")
 
     @staticmethod
-    def _check_static_args(ctx_compute: object, inputs: object, outputs: object, fn: str):
+    def _check_static_args(ctx_compute: object, inputs: object, outputs: object, fn: str) -> None:
         if not isinstance(ctx_compute, Context):
             raise DTypeError(
                 f"ctx_compute must be a Context, got {type(ctx_compute).__name__} ({fn})"
@@ -201,6 +201,7 @@ class OptContext:
             self._build(self._next_gf, build_type)
         assert self._b is not None and self._persist is not None
         graph = self._b.graph(build_type)
+        assert graph is not None  # built for every build type the context allows
         if graph is not self._allocated_graph:
             spec.sched.reset()
             spec.sched.alloc_graph(graph)

@@ -131,7 +131,8 @@ class Dataset:
     @property
     def permutation(self) -> np.ndarray:
         """A copy of the current shard order."""
-        return self._permutation.copy()
+        perm: np.ndarray = self._permutation.copy()
+        return perm
 
     # --- shuffling ------------------------------------------------------------------------
     def shuffle(self, rng: Mt19937 | _HasRng, idata: int = -1) -> None:
@@ -192,7 +193,9 @@ class Dataset:
             )
         return nbytes // self._nbs_data
 
-    def _gather(self, src: Tensor, dst: np.ndarray, first: int, nshards: int, nbs: int) -> None:
+    def _gather(self, src: Tensor | None, dst: np.ndarray, first: int, nshards: int,
+                nbs: int) -> None:
+        assert src is not None  # labels are gathered only when the dataset has them
         gather_shards(
             _host_bytes(src), dst, self._permutation, first, nshards, nbs, get_n_threads()
         )
@@ -226,11 +229,11 @@ class Dataset:
             if not t.is_contiguous():
                 raise ShapeError(f"{name} '{t.name}' must be contiguous ({fn})")
         self._check_labels_presence(labels_batch is not None, fn)
-        for name, t, ref in (("data_batch", data_batch, self._data),
-                             ("labels_batch", labels_batch, self._labels)):
-            if t is not None and t.type != ref.type:
+        for name, given, ref in (("data_batch", data_batch, self._data),
+                                 ("labels_batch", labels_batch, self._labels)):
+            if given is not None and ref is not None and given.type != ref.type:
                 raise DTypeError(
-                    f"{name} '{t.name}' is {t.type.name}, the dataset's {name[:-6]} are "
+                    f"{name} '{given.name}' is {given.type.name}, the dataset's {name[:-6]} are "
                     f"{ref.type.name} ({fn})"
                 )
         spb = self._shards_per_batch(data_batch.nbytes(), fn)
@@ -245,16 +248,16 @@ class Dataset:
                 raise StateError(f"{name} '{t.name}' has no memory; allocate it first ({fn})")
 
         first = ibatch * spb
-        for t, src, nbs in ((data_batch, self._data, self._nbs_data),
-                            (labels_batch, self._labels, self._nbs_labels)):
-            if t is None:
+        for dst, src, nbs in ((data_batch, self._data, self._nbs_data),
+                              (labels_batch, self._labels, self._nbs_labels)):
+            if dst is None:
                 continue
-            if t.is_host:
-                self._gather(src, _host_bytes(t), first, spb, nbs)
+            if dst.is_host:
+                self._gather(src, _host_bytes(dst), first, spb, nbs)
             else:
-                staging = np.empty(t.nbytes(), dtype=np.uint8)
+                staging = np.empty(dst.nbytes(), dtype=np.uint8)
                 self._gather(src, staging, first, spb, nbs)
-                tensor_set(t, staging.view(t.type.dtype))
+                tensor_set(dst, staging.view(dst.type.dtype))
 
     def get_batch_host(
         self, data_arr: np.ndarray, labels_arr: np.ndarray | None, ibatch: int
@@ -266,7 +269,7 @@ class Dataset:
         hold exactly the matching label bytes.
         """
         fn = "ggml_opt_dataset_get_batch_host"
-        arrays = [("data_arr", data_arr, self._data)]
+        arrays: list[tuple[str, np.ndarray, Tensor | None]] = [("data_arr", data_arr, self._data)]
         if labels_arr is not None:
             arrays.append(("labels_arr", labels_arr, self._labels))
         for name, arr, _ in arrays:
@@ -276,7 +279,7 @@ class Dataset:
                 raise ShapeError(f"{name} must be C-contiguous and writeable ({fn})")
         self._check_labels_presence(labels_arr is not None, fn)
         for name, arr, ref in arrays:
-            if arr.dtype != ref.type.dtype:
+            if ref is not None and arr.dtype != ref.type.dtype:
                 raise DTypeError(
                     f"{name} has dtype {arr.dtype}, the dataset stores {ref.type.dtype} ({fn})"
                 )

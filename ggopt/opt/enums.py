@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 from ..errors import InvalidValueError
 
 __all__ = ["LossType", "BuildType", "OptimizerType", "optimizer_name"]
 
 
+_E = TypeVar("_E", bound="_Coercible")
+
+
 class _Coercible(enum.IntEnum):
     """IntEnum that also accepts a member name, in any case, wherever a member is expected."""
 
     @classmethod
-    def coerce(cls, value: object, where: str):
-        """Return ``value`` as a member of ``cls`` or raise :class:`ShapeError`.
+    def coerce(cls: type[_E], value: object, where: str) -> _E:
+        """Return ``value`` as a member of ``cls`` or raise :class:`InvalidValueError`.
 
         Accepts a member, its integer value or its name (case-insensitive).
         """

@@ -95,9 +95,9 @@ class Mt19937:
 
     def canonical_f32(self) -> np.float32:
         """Draw ``std::generate_canonical<float, 24>``: a float32 in ``[0, 1)``."""
-        u = np.float32(self()) / np.float32(_U32)
+        u: np.float32 = np.float32(self()) / np.float32(_U32)
         if u >= 1:
-            return np.nextafter(np.float32(1), np.float32(0))
+            u = np.nextafter(np.float32(1), np.float32(0))
         return u
 
     def normal_f32(self, n: int, mean: float = 0.0, sd: float = 1.0) -> np.ndarray:

@@ -27,7 +27,7 @@ from .result import Result
 __all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
 
 #: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
-EpochCallback = Callable[[bool, OptContext, Dataset, Result, int, int, int], None]
+EpochCallback = Callable[[bool, OptContext, Dataset, Result | None, int, int, int], None]
 
 
 def _int(value: object, name: str, fn: str) -> int:
@@ -88,6 +88,7 @@ def epoch(
     if not opt_ctx.static_graphs:
         raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
     inputs, labels, data = opt_ctx.inputs, opt_ctx.labels, dataset.data
+    assert inputs is not None  # static graphs have their inputs from the start
     _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
     ndata = data.ne[1]
     ndata_batch = inputs.ne[1]

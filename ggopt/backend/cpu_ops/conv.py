@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._kernels import _conv
+import ggopt._kernels._conv as _conv
+
 from ...ops._base import params_of
 from ...ops.conv import Im2ColParams, PoolParams
 from ...tensor import Op, Tensor

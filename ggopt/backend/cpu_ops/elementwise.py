@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._kernels import _elementwise as ew
+import ggopt._kernels._elementwise as ew
+
 from ...ops._base import params_of
 from ...ops.elementwise import ScaleParams
 from ...tensor import Op, Tensor, UnaryOp

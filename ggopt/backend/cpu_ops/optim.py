@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._kernels import _optim
+import ggopt._kernels._optim as _optim
+
 from ...errors import ShapeError
 from ...tensor import Op, Tensor
 from ..base import Placement, Step

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._kernels import _elementwise as ew
-from ..._kernels import _reduce
+import ggopt._kernels._elementwise as ew
+import ggopt._kernels._reduce as _reduce
+
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
 from ._base import COMPILERS, Srcs

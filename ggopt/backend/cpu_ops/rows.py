@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._kernels import _get_rows
+import ggopt._kernels._get_rows as _get_rows
+
 from ...tensor import Op, Tensor
 from ..base import Placement, Step, check_row_indices
 from ._base import COMPILERS, Srcs

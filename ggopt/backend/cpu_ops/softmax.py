@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._kernels import _softmax
+import ggopt._kernels._softmax as _softmax
+
 from ...ops._base import params_of
 from ...ops.softmax import SoftMaxParams
 from ...tensor import Op, Tensor

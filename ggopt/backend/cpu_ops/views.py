@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..._kernels import _copy
-from ..._kernels import _elementwise as ew
+import ggopt._kernels._copy as _copy
+import ggopt._kernels._elementwise as ew
+
 from ...ops._base import params_of
 from ...ops.views import AccParams
 from ...tensor import Op, Tensor

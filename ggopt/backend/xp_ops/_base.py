@@ -52,7 +52,8 @@ def tile_split(big: Sequence[int], small: Sequence[int]
     An axis where ``small`` is neither 1 nor the full length is split into ``(tiles, length)``
     for ``big`` and ``(1, length)`` for ``small``: element ``i`` of ``big`` reads ``i % length``.
     """
-    gbig, gsmall = [], []
+    gbig: list[tuple[int, ...]] = []
+    gsmall: list[tuple[int, ...]] = []
     for n_big, n_small in zip(big, small):
         if n_small in (n_big, 1):
             gbig.append((n_big,))

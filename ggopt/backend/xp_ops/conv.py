@@ -146,14 +146,14 @@ def _pool_2d_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) ->
         gk = xp.empty(g.shape, dtype=xp.float32)
         area = F32(area)
 
-        def step() -> None:
+        def avg_step() -> None:
             xp.divide(g, area, out=gk)
             acc[...] = 0
             for win in acc_wins:
                 xp.add(win, gk, out=win)
             d[...] = inner
 
-        return step
+        return avg_step
 
     src, load = _padded_source(xp, x, p1, p0, need_h, need_w, -FLT_MAX)
     x_wins = [_window(src, ky, kx, oh, ow, s1, s0) for ky, kx in offsets]
