@@ -13,15 +13,10 @@ from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
+from ._checks import check_int
 from .rng import Mt19937
 
 __all__ = ["Dataset"]
-
-
-def _int(value: object, name: str, fn: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise DTypeError(f"{name} must be an int, got {value!r} ({fn})")
-    return int(value)
 
 
 def _host_bytes(t: Tensor) -> np.ndarray:
@@ -74,10 +69,10 @@ class Dataset:
     ) -> None:
         fn = "ggml_opt_dataset_init"
         type_data, type_label = as_type(type_data), as_type(type_label)
-        ne_datapoint = _int(ne_datapoint, "ne_datapoint", fn)
-        ne_label = _int(ne_label, "ne_label", fn)
-        ndata = _int(ndata, "ndata", fn)
-        ndata_shard = _int(ndata_shard, "ndata_shard", fn)
+        ne_datapoint = check_int(ne_datapoint, "ne_datapoint", fn)
+        ne_label = check_int(ne_label, "ne_label", fn)
+        ndata = check_int(ndata, "ndata", fn)
+        ndata_shard = check_int(ndata_shard, "ndata_shard", fn)
         for name, value, ok, bound in (
             ("ne_datapoint", ne_datapoint, ne_datapoint > 0, "> 0"),
             ("ne_label", ne_label, ne_label >= 0, ">= 0"),
@@ -156,7 +151,7 @@ class Dataset:
         if not isinstance(engine, Mt19937):
             raise DTypeError(f"rng must be a Mt19937 or an OptContext (which holds one), got "
                              f"{type(rng).__name__} ({fn})")
-        idata = _int(idata, "idata", fn)
+        idata = check_int(idata, "idata", fn)
         if idata > self._ndata:
             raise ShapeError(f"idata={idata} exceeds ndata={self._ndata} ({fn})")
         if idata < 0:
@@ -170,7 +165,7 @@ class Dataset:
 
     # --- batches --------------------------------------------------------------------------
     def _check_ibatch(self, ibatch: object, shards_per_batch: int, fn: str) -> int:
-        ibatch = _int(ibatch, "ibatch", fn)
+        ibatch = check_int(ibatch, "ibatch", fn)
         nbatches = self.nshards // shards_per_batch if shards_per_batch else 0
         if ibatch < 0 or (ibatch + 1) * shards_per_batch > self.nshards:
             raise ShapeError(

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
+from ._checks import check_int
 from .context import OptContext
 from .dataset import Dataset
 from .enums import LossType, OptimizerType
@@ -28,12 +29,6 @@ __all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
 
 #: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
 EpochCallback = Callable[[bool, OptContext, Dataset, Result | None, int, int, int], None]
-
-
-def _int(value: object, name: str, fn: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise DTypeError(f"{name} must be an int, got {value!r} ({fn})")
-    return int(value)
 
 
 def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: str) -> None:
@@ -97,7 +92,7 @@ def epoch(
             f"ndata={ndata} is not a multiple of the batch size inputs.ne[1]={ndata_batch} ({fn})"
         )
     nbatches = ndata // ndata_batch
-    idata_split = _int(idata_split, "idata_split", fn)
+    idata_split = check_int(idata_split, "idata_split", fn)
     if idata_split < 0:
         idata_split = ndata
     if idata_split % ndata_batch != 0 or idata_split > ndata:
@@ -254,10 +249,10 @@ def fit(
         raise DTypeError(f"inputs must be a Tensor, got {type(inputs).__name__} ({fn})")
     if not callable(get_opt_pars):
         raise DTypeError(f"get_opt_pars must be callable ({fn})")
-    nepoch = _int(nepoch, "nepoch", fn)
+    nepoch = check_int(nepoch, "nepoch", fn)
     if nepoch < 0:
         raise InvalidValueError(f"nepoch must be >= 0, got {nepoch} ({fn})")
-    nbatch_logical = _int(nbatch_logical, "nbatch_logical", fn)
+    nbatch_logical = check_int(nbatch_logical, "nbatch_logical", fn)
     loss_type = LossType.coerce(loss_type, fn)
     _check_dataset(dataset, inputs, loss_type, fn)
     ndata = dataset.data.ne[1]
