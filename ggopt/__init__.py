@@ -13,14 +13,7 @@ import os as _os
 # to override).
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# The sub-packages (CuPy is imported only by ggopt.backend.cupy_init, never here). Importing
-# the backend also installs the host allocator of Context(no_alloc=False).
-from . import (  # noqa: E402,I001
-    backend,
-    errors,  # noqa: E402
-    io,
-    opt,
-)
+from . import errors  # noqa: E402
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
@@ -52,7 +45,7 @@ from .types import F16, F32, I32, I64, GGType, TensorFlag
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "errors", "backend", "io", "opt", "get_n_threads", "set_n_threads",
+    "__version__", "errors", "backend", "dist", "io", "opt", "get_n_threads", "set_n_threads",
     "openmp_enabled", "Context", "GgoptError", "ShapeError", "InvalidValueError", "DTypeError",
     "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
@@ -61,3 +54,9 @@ __all__ = [
     "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
 ]
 
+# The sub-packages (CuPy is imported only by ggopt.backend.cupy_init and mpi4py only by
+# ggopt.dist.mpi_world, never here). Importing the backend also installs the host allocator of
+# Context(no_alloc=False).
+# isort: off
+from . import backend, dist, io, opt  # noqa: E402
+# isort: on

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from ..opt import (
     get_default_optimizer_params,
 )
 from .mnist_data import HW, NCLASSES, NINPUT
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
 
 __all__ = [
     "ARCHS",
@@ -299,16 +302,18 @@ def train(
     silent: bool = False,
     *,
     stream: TextIO | None = None,
+    comm: Communicator | None = None,
 ) -> FitHistory:
     """Train with cross-entropy and default AdamW (ggml's ``mnist_model_train``).
 
     ``nbatch_logical`` datapoints per optimizer step, accumulated over physical batches of
-    ``model.nbatch_physical``; ``val_split`` of the logical batches are held out.
+    ``model.nbatch_physical``; ``val_split`` of the logical batches are held out. With
+    ``comm`` (several ranks) the training is data-parallel (:func:`ggopt.opt.fit`).
     """
     return fit(
         model.sched, model.ctx_compute, model.images, model.logits, dataset,
         LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_default_optimizer_params,
-        nepoch, nbatch_logical, val_split, silent, stream=stream,
+        nepoch, nbatch_logical, val_split, silent, stream=stream, comm=comm,
     )
 
 

@@ -107,11 +107,10 @@ class Persistent:
             spec.optimizer is OptimizerType.ADAMW
         )
         new = self.ctx_static.new_tensor
-        for node in gf.nodes:
-            if not node.flags & TensorFlag.PARAM:
-                continue
-            if accumulate:
-                param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
+            param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        for node in params:
             if need_moments:
                 moments[node] = (
                     ops.set_name(new(F32, node.ne), f"AdamW m for {node.name}"),

@@ -20,7 +20,7 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,10 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
+    from ..dist.data_parallel import DataParallel
 
 __all__ = ["OptContext"]
 
@@ -53,10 +57,31 @@ class OptContext:
     DTypeError, ShapeError, StateError
         Invalid parameters or an unusable graph; nothing is kept.
 
+    With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
+    data-parallel (``docs/distributed.md``): construction is collective, and an error on any
+    rank raises on every rank.
+
     ggml: ``ggml_opt_init`` (and ``ggml_opt_free`` as :meth:`close`).
     """
 
     def __init__(self, params: OptParams) -> None:
+        self._dp: DataParallel | None = None
+        comm = params.comm if isinstance(params, OptParams) else None
+        if comm is None:
+            self._init(params)
+            return
+        from ..dist.data_parallel import DataParallel
+
+        comm = DataParallel.check_comm(comm)
+        if comm is None:  # a single rank is no communicator at all
+            self._init(params)
+            return
+        comm.run_all("ggml_opt_init", lambda: self._init(params))
+        self._dp = DataParallel(self, comm)
+        if self._persist is not None and self._persist.allocated:
+            comm.run_all("ggml_opt_init", self._dp.setup)
+
+    def _init(self, params: OptParams) -> None:
         fn = "ggml_opt_init"
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
@@ -191,7 +216,7 @@ class OptContext:
             )
         if not backward:
             build_type = BuildType.FORWARD
-        elif spec.build_type is BuildType.OPT and (self._opt_i + 1) % spec.opt_period == 0:
+        elif spec.build_type is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
             build_type = BuildType.OPT
         else:
             build_type = BuildType.GRAD
@@ -199,8 +224,12 @@ class OptContext:
         if not spec.static_graphs:
             assert self._next_gf is not None
             self._build(self._next_gf, build_type)
+            if self._dp is not None and not self._dp.ready:
+                self._dp.comm.run_all(fn, self._dp.setup)
         assert self._b is not None and self._persist is not None
-        graph = self._b.graph(build_type)
+        # data-parallel: the step runs in eval, after the accumulators are summed
+        graph = self._b.graph(build_type if self._dp is None or build_type is not BuildType.OPT
+                              else BuildType.GRAD)
         assert graph is not None  # built for every build type the context allows
         if graph is not self._allocated_graph:
             spec.sched.reset()
@@ -233,7 +262,7 @@ class OptContext:
             result._check_eval(b.loss_per_datapoint, spec.opt_period, nd)
         graph = self._allocated_graph
         assert graph is not None
-        is_opt = graph is b.gb_opt
+        is_opt = self._build_type is BuildType.OPT
         if is_opt:
             pars = self._get_opt_pars(self._get_opt_pars_ud)
             values = optimizer_step_values(pars, spec.optimizer, self._iter)
@@ -241,11 +270,13 @@ class OptContext:
 
         spec.sched.graph_compute(graph)
 
+        if self._build_type is not BuildType.FORWARD:
+            self._opt_i = (self._opt_i + 1) % self._period
+            self._period_complete = self._opt_i == 0
+            if self._dp is not None and self._period_complete:
+                self._dp.end_period(step=is_opt)
         if is_opt:
             self._iter += 1
-        if self._build_type is not BuildType.FORWARD:
-            self._opt_i = (self._opt_i + 1) % spec.opt_period
-            self._period_complete = self._opt_i == 0
         if not spec.static_graphs:
             # the graphs go; the loss tensors stay readable until the next alloc
             self._next_gf = self._allocated_graph = None
@@ -355,7 +386,19 @@ class OptContext:
 
     @property
     def opt_period(self) -> int:
+        """Physical batches per optimizer step (over all ranks when data-parallel)."""
         return self._spec.opt_period
+
+    @property
+    def _period(self) -> int:
+        """Backward evals of this process per optimizer step."""
+        return self._spec.opt_period if self._dp is None else self._dp.local_period
+
+    @property
+    def comm(self) -> Communicator | None:
+        """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
+        for a communicator of one rank)."""
+        return None if self._dp is None else self._dp.comm
 
     @property
     def rng(self) -> Mt19937:
