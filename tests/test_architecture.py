@@ -49,9 +49,9 @@ def test_core_imports_no_backend(module):
     assert not bad, f"{module} imports {bad}"
 
 
-def test_import_ggopt_shows_subpackages_and_never_imports_cupy():
-    code = ("import sys, ggopt; print('cupy' in sys.modules, "
-            "all(n in dir(ggopt) for n in ('backend', 'opt', 'io')))")
+def test_import_ggopt_shows_subpackages_and_never_imports_cupy_or_mpi4py():
+    code = ("import sys, ggopt; print('cupy' in sys.modules or 'mpi4py' in sys.modules, "
+            "all(n in dir(ggopt) for n in ('backend', 'opt', 'dist', 'io')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.split() == ["False", "True"]
