@@ -332,6 +332,18 @@ cdef Py_ssize_t _uop_cost(int uop) noexcept nogil:
     return _HEAVY
 
 
+cdef void _prepare_one(Job *j, int kind, const float[:, :, :, :] a, float[:, :, :, :] dst,
+                       str fn) except *:
+    """A job reading ``a`` and writing ``dst`` (same shape), flattened when both are dense."""
+    j.kind = kind
+    arr4_set(&j.x, a)
+    arr4_set(&j.d, dst)
+    _check_same(&j.x, &j.d, fn, "a", "dst")
+    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
+        arr4_flatten(&j.x)
+        arr4_flatten(&j.d)
+
+
 cdef void _prepare_binary(Job *j, int op, const float[:, :, :, :] a,
                           const float[:, :, :, :] b, float[:, :, :, :] dst, str fn) except *:
     cdef int k
@@ -380,14 +392,8 @@ def unary(int uop, const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threa
     """
     cdef Job j
     _check_uop(uop, "unary")
-    j.kind = _K_UN
     j.uop = uop
-    arr4_set(&j.x, a)
-    arr4_set(&j.d, dst)
-    _check_same(&j.x, &j.d, "unary", "a", "dst")
-    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
-        arr4_flatten(&j.x)
-        arr4_flatten(&j.d)
+    _prepare_one(&j, _K_UN, a, dst, "unary")
     with nogil:
         _drive(&j, _uop_cost(uop), n_threads)
 
@@ -421,15 +427,9 @@ def scale(const float[:, :, :, :] a, float[:, :, :, :] dst, float s, float bias,
           int n_threads):
     """``dst = s*a + bias`` (ggml_scale / ggml_scale_bias)."""
     cdef Job j
-    j.kind = _K_SCALE
     j.s = s
     j.bias = bias
-    arr4_set(&j.x, a)
-    arr4_set(&j.d, dst)
-    _check_same(&j.x, &j.d, "scale", "a", "dst")
-    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
-        arr4_flatten(&j.x)
-        arr4_flatten(&j.d)
+    _prepare_one(&j, _K_SCALE, a, dst, "scale")
     with nogil:
         _drive(&j, 1, n_threads)
 
