@@ -24,8 +24,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import dist, get_n_threads, set_n_threads
+from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
-from ..opt import Result
+from ..opt import Dataset, Result
 from . import mnist_data as data
 from . import mnist_model as model
 from .mnist_plot import plot_history, require_matplotlib
@@ -103,13 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(args: argparse.Namespace):
+def _setup(args: argparse.Namespace) -> Scheduler:
     if args.threads is not None:
         set_n_threads(args.threads)
     return model.make_scheduler(args.device)
 
 
-def _evaluate(m: model.MnistModel, ds) -> Result:
+def _evaluate(m: model.MnistModel, ds: Dataset) -> Result:
     t0 = time.perf_counter()
     result = model.evaluate(m, ds)
     dt = time.perf_counter() - t0
@@ -125,7 +126,7 @@ def _print_result(result: Result) -> None:
     print(f"main: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
 
 
-def _test_dataset(data_dir: str | None):
+def _test_dataset(data_dir: str | None) -> Dataset:
     images, labels = data.load_split(data_dir, "test")
     return data.make_dataset(images, labels, model.NBATCH_PHYSICAL, model.NBATCH_PHYSICAL)
 
@@ -226,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.comm = None
     try:
-        return args.func(args)
+        rc: int = args.func(args)
+        return rc
     except BackendUnavailableError as exc:
         code, message = 2, f"mnist: device {args.device!r} unavailable: {exc}"
     except (GgoptError, OSError, ImportError) as exc:

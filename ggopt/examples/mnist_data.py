@@ -73,7 +73,8 @@ def _images(path: str | os.PathLike[str]) -> np.ndarray:
             f"MNIST images {os.fspath(path)!r}: expected uint8 of shape (n, {HW}, {HW}), got "
             f"{raw.dtype} {raw.shape} (ggml's mnist_image_load)"
         )
-    return raw.reshape(-1, NINPUT).astype(np.float32) / np.float32(255.0)
+    images: np.ndarray = raw.reshape(-1, NINPUT).astype(np.float32) / np.float32(255.0)
+    return images
 
 
 def _labels(path: str | os.PathLike[str]) -> np.ndarray:
@@ -88,10 +89,12 @@ def _labels(path: str | os.PathLike[str]) -> np.ndarray:
             f"MNIST labels {os.fspath(path)!r}: expected digits 0..{NCLASSES - 1}, got "
             f"{int(raw.max())} (ggml's mnist_label_load)"
         )
-    return np.eye(NCLASSES, dtype=np.float32)[raw]
+    one_hot: np.ndarray = np.eye(NCLASSES, dtype=np.float32)[raw]
+    return one_hot
 
 
-def _read_pair(images_path, labels_path, part: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_pair(images_path: str | os.PathLike[str], labels_path: str | os.PathLike[str],
+               part: str) -> tuple[np.ndarray, np.ndarray]:
     images, labels = _images(images_path), _labels(labels_path)
     if len(images) != len(labels):
         raise ShapeError(

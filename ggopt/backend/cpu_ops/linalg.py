@@ -15,8 +15,11 @@ from ._base import COMPILERS, Srcs
 if TYPE_CHECKING:
     from ..cpu import CPUBackend
 
+#: ``(x, y, out)``: one product ``out = x @ y`` of 2-D slices
+Product = tuple[np.ndarray, np.ndarray, np.ndarray]
 
-def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray):
+
+def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[Product]:
     """(a_slice, b_slice, c_slice) per (i3, i2) with ggml's dim-2/3 broadcast of ``a``."""
     r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
     return [(a[i3 // r3, i2 // r2], b[i3, i2], c[i3, i2])
@@ -35,7 +38,8 @@ def _halves(n: int) -> list[tuple[int, int]]:
     return [(0, n // 2), (n // 2, n)]
 
 
-def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> tuple[list[tuple], list[tuple]]:
+def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
+            ) -> tuple[list[Product], list[tuple[np.ndarray, np.ndarray]]]:
     """``out = x @ y`` as (x, y, out) products whose bounds depend only on the shapes.
 
     Returns the products and the (out, scratch) pairs to add once they are all done: a long
@@ -55,24 +59,28 @@ def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> tuple[list[tuple],
     return [(x, y, out)], []
 
 
-def _matmul_step(be: CPUBackend, pairs: list) -> Step:
+def _matmul_step(be: CPUBackend, pairs: list[Product]) -> Step:
     """``np.matmul(x, y, out=out)`` per (x, y, out) slice, on single-threaded BLAS.
 
     Each product is cut into pieces by its shape alone and the pieces are spread over
     ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
     result does not depend on the thread count.
     """
-    parts: list[tuple] = []
-    sums: list[tuple] = []
+    parts: list[Product] = []
+    sums: list[tuple[np.ndarray, np.ndarray]] = []
     for x, y, out in pairs:
         p, s = _slices(x, y, out)
         parts += p
         sums += s
     if len(parts) == 1:
         x, y, out = parts[0]
-        return lambda: np.matmul(x, y, out=out)
 
-    def run(group: list[tuple]) -> Step:
+        def product() -> None:
+            np.matmul(x, y, out=out)
+
+        return product
+
+    def run(group: list[Product]) -> Step:
         def task() -> None:
             for x, y, out in group:
                 np.matmul(x, y, out=out)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def _flat(t: Tensor, mem: Placement) -> np.ndarray:
     arr = mem(t)
-    flat = arr.reshape(-1)
+    flat: np.ndarray = arr.reshape(-1)
     if not np.shares_memory(flat, arr):
         raise ShapeError(f"optimizer step: '{t.name}' must be contiguous")
     return flat

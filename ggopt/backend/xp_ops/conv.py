@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 FLT_MAX = F32(np.finfo(np.float32).max)
 
 
-def _padded_source(xp, x, p1: int, p0: int, need_h: int, need_w: int, fill: float):
+def _padded_source(xp: Any, x: Any, p1: int, p0: int, need_h: int, need_w: int,
+                   fill: float) -> tuple[Any, Step | None]:
     """``(src, load)``: ``x`` (N, C, H, W) placed at ``(p1, p0)`` in a persistent array filled
     with ``fill`` that covers ``need_h`` x ``need_w``, and the step refreshing it; ``(x, None)``
     when ``x`` covers every window without padding."""
@@ -35,7 +36,7 @@ def _padded_source(xp, x, p1: int, p0: int, need_h: int, need_w: int, fill: floa
     return buf, load
 
 
-def _window(src, y0: int, x0: int, oh: int, ow: int, s1: int, s0: int):
+def _window(src: Any, y0: int, x0: int, oh: int, ow: int, s1: int, s0: int) -> Any:
     """The (N, C, oh, ow) view of ``src`` read by window offset ``(y0, x0)`` at stride ``s``."""
     return src[:, :, y0:y0 + (oh - 1) * s1 + 1:s1, x0:x0 + (ow - 1) * s0 + 1:s0]
 
@@ -95,7 +96,8 @@ def _im2col_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> 
     return step
 
 
-def _pool_geometry(node: Tensor, out_shape):
+def _pool_geometry(node: Tensor, out_shape: tuple[int, ...]) -> tuple[
+        int, int, list[tuple[int, int]], tuple[int, int, int, int], int, int]:
     p = params_of(node, PoolParams)
     oh, ow = out_shape[2], out_shape[3]
     offsets = [(ky, kx) for ky in range(p.k1) for kx in range(p.k0)]

@@ -4,7 +4,7 @@ expressions (the independent reference for the C kernels' ``scalar_math.h``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidValueError
 from ...ops._base import params_of
@@ -54,38 +54,38 @@ def _simple(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     return lambda: fn(a, out=d)
 
 
-def _sigmoid(xp, x):
+def _sigmoid(xp: Any, x: Any) -> Any:
     return F32(1) / (F32(1) + xp.exp(-x))
 
 
-def _gelu_u(x):
+def _gelu_u(x: Any) -> Any:
     return GELU_K * x * (F32(1) + GELU_A * x * x)
 
 
-def _gelu_back(xp, x, g):
+def _gelu_back(xp: Any, x: Any, g: Any) -> Any:
     # d/dx x*sigmoid(2u) = s + 2*x*s*(1 - s)*u' with s = sigmoid(2u)
     s = _sigmoid(xp, F32(2) * _gelu_u(x))
     du = GELU_K * (F32(1) + F32(3) * GELU_A * x * x)
     return g * (s + F32(2) * x * s * (F32(1) - s) * du)
 
 
-def _silu_back(xp, x, g):
+def _silu_back(xp: Any, x: Any, g: Any) -> Any:
     t = _sigmoid(xp, x)
     return g * (t * (F32(1) + x * (F32(1) - t)))
 
 
-def _sigmoid_back(xp, x, g):
+def _sigmoid_back(xp: Any, x: Any, g: Any) -> Any:
     t = _sigmoid(xp, x)
     return g * (t * (F32(1) - t))
 
 
-def _tanh_back(xp, x, g):
+def _tanh_back(xp: Any, x: Any, g: Any) -> Any:
     t = xp.tanh(x)
     return g * (F32(1) - t * t)
 
 
 #: f(x) per unary function, as ``xp`` array expressions in float32.
-UNARY: dict[UnaryOp, Callable] = {
+UNARY: dict[UnaryOp, Callable[[Any, Any], Any]] = {
     UnaryOp.NEG: lambda xp, x: -x,
     UnaryOp.EXP: lambda xp, x: xp.exp(x),
     UnaryOp.ABS: lambda xp, x: xp.abs(x),
@@ -98,7 +98,7 @@ UNARY: dict[UnaryOp, Callable] = {
 }
 
 #: g * f'(x) per unary function (STEP has no derivative).
-UNARY_BACK: dict[UnaryOp, Callable] = {
+UNARY_BACK: dict[UnaryOp, Callable[[Any, Any, Any], Any]] = {
     UnaryOp.NEG: lambda xp, x, g: -g,
     UnaryOp.EXP: lambda xp, x, g: g * xp.exp(x),
     UnaryOp.ABS: lambda xp, x, g: g * xp.sign(x),

@@ -4,7 +4,7 @@ broadcast into batch axes."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from ..xp import ArrayBackend
 
 
-def _batch_split(a_shape: Sequence[int], b_shape: Sequence[int]):
+def _batch_split(a_shape: Sequence[int], b_shape: Sequence[int]
+                 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
     """Axis groups for ggml's dim-2/3 broadcast in mul_mat/out_prod: ``b[i3, i2]`` pairs with
     ``a[i3 // r3, i2 // r2]``, so ``b``'s batch axes split into ``(len_a, r)``."""
     ga: list[tuple[int, ...]] = []
@@ -29,7 +30,7 @@ def _batch_split(a_shape: Sequence[int], b_shape: Sequence[int]):
     return ga, gb
 
 
-def _whole(arr) -> list[tuple[int, ...]]:
+def _whole(arr: Any) -> list[tuple[int, ...]]:
     return [(n,) for n in arr.shape]
 
 
