@@ -129,6 +129,3 @@ def check_choice(fn: str, name: str, v: object, choices: dict[int, str]) -> int:
         want = " or ".join(f"{n} ({c})" for c, n in choices.items())
         raise InvalidValueError(f"ggml_{fn}: {name} must be {want}, got {v!r}")
     return int(v)
-
-
-
