@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from .. import _threads
-from ..errors import InvalidValueError
 from ..tensor import VIEW_OPS, Tensor
 from .base import Backend, Placement, Step
 from .buffer import ALIGNMENT, Buffer
@@ -76,7 +75,7 @@ class CPUBackend(Backend):
         return node.op in VIEW_OPS or node.op in COMPILERS
 
     def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...], mem: Placement) -> Step | None:
-        if node.op in VIEW_OPS:
+        if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
         return COMPILERS[node.op](self, node, srcs, mem)
 
@@ -91,9 +90,8 @@ class CPUBackend(Backend):
 
 
 def _check_n_threads(fn: str, n: object) -> int | None:
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise InvalidValueError(f"{fn}: n_threads must be a positive int or None, got {n!r}")
-    return n
+    """None (follow the process-wide setting) or a count in ``[1, MAX_N_THREADS]``."""
+    return None if n is None else _threads.check_n_threads(n, fn)
 
 
 _HOST: CPUBackend | None = None

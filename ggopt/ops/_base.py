@@ -113,7 +113,11 @@ def ne_str(t: Tensor) -> str:
 def as_scalar(fn: str, name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise DTypeError(f"ggml_{fn}: {name} must be a number, got {v!r}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        raise InvalidValueError(f"ggml_{fn}: {name} must fit in a float, got an int of "
+                                f"{int(v).bit_length()} bits") from None
 
 
 def as_int(fn: str, name: str, v: object) -> int:

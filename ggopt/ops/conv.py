@@ -70,15 +70,23 @@ def _conv_out(fn: str, size: int, k: int, s: int, p: int, d: int) -> int:
     return out
 
 
+#: Kernel sizes, strides, paddings and dilations reach the kernels as C ints.
+_INT32_LIMIT = 2**31
+
+
 def _conv_params(fn: str, **params: int | float) -> tuple[int, ...]:
+    """Window sizes (k*), strides (s*) and dilations (d*) >= 1, paddings (p*) >= 0, all
+    below 2**31."""
     vals = []
     for name, v in params.items():
         if isinstance(v, float) and v.is_integer():  # ggml passes pool padding as float
             v = int(v)
         v = as_int(fn, name, v)
-        if (name[0] in "sd" and v < 1) or (name[0] == "p" and v < 0):
-            raise ShapeError(f"ggml_{fn}: {name} must be {'>= 1' if name[0] in 'sd' else '>= 0'}, "
-                             f"got {v}")
+        if (name[0] in "ksd" and v < 1) or (name[0] == "p" and v < 0):
+            raise ShapeError(f"ggml_{fn}: {name} must be "
+                             f"{'>= 1' if name[0] in 'ksd' else '>= 0'}, got {v}")
+        if v >= _INT32_LIMIT:
+            raise ShapeError(f"ggml_{fn}: {name} must be < 2**31, got {v}")
         vals.append(v)
     return tuple(vals)
 
@@ -102,7 +110,7 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
         raise ShapeError(f"ggml_im2col: kernel channels a.ne[2]={a.ne[2]} must equal input "
                          f"channels b.ne[2]={b.ne[2]}")
     p = Im2ColParams(*_conv_params("im2col", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
-    KW, KH = a.ne[0], a.ne[1]
+    KW, KH = _conv_params("im2col", kw=a.ne[0], kh=a.ne[1])
     OW = _conv_out("im2col", b.ne[0], KW, p.s0, p.p0, p.d0)
     OH = _conv_out("im2col", b.ne[1], KH, p.s1, p.p1, p.d1)
     return ctx.new_op(F32, (b.ne[2] * KH * KW, OW, OH, b.ne[3]), Op.IM2COL, (a, b), p)
@@ -121,7 +129,7 @@ def im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: tuple[int, ...], s0: int
         raise ShapeError("ggml_im2col_back: only 2-D im2col is supported by ggopt")
     ne = normalize_ne(ne)
     p = Im2ColParams(*_conv_params("im2col_back", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
-    KW, KH = b.ne[0], b.ne[1]
+    KW, KH = _conv_params("im2col_back", kw=b.ne[0], kh=b.ne[1])
     OW = _conv_out("im2col_back", ne[0], KW, p.s0, p.p0, p.d0)
     OH = _conv_out("im2col_back", ne[1], KH, p.s1, p.p1, p.d1)
     want = (ne[2] * KH * KW, OW, OH, ne[3])

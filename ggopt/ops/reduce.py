@@ -98,6 +98,8 @@ def argmax(ctx: Context, a: Tensor) -> Tensor:
     check_f32("argmax", a=a)
     if not a.is_matrix():
         raise ShapeError(f"ggml_argmax: a must be a matrix (ne2 == ne3 == 1), got {ne_str(a)}")
+    if a.ne[0] == 0 and a.ne[1] > 0:
+        raise ShapeError(f"ggml_argmax: rows of a {ne_str(a)} are empty; no maximum")
     return ctx.new_op(I32, (a.ne[1], 1, 1, 1), Op.ARGMAX, (a,))
 
 

@@ -56,6 +56,9 @@ def cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     if a.ne != b.ne:
         raise ShapeError(f"ggml_cross_entropy_loss: logits {ne_str(a)} and labels "
                          f"{ne_str(b)} must have the same shape")
+    if a.nelements() == 0:
+        raise ShapeError(f"ggml_cross_entropy_loss: logits {ne_str(a)} need at least one class "
+                         "and one row (the loss is a mean over rows)")
     return ctx.new_op(F32, (1, 1, 1, 1), Op.CROSS_ENTROPY_LOSS, (a, b))
 
 

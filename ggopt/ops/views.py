@@ -6,6 +6,7 @@ Kernels: :mod:`ggopt._kernels._copy`; compilers: ``backend/*_ops/views.py``.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..context import Context, normalize_ne
@@ -57,6 +58,14 @@ class AccParams:
     offset: int
 
 
+def _check_strides(fn: str, nb: Sequence[int]) -> None:
+    """Byte strides must be >= 0: with a negative one, a view that passes the end-of-data
+    check would still reach memory before its start (another tensor's)."""
+    for i, n in enumerate(nb):
+        if n < 0:
+            raise ShapeError(f"ggml_{fn}: byte stride nb{i} must be >= 0, got {n}")
+
+
 def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...] | None,
           offset: int) -> Tensor:
     check_ctx(fn, ctx)
@@ -69,6 +78,7 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         nbl += [nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2]]
     else:
         nbl = [a.type.size] + [as_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb)]
+        _check_strides(fn, nbl)
         last = nbl[-1]
         nbl += [last * ne4[i] for i in range(len(nbl), 4)]
         nb4 = (nbl[0], nbl[1], nbl[2], nbl[3])
@@ -241,6 +251,7 @@ def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     if not a.is_contiguous():
         raise ShapeError("ggml_acc: a must be contiguous")
     nb = (4, as_int("acc", "nb1", nb1), as_int("acc", "nb2", nb2), as_int("acc", "nb3", nb3))
+    _check_strides("acc", nb)
     offset = as_int("acc", "offset", offset)
     end = offset + 4 + builtins.sum((n - 1) * s for n, s in zip(b.ne, nb))
     if offset < 0 or (b.nelements() > 0 and end > a.nbytes()):

@@ -19,27 +19,43 @@ Deliberate differences from ggml (spec §2.8):
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 
 from .. import graph as _graph
 from ..backend import tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, InvalidValueError, StateError
+from ..errors import DTypeError, GgoptError, InvalidValueError, StateError
 from ..tensor import Tensor
 from .build import Persistent, Spec, _Build, build
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+from .rollback import graph_rollback
 
 if TYPE_CHECKING:
     from ..dist import Communicator
     from ..dist.data_parallel import DataParallel
 
 __all__ = ["OptContext"]
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def _locked(method: _M) -> _M:
+    """Run ``method`` holding the scheduler's lock, then the context's (always in this order)."""
+
+    @functools.wraps(method)
+    def wrapper(self: OptContext, *args: Any, **kwargs: Any) -> Any:
+        with self._spec.sched, self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_M, wrapper)
 
 
 class OptContext:
@@ -55,7 +71,15 @@ class OptContext:
     Raises
     ------
     DTypeError, ShapeError, StateError
-        Invalid parameters or an unusable graph; nothing is kept.
+        Invalid parameters or an unusable graph; nothing is kept, and the graph and context
+        passed in are left as they were.
+
+    Threads: every call holds the scheduler's lock and the context's own, so calls from
+    several threads never overlap. An alloc/eval pair belongs to the thread that called
+    :meth:`alloc`: :meth:`eval` from another thread raises StateError. If another context (or
+    thread) allocates its graph on the shared scheduler between :meth:`alloc` and :meth:`eval`,
+    eval raises StateError and computes nothing; hold the scheduler (``with sched:``) around
+    the pair, as :func:`~ggopt.opt.epoch` and :func:`~ggopt.opt.fit` do, to share one.
 
     With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
     data-parallel (``docs/distributed.md``): construction is collective, and an error on any
@@ -86,7 +110,8 @@ class OptContext:
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
         sched = params.backend_sched
-        for attr in ("backends", "reset", "alloc_graph", "graph_compute"):
+        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
+                     "__enter__"):
             if not hasattr(sched, attr):
                 raise DTypeError(
                     f"backend_sched must be a ggopt.backend.Scheduler, got "
@@ -115,6 +140,9 @@ class OptContext:
         self._get_opt_pars_ud = params.get_opt_pars_ud
         self._rng = rng
         self._closed = False
+        self._lock = threading.RLock()
+        self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
+        self._eval_failed = False  # the pending alloc's eval was tried and raised
 
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
@@ -135,8 +163,9 @@ class OptContext:
         if self._spec.static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
-            _graph.build_forward_expand(gf, params.outputs)
-            self._build(gf, build_type)
+            with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
+                _graph.build_forward_expand(gf, params.outputs)
+                self._build(gf, build_type)
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:
@@ -163,6 +192,7 @@ class OptContext:
             self._acc_by_node = b.acc_by_node
 
     # --- the state machine ----------------------------------------------------------------
+    @_locked
     def prepare_alloc(
         self, ctx_compute: Context, gf: _graph.Graph, inputs: Tensor, outputs: Tensor
     ) -> None:
@@ -185,6 +215,7 @@ class OptContext:
         self._ctx_compute, self._next_gf = ctx_compute, gf
         self._inputs, self._outputs = inputs, outputs
 
+    @_locked
     def alloc(self, backward: bool) -> None:
         """Choose and allocate the graph of the next :meth:`eval`.
 
@@ -204,7 +235,9 @@ class OptContext:
         fn = "ggml_opt_alloc"
         self._check_open(fn)
         if self._eval_ready:
-            raise StateError(f"alloc called twice without eval in between ({fn})")
+            other = "" if self._alloc_thread == threading.get_ident() else (
+                "; the pending alloc is another thread's")
+            raise StateError(f"alloc called twice without eval in between{other} ({fn})")
         spec = self._spec
         if backward and spec.build_type is BuildType.FORWARD:
             raise StateError(
@@ -222,8 +255,10 @@ class OptContext:
             build_type = BuildType.GRAD
 
         if not spec.static_graphs:
-            assert self._next_gf is not None
-            self._build(self._next_gf, build_type)
+            assert self._next_gf is not None and self._persist is not None
+            with graph_rollback(self._next_gf, [self._ctx_compute, self._persist.ctx_static],
+                                [self._inputs, self._outputs]):
+                self._build(self._next_gf, build_type)
             if self._dp is not None and not self._dp.ready:
                 self._dp.comm.run_all(fn, self._dp.setup)
         assert self._b is not None and self._persist is not None
@@ -231,7 +266,7 @@ class OptContext:
         graph = self._b.graph(build_type if self._dp is None or build_type is not BuildType.OPT
                               else BuildType.GRAD)
         assert graph is not None  # built for every build type the context allows
-        if graph is not self._allocated_graph:
+        if graph is not self._allocated_graph or spec.sched.allocated_graph is not graph:
             spec.sched.reset()
             spec.sched.alloc_graph(graph)
             self._allocated_graph = graph
@@ -240,7 +275,19 @@ class OptContext:
         self._period_complete = False
         self._build_type = build_type
         self._eval_ready = True
+        self._alloc_thread = threading.get_ident()
+        self._eval_failed = False
 
+    def _abandon(self) -> None:
+        """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
+        also drop their graphs, which hold the loss now: prepare_alloc comes next."""
+        self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
+        if not self._spec.static_graphs:
+            self._next_gf = self._allocated_graph = None
+
+    @_locked
     def eval(self, result: Result | None = None) -> None:
         """Compute the allocated graph and add its loss (and predictions) to ``result``.
 
@@ -253,6 +300,9 @@ class OptContext:
         self._check_open(fn)
         if not self._eval_ready:
             raise StateError(f"no graph allocated; call alloc before eval ({fn})")
+        if self._alloc_thread != threading.get_ident():
+            raise StateError(f"the pending alloc was made by another thread; an alloc/eval "
+                             f"pair belongs to one thread ({fn})")
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"result must be a Result or None, got {type(result).__name__} ({fn})")
         spec, b, persist = self._spec, self._b, self._persist
@@ -262,13 +312,25 @@ class OptContext:
             result._check_eval(b.loss_per_datapoint, spec.opt_period, nd)
         graph = self._allocated_graph
         assert graph is not None
+        if spec.sched.allocated_graph is not graph:
+            self._abandon()
+            raise StateError(
+                f"the scheduler's graph was replaced since alloc (by another context or "
+                f"thread); nothing was computed. Call alloc again (dynamic graphs: "
+                f"prepare_alloc first), holding the scheduler (with sched: ...) around alloc "
+                f"and eval ({fn})")
         is_opt = self._build_type is BuildType.OPT
-        if is_opt:
-            pars = self._get_opt_pars(self._get_opt_pars_ud)
-            values = optimizer_step_values(pars, spec.optimizer, self._iter)
-            tensor_set(persist.step_params(spec), values)
-
-        spec.sched.graph_compute(graph)
+        try:
+            if is_opt:
+                pars = self._get_opt_pars(self._get_opt_pars_ud)
+                values = optimizer_step_values(pars, spec.optimizer, self._iter)
+                tensor_set(persist.step_params(spec), values)
+            spec.sched.graph_compute(graph)
+        except GgoptError:  # refused before anything changed: fix the cause and eval again
+            raise
+        except BaseException:  # an interrupt or a failing callback: the alloc stands (eval may
+            self._eval_failed = True  # be retried), and reset drops it
+            raise
 
         if self._build_type is not BuildType.FORWARD:
             self._opt_i = (self._opt_i + 1) % self._period
@@ -281,6 +343,8 @@ class OptContext:
             # the graphs go; the loss tensors stay readable until the next alloc
             self._next_gf = self._allocated_graph = None
         self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
         if result is None:
             return
         loss = np.float32(tensor_get(b.loss).reshape(-1)[0])
@@ -290,18 +354,25 @@ class OptContext:
             ncorrect = int(tensor_get(b.ncorrect).reshape(-1)[0])
         result._add_eval(b.loss_per_datapoint, spec.opt_period, nd, loss, pred, ncorrect)
 
+    @_locked
     def reset(self, optimizer: bool) -> None:
         """Zero the gradient accumulators; with ``optimizer=True`` also the AdamW moments and
         the step count used for bias correction. Parameters and the RNG are untouched.
 
+        An alloc whose eval raised (a bad optimizer value, a KeyboardInterrupt, ...) is
+        dropped, so :meth:`alloc` works again; an alloc whose eval has not been tried stays.
+
         ggml: ``ggml_opt_reset``.
         """
         self._check_open("ggml_opt_reset")
+        if self._eval_ready and self._eval_failed:
+            self._abandon()
         if self._persist is not None and self._persist.allocated:
             self._persist.reset_grads(momenta=bool(optimizer))
         if optimizer:
             self._iter = 1
 
+    @_locked
     def grad_acc(self, node: Tensor) -> Tensor | None:
         """The gradient accumulator of forward node ``node``, or None if it has none.
 
@@ -321,6 +392,7 @@ class OptContext:
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
 
+    @_locked
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
         self._closed = True

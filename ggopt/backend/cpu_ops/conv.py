@@ -10,6 +10,7 @@ from ...ops._base import params_of
 from ...ops.conv import Im2ColParams, PoolParams
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
+from . import conv_sparse
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -21,7 +22,17 @@ def _im2col(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     k, x, d = srcs[0], mem(srcs[1]), mem(node)
     KW, KH = k.ne[0], k.ne[1]
     p = params_of(node, Im2ColParams)
-    return lambda: _conv.im2col(x, d, KH, KW, p.s0, p.s1, p.p0, p.p1, p.d0, p.d1, be.n_threads)
+    prm = (p.s0, p.s1, p.p0, p.p1, p.d0, p.d1)
+
+    def step() -> None:
+        n = be.n_threads
+        scratch = conv_sparse.im2col_scratch(x.shape, d.shape, KH, KW, prm, n, False)
+        if conv_sparse.prefer_sparse(scratch, x.size, d.size):
+            conv_sparse.im2col_gather(x, d, KH, KW, prm)
+        else:
+            _conv.im2col(x, d, KH, KW, *prm, n)
+
+    return step
 
 
 @COMPILERS.register(Op.IM2COL_BACK)
@@ -29,8 +40,17 @@ def _im2col_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     g, k, d = mem(srcs[0]), srcs[1], mem(node)
     KW, KH = k.ne[0], k.ne[1]
     p = params_of(node, Im2ColParams)
-    return lambda: _conv.im2col_back(g, d, KH, KW, p.s0, p.s1, p.p0, p.p1, p.d0, p.d1,
-                                     be.n_threads)
+    prm = (p.s0, p.s1, p.p0, p.p1, p.d0, p.d1)
+
+    def step() -> None:
+        n = be.n_threads
+        scratch = conv_sparse.im2col_scratch(d.shape, g.shape, KH, KW, prm, n, True)
+        if conv_sparse.prefer_sparse(scratch, g.size, d.size):
+            conv_sparse.im2col_back_scatter(g, d, KH, KW, prm)
+        else:
+            _conv.im2col_back(g, d, KH, KW, *prm, n)
+
+    return step
 
 
 @COMPILERS.register(Op.POOL_2D)

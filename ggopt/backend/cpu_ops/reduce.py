@@ -48,6 +48,8 @@ def _repeat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 @COMPILERS.register(Op.REPEAT_BACK)
 def _repeat_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     a, d = mem(srcs[0]), mem(node)
+    if a.size == 0:  # a sum over no tiles
+        return lambda: d.fill(0.0)
     return lambda: _reduce.repeat_back(a, d, be.n_threads)
 
 

@@ -32,7 +32,8 @@ def _acc(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     def step() -> None:
         if not same:
             np.copyto(d, a)
-        ew.binary(ew.BIN_ADD, part, b, part, be.n_threads)
+        if b.size:
+            ew.binary(ew.BIN_ADD, part, b, part, be.n_threads)
 
     return step
 
