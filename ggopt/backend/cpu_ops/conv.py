@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ggopt._kernels._conv as _conv
 
@@ -17,40 +17,37 @@ if TYPE_CHECKING:
     from ..cpu import CPUBackend
 
 
-@COMPILERS.register(Op.IM2COL)
-def _im2col(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    k, x, d = srcs[0], mem(srcs[1]), mem(node)
-    KW, KH = k.ne[0], k.ne[1]
+def _im2col_step(be: CPUBackend, node: Tensor, kernel: Tensor, image: Any, cols: Any,
+                 back: bool) -> Step:
+    """im2col (``cols`` from ``image``) or, with ``back``, its adjoint (``image`` from
+    ``cols``): the OpenMP kernel, or the gather/scatter of ``conv_sparse`` when the kernel's
+    padded scratch would dwarf the data."""
+    KW, KH = kernel.ne[0], kernel.ne[1]
     p = params_of(node, Im2ColParams)
     prm = (p.s0, p.s1, p.p0, p.p1, p.d0, p.d1)
+    src, dst = (cols, image) if back else (image, cols)
+    sparse = conv_sparse.im2col_back_scatter if back else conv_sparse.im2col_gather
+    dense = _conv.im2col_back if back else _conv.im2col
 
     def step() -> None:
         n = be.n_threads
-        scratch = conv_sparse.im2col_scratch(x.shape, d.shape, KH, KW, prm, n, False)
-        if conv_sparse.prefer_sparse(scratch, x.size, d.size):
-            conv_sparse.im2col_gather(x, d, KH, KW, prm)
+        scratch = conv_sparse.im2col_scratch(image.shape, cols.shape, KH, KW, prm, n, back)
+        if conv_sparse.prefer_sparse(scratch, src.size, dst.size):
+            sparse(src, dst, KH, KW, prm)
         else:
-            _conv.im2col(x, d, KH, KW, *prm, n)
+            dense(src, dst, KH, KW, *prm, n)
 
     return step
+
+
+@COMPILERS.register(Op.IM2COL)
+def _im2col(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    return _im2col_step(be, node, srcs[0], mem(srcs[1]), mem(node), back=False)
 
 
 @COMPILERS.register(Op.IM2COL_BACK)
 def _im2col_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    g, k, d = mem(srcs[0]), srcs[1], mem(node)
-    KW, KH = k.ne[0], k.ne[1]
-    p = params_of(node, Im2ColParams)
-    prm = (p.s0, p.s1, p.p0, p.p1, p.d0, p.d1)
-
-    def step() -> None:
-        n = be.n_threads
-        scratch = conv_sparse.im2col_scratch(d.shape, g.shape, KH, KW, prm, n, True)
-        if conv_sparse.prefer_sparse(scratch, g.size, d.size):
-            conv_sparse.im2col_back_scatter(g, d, KH, KW, prm)
-        else:
-            _conv.im2col_back(g, d, KH, KW, *prm, n)
-
-    return step
+    return _im2col_step(be, node, srcs[1], mem(node), mem(srcs[0]), back=True)
 
 
 @COMPILERS.register(Op.POOL_2D)
