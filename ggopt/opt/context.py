@@ -20,8 +20,9 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +37,10 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .schedule import Schedule
 
 __all__ = ["OptContext"]
 
@@ -140,6 +145,7 @@ class OptContext:
         self._iter = 1
         self._opt_i = 0
         self._period_complete = False
+        self._pending_state = None  # a checkpoint loaded before the first dynamic build
 
         if self._static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
@@ -399,6 +405,8 @@ class OptContext:
             raise StateError(
                 f"dynamic graphs: call prepare_alloc with a new forward graph before alloc ({fn})"
             )
+        if self._pending_state is not None:
+            self._pending_state.begin(self)
         if not backward:
             build_type = BuildType.FORWARD
         elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._opt_period == 0:
@@ -408,6 +416,9 @@ class OptContext:
 
         if not self._static_graphs:
             self._commit(self._build(self._gf, build_type))
+            if self._pending_state is not None:
+                self._pending_state.finish(self)
+                self._pending_state = None
         graph = {
             BuildType.FORWARD: self._gf,
             BuildType.GRAD: self._gb_grad,
@@ -496,6 +507,54 @@ class OptContext:
                 raise StateError(f"a FORWARD-only context has no gradients ({fn})")
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
+
+    def save_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
+                   schedule: Schedule | None = None, *, epoch: int = 0) -> None:
+        """Write the whole optimization state to the GGUF file ``path``, atomically.
+
+        Saves the parameters, AdamW moments, step count, accumulation position with the
+        partial gradient accumulators and the shuffle generator; with ``dataset`` its shard
+        order, with ``schedule`` (default: ``get_opt_pars`` when it is a
+        :class:`~ggopt.opt.schedule.Schedule`) its position; ``epoch`` is stored for the
+        caller. The file is written next to ``path`` as ``<path>.tmp``, fsynced and renamed,
+        so a crash leaves the previous checkpoint intact. Layout: :mod:`ggopt.opt.checkpoint`.
+
+        Raises
+        ------
+        StateError
+            A FORWARD-only context, a graph waiting for eval, dynamic graphs before the first
+            alloc, or parameters without unique names.
+
+        ggml: ``ggml_opt_save_state`` (proposed upstream).
+        """
+        from . import checkpoint
+
+        checkpoint.save_state(self, path, dataset, schedule, epoch=epoch)
+
+    def load_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
+                   schedule: Schedule | None = None) -> int:
+        """Restore a state written by :meth:`save_state`; return the epoch stored with it.
+
+        The whole file is read and checked first: format version, optimizer, loss, build type,
+        ``opt_period``, parameter names, shapes and types, and that a dataset (shard count)
+        and a schedule (kind and constants) are given exactly when the file holds them. The
+        first mismatch raises and nothing changes. A dynamic context that has not built a
+        graph yet keeps the tensors until its first :meth:`alloc`, which checks the prepared
+        graph's parameters against the file before anything else.
+
+        Raises
+        ------
+        ShapeError, DTypeError
+            The file is truncated, not a ggopt checkpoint, of another format version, or does
+            not match the context, dataset or schedule (the message names the mismatch).
+        StateError
+            As for :meth:`save_state`.
+
+        ggml: ``ggml_opt_load_state`` (proposed upstream).
+        """
+        from . import checkpoint
+
+        return checkpoint.load_state(self, path, dataset, schedule)
 
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
