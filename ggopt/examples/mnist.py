@@ -21,14 +21,17 @@ import numpy as np
 from .. import set_n_threads
 from ..errors import BackendUnavailableError, GgoptError
 from ..opt import Result
+from ..opt.training import fit_split
 from . import mnist_data as data
 from . import mnist_model as model
+from . import training_cli
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
 
 FULL_EPOCHS = 30  # ggml's mnist-train
 SUBSET_EPOCHS = 20  # keeps the default run on the bundled 4000 images to seconds
+VAL_SPLIT = 0.05  # ggml's mnist-train
 _ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
 
 
@@ -81,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="also write loss and accuracy per epoch as a PNG (needs matplotlib: "
                          "pip install 'ggopt[plot]')")
     _common(tr)
+    training_cli.add_training_args(tr)
     tr.set_defaults(func=_train)
     ev = sub.add_parser(
         "eval", help="evaluate a GGUF model on the test set, as ggml's mnist-eval",
@@ -137,7 +141,11 @@ def _train(args: argparse.Namespace) -> int:
 
     m = model.build_model(arch, sched)
     model.init_params(m, args.seed, args.init)
-    history = model.train(m, ds_train, nepoch)
+    _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, model.NBATCH_PHYSICAL,
+                               VAL_SPLIT)
+    schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
+    history = model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, get_opt_pars=schedule,
+                          checkpoint=args.checkpoint, resume=args.resume)
     print(f"mnist_model_save: saving model to '{out}'")
     model.save_gguf(m, out)
     _print_result(_evaluate(m, ds_test))
@@ -167,7 +175,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        training_cli.check_training_args(parser, args)
     try:
         return args.func(args)
     except BackendUnavailableError as exc:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import Literal, TextIO
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TextIO
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from ..opt import (
     FitHistory,
     LossType,
     OptContext,
+    OptimizerParams,
     OptimizerType,
     Result,
     default_params,
@@ -299,16 +300,22 @@ def train(
     silent: bool = False,
     *,
     stream: TextIO | None = None,
+    get_opt_pars: Callable[[Any], OptimizerParams] = get_default_optimizer_params,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> FitHistory:
-    """Train with cross-entropy and default AdamW (ggml's ``mnist_model_train``).
+    """Train with cross-entropy and AdamW (ggml's ``mnist_model_train``).
 
     ``nbatch_logical`` datapoints per optimizer step, accumulated over physical batches of
     ``model.nbatch_physical``; ``val_split`` of the logical batches are held out.
+    ``get_opt_pars`` (ggml's defaults, or a :mod:`ggopt.opt.schedule` schedule), ``checkpoint``
+    and ``resume`` go to :func:`ggopt.opt.fit`.
     """
     return fit(
         model.sched, model.ctx_compute, model.images, model.logits, dataset,
-        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_default_optimizer_params,
+        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_opt_pars,
         nepoch, nbatch_logical, val_split, silent, stream=stream,
+        checkpoint=checkpoint, resume=resume,
     )
 
 
