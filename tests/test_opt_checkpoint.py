@@ -272,8 +272,9 @@ def test_bad_files_raise_and_change_nothing(trained_state, fresh, tmp_path):
     ctx, ds, sched = fresh
     before = h.full_state(ctx, ds, sched)
     for what, (path, exc, match) in _bad_files(trained_state, tmp_path).items():
-        with pytest.raises(exc, match=match):
+        with pytest.raises(GgoptError, match=match) as info:
             ctx.load_state(path, ds)
+        assert isinstance(info.value, exc), what
         assert h.full_state(ctx, ds, sched) == before, what
     assert ctx.load_state(trained_state, ds) == 1  # and the good file loads
     assert h.full_state(ctx, ds, sched) != before

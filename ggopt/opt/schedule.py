@@ -207,7 +207,8 @@ class WarmupCosineLR(Schedule):
         if step >= self.total_steps:
             return self.lr_min
         progress = (step - self.warmup) / (self.total_steps - self.warmup)
-        return self.lr_min + (self.lr0 - self.lr_min) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        # Written to give exactly lr0 at the peak: lr0 - (lr0 - lr_min) * (1 - cos(pi p)) / 2.
+        return self.lr0 - (self.lr0 - self.lr_min) * 0.5 * (1.0 - math.cos(math.pi * progress))
 
     def hyperparameters(self) -> dict[str, float | int]:
         return {"lr0": self.lr0, "lr_min": self.lr_min, "total_steps": self.total_steps,
