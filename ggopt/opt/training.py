@@ -231,7 +231,8 @@ def fit(
     optimizer : OptimizerType
     get_opt_pars : callable
         ``get_opt_pars(epoch) -> OptimizerParams``, called once per optimizer step with the
-        current 1-based epoch (for learning-rate schedules).
+        current 1-based epoch; a :class:`~ggopt.opt.schedule.Schedule` (for example
+        :func:`~ggopt.opt.schedule.warmup_cosine`) also goes into the checkpoints.
     nepoch : int
     nbatch_logical : int
         Datapoints per optimizer step (torch: effective batch size); a multiple of the
@@ -254,7 +255,8 @@ def fit(
     Returns
     -------
     FitHistory
-        Train and validation loss/accuracy with uncertainties and seconds, per epoch.
+        Train and validation loss/accuracy with uncertainties and seconds, per epoch run by
+        this call (after a resume: the epochs after the checkpoint's).
 
     ggml: ``ggml_opt_fit`` (which returns nothing).
     """
