@@ -525,7 +525,7 @@ class OptContext:
             A FORWARD-only context, a graph waiting for eval, dynamic graphs before the first
             alloc, or parameters without unique names.
 
-        ggml: ``ggml_opt_save_state`` (proposed upstream).
+        ggml: none yet; named after the proposed ``ggml_opt_save_state``.
         """
         from . import checkpoint
 
@@ -550,7 +550,7 @@ class OptContext:
         StateError
             As for :meth:`save_state`.
 
-        ggml: ``ggml_opt_load_state`` (proposed upstream).
+        ggml: none yet; named after the proposed ``ggml_opt_load_state``.
         """
         from . import checkpoint
 
@@ -565,6 +565,7 @@ class OptContext:
         self._moments.clear()
         self._loss_acc = self._opt_step_params = None
         self._ctx_static = None
+        self._pending_state = None
 
     def __enter__(self) -> OptContext:
         return self
