@@ -249,6 +249,14 @@ def _bad_files(good: Path, d: Path) -> dict[str, tuple[Path, type, str]]:
                           ShapeError, "optimizer: the context has 'adamw', the file 'sgd'")
     files["opt_period"] = (_rewrite(good, d / "p4.gguf", {"ggopt.state.opt_period": 4}),
                            ShapeError, "opt_period: the context has 2, the file 4")
+    files["build type"] = (_rewrite(good, d / "grad.gguf", {"ggopt.state.build_type": "GRAD"}),
+                           ShapeError, "build type: the context has 'OPT', the file 'GRAD'")
+    files["loss"] = (_rewrite(good, d / "mse.gguf", {"ggopt.state.loss_type": "MEAN"}),
+                     ShapeError, "loss type: the context has 'CROSS_ENTROPY', the file 'MEAN'")
+    files["opt_i"] = (_rewrite(good, d / "opti.gguf", {"ggopt.state.opt_i": 2}),
+                      ShapeError, "opt_i: expected < opt_period=2, got 2")
+    files["missing key"] = (_rewrite(good, d / "noiter.gguf", drop=["ggopt.state.iteration"]),
+                            ShapeError, "metadata 'ggopt.state.iteration' is missing")
     files["shape"] = (_rewrite(good, d / "shape.gguf",
                                tensors={"fc2.bias": np.zeros(11, np.float32)}),
                       ShapeError, r"parameter 'fc2.bias': expected ggml shape \[10\]")
@@ -383,7 +391,18 @@ def test_file_layout(trained_state):
     assert sorted(tensors["ggopt.dataset.permutation"].tolist()) == list(range(400))
 
 
-def test_fit_resume_needs_checkpoint_and_reports():
+def test_fit_resume_after_the_last_epoch_trains_nothing(tmp_path):
+    ckpt = tmp_path / "state.gguf"
+    trained = h.weights_gguf(h.fit_run(2, h.ADAMW, checkpoint=ckpt), tmp_path / "a.gguf")
+    m = h.model()
+    history = opt.fit(m.sched, m.ctx_compute, m.images, m.logits, h.dataset(), h.CE, h.ADAMW,
+                      opt.get_default_optimizer_params, 2, h.NBATCH_LOGICAL, h.VAL_SPLIT, True,
+                      checkpoint=ckpt, resume=True)
+    assert len(history) == 0
+    assert h.weights_gguf(m, tmp_path / "b.gguf") == trained
+
+
+def test_fit_resume_needs_checkpoint():
     m = h.model()
     with pytest.raises(StateError, match="resume=True needs a checkpoint"):
         opt.fit(m.sched, m.ctx_compute, m.images, m.logits, h.dataset(), h.CE,
