@@ -98,7 +98,7 @@ def test_resume_inside_an_accumulation_period(tmp_path, dynamic):
     m, ds = h.model(), h.dataset()
     with context(m) as ctx:
         steps(ctx, m, ds, range(3))
-        assert ctx._opt_i == 1
+        assert checkpoint._counters(ctx)[1] == 1
         ctx.save_state(ckpt, ds, epoch=7)
     acc = gguf.load(ckpt)[1]["ggopt.grad_acc.0"]
     assert np.any(acc != 0)
@@ -106,7 +106,8 @@ def test_resume_inside_an_accumulation_period(tmp_path, dynamic):
     m, ds = h.model(), h.dataset()
     with context(m) as ctx:
         assert ctx.load_state(ckpt, ds) == 7
-        assert ctx._opt_i == 1 or dynamic  # dynamic: counters wait for the first alloc
+        # dynamic graphs: the counters wait for the first alloc
+        assert checkpoint._counters(ctx)[1] == 1 or dynamic
         steps(ctx, m, ds, range(3, 6))
     assert h.param_bytes(m.params) == straight
 
@@ -325,7 +326,7 @@ def test_dynamic_context_checks_parameters_at_first_alloc(trained_state, tmp_pat
         assert ctx._pending_state is not None
         with pytest.raises(ShapeError, match="parameter 'fc2.weight' of the context"):
             h.dynamic_step(ctx, m, ds, 0)
-        assert not ctx._static_allocated and ctx._iter == 1
+        assert not checkpoint._built(ctx) and checkpoint._counters(ctx)[0] == 1
     with h.dynamic_context(m, h.ADAMW) as ctx:  # after prepare_alloc: checked at once
         ctx_compute = ggopt.Context()
         logits = h._forward_fc(ctx_compute, m.params, m.images)

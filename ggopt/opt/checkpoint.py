@@ -78,7 +78,62 @@ def _acc(i: int) -> str:
     return f"ggopt.grad_acc.{i}"
 
 
-# --- what the context holds ----------------------------------------------------------------
+# --- the context's state: the only code that knows OptContext's private attributes ----------
+def _setup(ctx: OptContext) -> dict[str, object]:
+    """What a checkpoint must agree on: optimizer, loss type, build type, opt_period."""
+    return {"optimizer": optimizer_name(ctx._optimizer), "loss type": ctx._loss_type.name,
+            "build type": ctx._build_type_alloc.name, "opt_period": ctx._opt_period}
+
+
+def _has_moments(ctx: OptContext) -> bool:
+    return ctx._optimizer is OptimizerType.ADAMW and ctx._build_type_alloc is BuildType.OPT
+
+
+def _built(ctx: OptContext) -> bool:
+    """Whether the accumulators and moments exist (static: always; dynamic: after an alloc)."""
+    return ctx._static_allocated
+
+
+def _prepared_graph_nodes(ctx: OptContext) -> list[Tensor] | None:
+    """Dynamic graphs: the nodes of the graph given to prepare_alloc, if any."""
+    return None if ctx._gf is None else list(ctx._gf.nodes)
+
+
+def _param_nodes(ctx: OptContext) -> list[Tensor]:
+    """The parameters of a built context, in graph order."""
+    if ctx._static_graphs:
+        return list(ctx._gf.nodes)
+    return list(ctx._param_accs)
+
+
+def _moments(ctx: OptContext) -> dict[Tensor, tuple[Tensor, Tensor]]:
+    return ctx._moments
+
+
+def _param_accs(ctx: OptContext) -> dict[Tensor, Tensor]:
+    return ctx._param_accs
+
+
+def _loss_acc(ctx: OptContext) -> Tensor | None:
+    return ctx._loss_acc
+
+
+def _counters(ctx: OptContext) -> tuple[int, int, bool]:
+    return ctx._iter, ctx._opt_i, ctx._period_complete
+
+
+def _set_counters(ctx: OptContext, iteration: int, opt_i: int, period_complete: bool) -> None:
+    ctx._iter, ctx._opt_i, ctx._period_complete = iteration, opt_i, period_complete
+
+
+def _get_opt_pars(ctx: OptContext) -> object:
+    return ctx._get_opt_pars
+
+
+def _set_pending(ctx: OptContext, pending: PendingState | None) -> None:
+    ctx._pending_state = pending
+
+
 def _check_usable(ctx: OptContext, fn: str) -> None:
     ctx._check_open(fn)
     if ctx._build_type_alloc is BuildType.FORWARD:
@@ -87,11 +142,6 @@ def _check_usable(ctx: OptContext, fn: str) -> None:
     if ctx._eval_ready:
         raise StateError(f"a graph is allocated and waiting for eval; checkpoint between "
                          f"evals ({fn})")
-
-
-def _built(ctx: OptContext) -> bool:
-    """Whether the accumulators and moments exist (static: always; dynamic: after an alloc)."""
-    return ctx._static_allocated
 
 
 def _graph_params(nodes: list[Tensor], fn: str) -> list[Tensor]:
@@ -108,15 +158,12 @@ def _graph_params(nodes: list[Tensor], fn: str) -> list[Tensor]:
 
 
 def _params(ctx: OptContext, fn: str) -> list[Tensor]:
-    """The parameters of a built context, in graph order."""
-    if ctx._static_graphs:
-        return _graph_params(ctx._gf.nodes, fn)
-    return _graph_params(list(ctx._param_accs), fn)
+    return _graph_params(_param_nodes(ctx), fn)
 
 
 def _resolve_schedule(ctx: OptContext, schedule: Schedule | None, fn: str) -> Schedule | None:
-    if schedule is None and isinstance(ctx._get_opt_pars, Schedule):
-        return ctx._get_opt_pars
+    if schedule is None and isinstance(_get_opt_pars(ctx), Schedule):
+        return _get_opt_pars(ctx)
     if schedule is not None and not isinstance(schedule, Schedule):
         raise DTypeError(f"schedule must be a ggopt.opt.schedule.Schedule or None, got "
                          f"{type(schedule).__name__} ({fn})")
@@ -145,30 +192,33 @@ def save_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
         raise StateError(f"dynamic graphs: nothing to save before the first alloc ({fn})")
     params = _params(ctx, fn)
 
+    setup = _setup(ctx)
+    iteration, opt_i, period_complete = _counters(ctx)
     metadata: dict[str, object] = {
         _ARCH_KEY: ARCHITECTURE,
         _STATE + "version": FORMAT_VERSION,
-        _STATE + "optimizer": optimizer_name(ctx._optimizer),
-        _STATE + "loss_type": ctx._loss_type.name,
-        _STATE + "build_type": ctx._build_type_alloc.name,
-        _STATE + "opt_period": ctx._opt_period,
-        _STATE + "iteration": ctx._iter,
-        _STATE + "opt_i": ctx._opt_i,
-        _STATE + "period_complete": ctx._period_complete,
+        _STATE + "optimizer": setup["optimizer"],
+        _STATE + "loss_type": setup["loss type"],
+        _STATE + "build_type": setup["build type"],
+        _STATE + "opt_period": setup["opt_period"],
+        _STATE + "iteration": iteration,
+        _STATE + "opt_i": opt_i,
+        _STATE + "period_complete": period_complete,
         _STATE + "epoch": int(epoch),
         _STATE + "params": [p.name for p in params],
     }
     tensors: dict[str, np.ndarray] = {}
+    moments, accs, loss_acc = _moments(ctx), _param_accs(ctx), _loss_acc(ctx)
     for i, p in enumerate(params):
         tensors[p.name] = tensor_get(p)
-        if p in ctx._moments:
-            m, v = ctx._moments[p]
+        if p in moments:
+            m, v = moments[p]
             tensors[_m(i)], tensors[_v(i)] = tensor_get(m), tensor_get(v)
-        if p in ctx._param_accs:
-            tensors[_acc(i)] = tensor_get(ctx._param_accs[p])
-    if ctx._loss_acc is not None:
-        tensors[_LOSS_ACC] = tensor_get(ctx._loss_acc)
-    tensors[_RNG] = ctx._rng.get_state().view(np.int32)
+        if p in accs:
+            tensors[_acc(i)] = tensor_get(accs[p])
+    if loss_acc is not None:
+        tensors[_LOSS_ACC] = tensor_get(loss_acc)
+    tensors[_RNG] = ctx.rng.get_state().view(np.int32)
     if dataset is not None:
         tensors[_PERMUTATION] = dataset.permutation.astype(np.int32)
     if schedule is not None:
@@ -307,12 +357,10 @@ def _read(path: str | os.PathLike[str]) -> _FileState:
 
 def _check_setup(ctx: OptContext, st: _FileState) -> None:
     """The file was written by a context of the same optimizer, loss, build and period."""
-    for what, ours, theirs in (
-        ("optimizer", optimizer_name(ctx._optimizer), st.optimizer),
-        ("loss type", ctx._loss_type.name, st.loss_type),
-        ("build type", ctx._build_type_alloc.name, st.build_type),
-        ("opt_period", ctx._opt_period, st.opt_period),
-    ):
+    theirs_by_name = {"optimizer": st.optimizer, "loss type": st.loss_type,
+                      "build type": st.build_type, "opt_period": st.opt_period}
+    for what, ours in _setup(ctx).items():
+        theirs = theirs_by_name[what]
         if ours != theirs:
             raise ShapeError(f"{st.where}: {what}: the context has {ours!r}, the file "
                              f"{theirs!r}")
@@ -342,7 +390,7 @@ def _check_params(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None
             raise ShapeError(f"{st.where}: parameter {name!r} of the file is not in the context "
                              f"(it has {', '.join(ours)})")
     index = {name: i for i, name in enumerate(st.names)}
-    adamw = ctx._optimizer is OptimizerType.ADAMW and ctx._build_type_alloc is BuildType.OPT
+    adamw = _has_moments(ctx)
     for p in params:
         i = index[p.name]
         _check_tensor(st, p.name, p, f"parameter {p.name!r}")
@@ -380,26 +428,27 @@ def _check_extras(st: _FileState, dataset: Dataset | None, schedule: Schedule | 
 
 
 def _apply_counters(ctx: OptContext, st: _FileState) -> None:
-    ctx._iter, ctx._opt_i, ctx._period_complete = st.iteration, st.opt_i, st.period_complete
+    _set_counters(ctx, st.iteration, st.opt_i, st.period_complete)
 
 
 def _apply_tensors(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None:
     index = {name: i for i, name in enumerate(st.names)}
+    moments, accs, loss_acc = _moments(ctx), _param_accs(ctx), _loss_acc(ctx)
     for p in params:
         i = index[p.name]
         tensor_set(p, st.tensors[p.name])
-        if p in ctx._moments:
-            m, v = ctx._moments[p]
+        if p in moments:
+            m, v = moments[p]
             tensor_set(m, st.tensors[_m(i)])
             tensor_set(v, st.tensors[_v(i)])
-        if p in ctx._param_accs:
-            acc = ctx._param_accs[p]
+        if p in accs:
+            acc = accs[p]
             if st.has_accumulators():
                 tensor_set(acc, st.tensors[_acc(i)])
             else:  # saved at a period boundary by a context without accumulators
                 tensor_set(acc, np.zeros(acc.nelements(), dtype=np.float32))
-    if ctx._loss_acc is not None and _LOSS_ACC in st.tensors:
-        tensor_set(ctx._loss_acc, st.tensors[_LOSS_ACC].reshape(-1))
+    if loss_acc is not None and _LOSS_ACC in st.tensors:
+        tensor_set(loss_acc, st.tensors[_LOSS_ACC].reshape(-1))
 
 
 class PendingState:
@@ -414,8 +463,7 @@ class PendingState:
         self._st = st
 
     def begin(self, ctx: OptContext) -> None:
-        fn = "ggml_opt_alloc"
-        _check_params(ctx, self._st, _graph_params(ctx._gf.nodes, fn))
+        _check_params(ctx, self._st, _graph_params(_prepared_graph_nodes(ctx), "ggml_opt_alloc"))
         _apply_counters(ctx, self._st)
 
     def finish(self, ctx: OptContext) -> None:
@@ -438,18 +486,18 @@ def load_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
     if _built(ctx):
         params = _params(ctx, fn)
         _check_params(ctx, st, params)
-    elif ctx._gf is not None:  # dynamic, prepared but not built: check now, fill at alloc
-        _check_params(ctx, st, _graph_params(ctx._gf.nodes, fn))
+    elif _prepared_graph_nodes(ctx) is not None:  # dynamic, not built: check now, fill at alloc
+        _check_params(ctx, st, _graph_params(_prepared_graph_nodes(ctx), fn))
     position = _check_extras(st, dataset, schedule)
 
     # Everything is checked; from here on nothing can fail.
     if params is not None:
         _apply_tensors(ctx, st, params)
         _apply_counters(ctx, st)
-        ctx._pending_state = None
+        _set_pending(ctx, None)
     else:
-        ctx._pending_state = PendingState(st)
-    ctx._rng.set_state(st.rng.get_state())
+        _set_pending(ctx, PendingState(st))
+    ctx.rng.set_state(st.rng.get_state())
     if dataset is not None:
         dataset._permutation[:] = st.permutation
     if schedule is not None:
