@@ -55,7 +55,7 @@ __all__ = [
 
 def __getattr__(name: str):
     # Sub-packages load on first use so that ``import ggopt`` stays light.
-    if name in ("backend", "opt", "io"):
+    if name in ("backend", "opt", "io", "dist"):
         import importlib
 
         return importlib.import_module(f"ggopt.{name}")

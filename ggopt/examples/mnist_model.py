@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from ..opt import (
     get_default_optimizer_params,
 )
 from .mnist_data import HW, NCLASSES, NINPUT
+
+if TYPE_CHECKING:
+    from ..dist import Communicator
 
 __all__ = [
     "ARCHS",
@@ -303,18 +306,20 @@ def train(
     get_opt_pars: Callable[[Any], OptimizerParams] = get_default_optimizer_params,
     checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
+    comm: Communicator | None = None,
 ) -> FitHistory:
     """Train with cross-entropy and AdamW (ggml's ``mnist_model_train``).
 
     ``nbatch_logical`` datapoints per optimizer step, accumulated over physical batches of
-    ``model.nbatch_physical``; ``val_split`` of the logical batches are held out.
-    ``get_opt_pars`` (ggml's defaults, or a :mod:`ggopt.opt.schedule` schedule), ``checkpoint``
-    and ``resume`` go to :func:`ggopt.opt.fit`.
+    ``model.nbatch_physical``; ``val_split`` of the logical batches are held out. With
+    ``comm`` (several ranks) the training is data-parallel. ``get_opt_pars`` (ggml's defaults,
+    or a :mod:`ggopt.opt.schedule` schedule), ``checkpoint`` and ``resume`` go to
+    :func:`ggopt.opt.fit`.
     """
     return fit(
         model.sched, model.ctx_compute, model.images, model.logits, dataset,
         LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_opt_pars,
-        nepoch, nbatch_logical, val_split, silent, stream=stream,
+        nepoch, nbatch_logical, val_split, silent, stream=stream, comm=comm,
         checkpoint=checkpoint, resume=resume,
     )
 

@@ -39,6 +39,7 @@ from .result import Result
 from .rng import Mt19937
 
 if TYPE_CHECKING:
+    from ..dist import Communicator
     from .dataset import Dataset
     from .schedule import Schedule
 
@@ -75,10 +76,31 @@ class OptContext:
     DTypeError, ShapeError, StateError
         Invalid parameters or an unusable graph; nothing is kept.
 
+    With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
+    data-parallel (``docs/distributed.md``): construction is collective, and an error on any
+    rank raises on every rank.
+
     ggml: ``ggml_opt_init`` (and ``ggml_opt_free`` as :meth:`close`).
     """
 
     def __init__(self, params: OptParams) -> None:
+        self._dp = None
+        comm = params.comm if isinstance(params, OptParams) else None
+        if comm is None:
+            self._init(params)
+            return
+        from ..dist.data_parallel import DataParallel
+
+        comm = DataParallel.check_comm(comm)
+        if comm is None:  # a single rank is no communicator at all
+            self._init(params)
+            return
+        comm.run_all("ggml_opt_init", lambda: self._init(params))
+        self._dp = DataParallel(self, comm)
+        if self._static_allocated:
+            comm.run_all("ggml_opt_init", self._dp.setup)
+
+    def _init(self, params: OptParams) -> None:
         fn = "ggml_opt_init"
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
@@ -287,11 +309,10 @@ class OptContext:
             self._optimizer is OptimizerType.ADAMW
         )
         new = self._ctx_static.new_tensor
-        for node in gf.nodes:
-            if not node.flags & TensorFlag.PARAM:
-                continue
-            if accumulate:
-                param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
+            param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        for node in params:
             if need_moments:
                 moments[node] = (
                     ops.set_name(new(F32, node.ne), f"AdamW m for {node.name}"),
@@ -409,7 +430,7 @@ class OptContext:
             self._pending_state.begin(self)
         if not backward:
             build_type = BuildType.FORWARD
-        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._opt_period == 0:
+        elif self._build_type_alloc is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
             build_type = BuildType.OPT
         else:
             build_type = BuildType.GRAD
@@ -419,10 +440,13 @@ class OptContext:
             if self._pending_state is not None:
                 self._pending_state.finish(self)
                 self._pending_state = None
+            if self._dp is not None and not self._dp.ready:
+                self._dp.comm.run_all(fn, self._dp.setup)
         graph = {
             BuildType.FORWARD: self._gf,
             BuildType.GRAD: self._gb_grad,
-            BuildType.OPT: self._gb_opt,
+            # data-parallel: the step runs in eval, after the accumulators are summed
+            BuildType.OPT: self._gb_opt if self._dp is None else self._gb_grad,
         }[build_type]
         if graph is not self._allocated_graph:
             self._sched.reset()
@@ -452,7 +476,7 @@ class OptContext:
         if result is not None:
             result._check_eval(self._loss_per_datapoint, self._opt_period, nd)
         graph = self._allocated_graph
-        is_opt = graph is self._gb_opt
+        is_opt = self._build_type is BuildType.OPT
         if is_opt:
             pars = self._get_opt_pars(self._get_opt_pars_ud)
             values = optimizer_step_values(pars, self._optimizer, self._iter)
@@ -460,11 +484,13 @@ class OptContext:
 
         self._sched.graph_compute(graph)
 
+        if self._build_type is not BuildType.FORWARD:
+            self._opt_i = (self._opt_i + 1) % self._period
+            self._period_complete = self._opt_i == 0
+            if self._dp is not None and self._period_complete:
+                self._dp.end_period(step=is_opt)
         if is_opt:
             self._iter += 1
-        if self._build_type is not BuildType.FORWARD:
-            self._opt_i = (self._opt_i + 1) % self._opt_period
-            self._period_complete = self._opt_i == 0
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
@@ -625,7 +651,19 @@ class OptContext:
 
     @property
     def opt_period(self) -> int:
+        """Physical batches per optimizer step (over all ranks when data-parallel)."""
         return self._opt_period
+
+    @property
+    def _period(self) -> int:
+        """Backward evals of this process per optimizer step."""
+        return self._opt_period if self._dp is None else self._dp.local_period
+
+    @property
+    def comm(self) -> Communicator | None:
+        """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
+        for a communicator of one rank)."""
+        return None if self._dp is None else self._dp.comm
 
     @property
     def rng(self) -> Mt19937:

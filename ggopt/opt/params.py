@@ -105,6 +105,9 @@ class OptParams:
     optimizer : OptimizerType
     rng_seed : int
         Seed of the context's ``std::mt19937`` used by dataset shuffles (ggml: always 5489).
+    comm : ggopt.dist.Communicator or None
+        Not in ggml. Several ranks: train data-parallel, ``opt_period`` counting the physical
+        batches of all ranks (``docs/distributed.md``). None or one rank: a plain context.
     """
 
     backend_sched: Any
@@ -118,6 +121,7 @@ class OptParams:
     get_opt_pars_ud: Any = None
     optimizer: OptimizerType = OptimizerType.ADAMW
     rng_seed: int = 5489
+    comm: Any = None
 
 
 def default_params(backend_sched: Any, loss_type: LossType | int | str) -> OptParams:

@@ -53,6 +53,34 @@ def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: st
         )
 
 
+def _epoch_batches(
+    opt_ctx: OptContext, dataset: Dataset, idata_split: int, fn: str
+) -> tuple[int, int, int]:
+    """Check an epoch's arguments; return ``(ndata_batch, ibatch_split, nbatches)``."""
+    if not isinstance(dataset, Dataset):
+        raise DTypeError(f"dataset must be a Dataset, got {type(dataset).__name__} ({fn})")
+    if not opt_ctx.static_graphs:
+        raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
+    inputs, data = opt_ctx.inputs, dataset.data
+    _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
+    ndata = data.ne[1]
+    ndata_batch = inputs.ne[1]
+    if ndata % ndata_batch != 0:
+        raise ShapeError(
+            f"ndata={ndata} is not a multiple of the batch size inputs.ne[1]={ndata_batch} ({fn})"
+        )
+    nbatches = ndata // ndata_batch
+    idata_split = _int(idata_split, "idata_split", fn)
+    if idata_split < 0:
+        idata_split = ndata
+    if idata_split % ndata_batch != 0 or idata_split > ndata:
+        raise ShapeError(
+            f"idata_split={idata_split} must be a multiple of the batch size {ndata_batch} and "
+            f"at most ndata={ndata} ({fn})"
+        )
+    return ndata_batch, idata_split // ndata_batch, nbatches
+
+
 def epoch(
     opt_ctx: OptContext,
     dataset: Dataset,
@@ -80,33 +108,22 @@ def epoch(
     callback_train, callback_eval : callable or None
         E.g. :func:`epoch_callback_progress_bar`.
 
+    A data-parallel context (``opt_ctx.comm`` set) splits the batches across its ranks; see
+    :func:`ggopt.dist.epoch.epoch_data_parallel`.
+
     ggml: ``ggml_opt_epoch``.
     """
     fn = "ggml_opt_epoch"
     if not isinstance(opt_ctx, OptContext):
         raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
-    if not isinstance(dataset, Dataset):
-        raise DTypeError(f"dataset must be a Dataset, got {type(dataset).__name__} ({fn})")
-    if not opt_ctx.static_graphs:
-        raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
-    inputs, labels, data = opt_ctx.inputs, opt_ctx.labels, dataset.data
-    _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
-    ndata = data.ne[1]
-    ndata_batch = inputs.ne[1]
-    if ndata % ndata_batch != 0:
-        raise ShapeError(
-            f"ndata={ndata} is not a multiple of the batch size inputs.ne[1]={ndata_batch} ({fn})"
-        )
-    nbatches = ndata // ndata_batch
-    idata_split = _int(idata_split, "idata_split", fn)
-    if idata_split < 0:
-        idata_split = ndata
-    if idata_split % ndata_batch != 0 or idata_split > ndata:
-        raise ShapeError(
-            f"idata_split={idata_split} must be a multiple of the batch size {ndata_batch} and "
-            f"at most ndata={ndata} ({fn})"
-        )
-    ibatch_split = idata_split // ndata_batch
+    if opt_ctx.comm is not None:
+        from ..dist.epoch import epoch_data_parallel
+
+        epoch_data_parallel(opt_ctx, dataset, result_train, result_eval, idata_split,
+                            callback_train, callback_eval, _epoch_batches)
+        return
+    _, ibatch_split, nbatches = _epoch_batches(opt_ctx, dataset, idata_split, fn)
+    inputs, labels = opt_ctx.inputs, opt_ctx.labels
 
     t_start = time_us()
     for ibatch in range(ibatch_split):
@@ -214,6 +231,7 @@ def fit(
     silent: bool = False,
     *,
     stream: TextIO | None = None,
+    comm: Any = None,
     checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
 ) -> FitHistory:
@@ -243,6 +261,10 @@ def fit(
         False: print a header and progress bars per epoch, as ggml does.
     stream : text stream, optional
         Where the progress goes (default ``sys.stderr``).
+    comm : ggopt.dist.Communicator, optional
+        Not in ggml: train data-parallel over its ranks (``docs/distributed.md``). Every rank
+        calls ``fit`` with the same arguments; only rank 0 prints; every rank returns the same
+        history (and holds the same weights).
     checkpoint : path, optional
         Save the whole state there (:meth:`OptContext.save_state`, with the dataset's shard
         order and, when ``get_opt_pars`` is a :class:`Schedule`, its position) after every
@@ -286,6 +308,8 @@ def fit(
     params.opt_period = opt_period
     params.get_opt_pars = lambda _ud: get_opt_pars(iepoch)
     params.optimizer = optimizer
+    params.comm = comm
+    silent = silent or (comm is not None and comm.rank != 0)
     out = sys.stderr if stream is None else stream
     callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
     history = FitHistory()
