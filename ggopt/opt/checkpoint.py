@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -50,6 +51,7 @@ from .rng import Mt19937
 from .schedule import Schedule
 
 if TYPE_CHECKING:
+    from ..dist import Communicator
     from .context import OptContext
 
 __all__ = ["FORMAT_VERSION", "ARCHITECTURE", "save_state", "load_state"]
@@ -130,6 +132,11 @@ def _get_opt_pars(ctx: OptContext) -> object:
     return ctx._get_opt_pars
 
 
+def _comm(ctx: OptContext) -> Communicator | None:
+    """The communicator of a data-parallel context, else None."""
+    return ctx.comm
+
+
 def _set_pending(ctx: OptContext, pending: PendingState | None) -> None:
     ctx._pending_state = pending
 
@@ -180,9 +187,20 @@ def save_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
                schedule: Schedule | None = None, *, epoch: int = 0) -> None:
     """Write ``ctx``'s state (and ``dataset``'s shard order, ``schedule``'s position) to ``path``.
 
-    See :meth:`OptContext.save_state`.
+    See :meth:`OptContext.save_state`. Data-parallel contexts: collective; rank 0 writes.
     """
     fn = "ggml_opt_save_state"
+    comm = _comm(ctx)
+    if comm is None:
+        _save(ctx, path, dataset, schedule, epoch, fn, write=True)
+    else:
+        comm.run_all(fn, lambda: _save(ctx, path, dataset, schedule, epoch, fn,
+                                       write=comm.rank == 0, every_rank_raises=True))
+
+
+def _save(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None,
+          schedule: Schedule | None, epoch: object, fn: str, *, write: bool,
+          every_rank_raises: bool = False) -> None:
     _check_usable(ctx, fn)
     _check_dataset(dataset, fn)
     schedule = _resolve_schedule(ctx, schedule, fn)
@@ -191,6 +209,11 @@ def save_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
     if not _built(ctx):
         raise StateError(f"dynamic graphs: nothing to save before the first alloc ({fn})")
     params = _params(ctx, fn)
+    if _comm(ctx) is not None and _counters(ctx)[1] != 0:
+        raise StateError(f"data-parallel: the ranks hold different partial gradients inside "
+                         f"an optimizer period; save at the end of one ({fn})")
+    if not write:
+        return
 
     setup = _setup(ctx)
     iteration, opt_i, period_complete = _counters(ctx)
@@ -223,7 +246,12 @@ def save_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
         tensors[_PERMUTATION] = dataset.permutation.astype(np.int32)
     if schedule is not None:
         metadata.update({_SCHEDULE + k: v for k, v in schedule.state().items()})
-    _write_atomic(path, tensors, metadata)
+    try:
+        _write_atomic(path, tensors, metadata)
+    except OSError as exc:
+        if not every_rank_raises:
+            raise
+        raise StateError(f"rank 0 could not write {os.fspath(path)!r}: {exc} ({fn})") from exc
 
 
 def _write_atomic(path: str | os.PathLike[str], tensors: dict[str, np.ndarray],
@@ -474,14 +502,32 @@ def load_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
                schedule: Schedule | None = None) -> int:
     """Read ``path`` into ``ctx`` (and ``dataset``, ``schedule``); return the saved epoch.
 
-    See :meth:`OptContext.load_state`.
+    See :meth:`OptContext.load_state`. Data-parallel contexts: collective; every rank reads the
+    file, and every rank raises (nothing changed anywhere) when any rank's check fails.
     """
     fn = "ggml_opt_load_state"
+    comm = _comm(ctx)
+    if comm is None:
+        return _prepare_load(ctx, path, dataset, schedule, fn)()
+    return comm.run_all(fn, lambda: _prepare_load(ctx, path, dataset, schedule, fn))()
+
+
+def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None,
+                  schedule: Schedule | None, fn: str) -> Callable[[], int]:
+    """Read and check everything; return the function that applies it (and cannot fail)."""
     _check_usable(ctx, fn)
     _check_dataset(dataset, fn)
     schedule = _resolve_schedule(ctx, schedule, fn)
-    st = _read(path)
+    try:
+        st = _read(path)
+    except OSError as exc:
+        if _comm(ctx) is None:
+            raise
+        raise StateError(f"cannot read {os.fspath(path)!r}: {exc} ({fn})") from exc
     _check_setup(ctx, st)
+    if _comm(ctx) is not None and st.opt_i != 0:
+        raise ShapeError(f"{st.where}: data-parallel: the file stops inside an optimizer "
+                         f"period (opt_i={st.opt_i}); resume it in one process")
     params = None
     if _built(ctx):
         params = _params(ctx, fn)
@@ -490,16 +536,18 @@ def load_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
         _check_params(ctx, st, _graph_params(_prepared_graph_nodes(ctx), fn))
     position = _check_extras(st, dataset, schedule)
 
-    # Everything is checked; from here on nothing can fail.
-    if params is not None:
-        _apply_tensors(ctx, st, params)
-        _apply_counters(ctx, st)
-        _set_pending(ctx, None)
-    else:
-        _set_pending(ctx, PendingState(st))
-    ctx.rng.set_state(st.rng.get_state())
-    if dataset is not None:
-        dataset._permutation[:] = st.permutation
-    if schedule is not None:
-        schedule.step, schedule.epoch = position
-    return st.epoch
+    def apply() -> int:
+        if params is not None:
+            _apply_tensors(ctx, st, params)
+            _apply_counters(ctx, st)
+            _set_pending(ctx, None)
+        else:
+            _set_pending(ctx, PendingState(st))
+        ctx.rng.set_state(st.rng.get_state())
+        if dataset is not None:
+            dataset._permutation[:] = st.permutation
+        if schedule is not None:
+            schedule.step, schedule.epoch = position
+        return st.epoch
+
+    return apply

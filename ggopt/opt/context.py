@@ -545,6 +545,10 @@ class OptContext:
         caller. The file is written next to ``path`` as ``<path>.tmp``, fsynced and renamed,
         so a crash leaves the previous checkpoint intact. Layout: :mod:`ggopt.opt.checkpoint`.
 
+        Data-parallel contexts: collective; rank 0 writes, and an error on any rank (an
+        ``OSError`` of rank 0 becomes a :class:`StateError`) raises on every rank. Saving
+        inside an optimizer period is refused there.
+
         Raises
         ------
         StateError
@@ -566,7 +570,9 @@ class OptContext:
         and a schedule (kind and constants) are given exactly when the file holds them. The
         first mismatch raises and nothing changes. A dynamic context that has not built a
         graph yet keeps the tensors until its first :meth:`alloc`, which checks the prepared
-        graph's parameters against the file before anything else.
+        graph's parameters against the file before anything else. Data-parallel contexts:
+        collective; every rank reads the file and applies it only when every rank's checks
+        passed.
 
         Raises
         ------
