@@ -155,8 +155,10 @@ def test_binary_errors_leave_dst_untouched(rng):
     dst = np.full(SHAPE, 7, np.float32)
     with pytest.raises(ShapeError, match="divide"):
         E.binary(E.BIN_ADD, a, np.ones((1, 1, 2, 5), np.float32), dst, 1)
+    narrow = np.full((7, 13, 3, 4), 7, np.float32)
     with pytest.raises(ShapeError, match="dst"):
-        E.binary(E.BIN_ADD, a, a, np.zeros((7, 13, 3, 4), np.float32), 1)
+        E.binary(E.BIN_ADD, a, a, narrow, 1)
+    np.testing.assert_array_equal(narrow, 7)
     with pytest.raises(ShapeError, match="op code"):
         E.binary(9, a, a, dst, 1)
     with pytest.raises(ValueError):  # the dtype is checked by the memoryview
@@ -165,8 +167,16 @@ def test_binary_errors_leave_dst_untouched(rng):
 
 
 def test_binary_empty():
+    # dst is an empty window into a guarded buffer: nothing may be written around it
+    guard = np.full(32, 7.0, np.float32)
     a = np.zeros((0, 3, 1, 5), np.float32)
-    E.binary(E.BIN_ADD, a, np.ones((1, 1, 1, 5), np.float32), a.copy(), 2)
+    b = np.ones((1, 1, 1, 5), np.float32)
+    dst = guard[8:8].reshape(0, 3, 1, 5)
+    assert E.binary(E.BIN_ADD, a, b, dst, 2) is None
+    assert (guard == 7.0).all() and (b == 1.0).all() and dst.shape == (0, 3, 1, 5)
+    with pytest.raises(ShapeError):  # an empty a still needs a dst of its shape
+        E.binary(E.BIN_ADD, a, b, guard[:15].reshape(1, 3, 1, 5), 2)
+    assert (guard == 7.0).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,8 +222,11 @@ def test_binary_unary_long_tiled_rows(rng):
 
 def test_binary_unary_rejects_bad_unary_code(rng):
     a = rng.standard_normal(SHAPE).astype(np.float32)
+    a_before, dst = a.copy(), np.full(SHAPE, 7, np.float32)
     with pytest.raises(ShapeError, match="unary op code"):
-        E.binary_unary(E.BIN_ADD, 99, a, a, a.copy(), 1)
+        E.binary_unary(E.BIN_ADD, 99, a, a, dst, 1)
+    np.testing.assert_array_equal(dst, 7)
+    np.testing.assert_array_equal(a, a_before)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,10 +284,15 @@ def test_exp_is_accurate_over_its_range():
 
 def test_unary_errors(rng):
     x = rng.standard_normal(SHAPE).astype(np.float32)
+    x_before, dst, wide = x.copy(), np.full(SHAPE, 7, np.float32), np.full((7, 13, 3, 6), 7,
+                                                                          np.float32)
     with pytest.raises(ShapeError, match="unary op code"):
-        E.unary(-2, x, x.copy(), 1)
+        E.unary(-2, x, dst, 1)
     with pytest.raises(ShapeError, match="dst"):
-        E.unary(E.UN_NEG, x, np.zeros((7, 13, 3, 6), np.float32), 1)
+        E.unary(E.UN_NEG, x, wide, 1)
+    np.testing.assert_array_equal(dst, 7)
+    np.testing.assert_array_equal(wide, 7)
+    np.testing.assert_array_equal(x, x_before)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,10 +356,13 @@ def test_unary_back_large_threaded(rng):
 
 def test_unary_back_errors(rng):
     x = rng.standard_normal(SHAPE).astype(np.float32)
+    x_before, dst = x.copy(), np.full(SHAPE, 7, np.float32)
     with pytest.raises(ShapeError, match="UN_STEP"):
-        E.unary_back(E.UN_STEP, x, x, x.copy(), 1)
+        E.unary_back(E.UN_STEP, x, x, dst, 1)
     with pytest.raises(ShapeError, match="g"):
-        E.unary_back(E.UN_RELU, x, x[:, :, :2], x.copy(), 1)
+        E.unary_back(E.UN_RELU, x, x[:, :, :2], dst, 1)
+    np.testing.assert_array_equal(dst, 7)
+    np.testing.assert_array_equal(x, x_before)
 
 
 # ---------------------------------------------------------------------------------------------
