@@ -11,12 +11,12 @@ import functools
 from pathlib import Path
 
 import numpy as np
+from _state import observable_state
 
 import ggopt
 from ggopt import opt
 from ggopt.backend import tensor_get
 from ggopt.examples import mnist_data, mnist_model
-from ggopt.opt import checkpoint
 
 NBATCH_LOGICAL = 1000
 NBATCH_PHYSICAL = mnist_model.NBATCH_PHYSICAL
@@ -118,28 +118,8 @@ def weights_gguf(m, path: Path) -> bytes:
 
 
 def full_state(ctx: opt.OptContext, ds: opt.Dataset | None = None, sched=None) -> tuple:
-    """Every piece of state a checkpoint covers, as comparable bytes and numbers."""
-    tensors = [(p.name, tensor_get(p).tobytes()) for p in context_params(ctx)]
-    for mom, vel in checkpoint._moments(ctx).values():
-        tensors += [(mom.name, tensor_get(mom).tobytes()), (vel.name, tensor_get(vel).tobytes())]
-    for acc in checkpoint._param_accs(ctx).values():
-        tensors.append((acc.name, tensor_get(acc).tobytes()))
-    loss_acc = checkpoint._loss_acc(ctx)
-    if loss_acc is not None and loss_acc.buffer is not None:
-        tensors.append(("loss acc", tensor_get(loss_acc).tobytes()))
-    return (
-        tuple(tensors), checkpoint._counters(ctx), ctx._pending_state,
-        ctx.rng.get_state().tobytes(),
-        None if ds is None else ds.permutation.tobytes(),
-        None if sched is None else (sched.step, sched.epoch),
-    )
-
-
-def context_params(ctx: opt.OptContext) -> list:
-    """The context's parameters (none before a dynamic context's first build)."""
-    if not checkpoint._built(ctx):
-        return []
-    return checkpoint._params(ctx, "test")
+    """Everything observable about the context, dataset and schedule (tests/_state.py)."""
+    return observable_state(ctx, ds, sched)
 
 
 def param_bytes(params: dict) -> dict[str, bytes]:
