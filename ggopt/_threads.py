@@ -15,7 +15,13 @@ from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
 from .errors import DTypeError, ShapeError
 
-__all__ = ["get_n_threads", "openmp_enabled", "set_n_threads"]
+__all__ = ["get_n_threads", "openmp_enabled", "set_n_threads", "MAX_N_THREADS", "check_n_threads"]
+
+#: The most threads a kernel may be asked for: four per CPU, at least 512 (far beyond any useful
+#: count). OpenMP runtimes end the process when a parallel region asks for more threads than
+#: they or the system can start (libgomp: SIGSEGV at 100,000, a fatal "Thread creation failed"
+#: once the system's thread limit is reached), so larger counts are refused up front.
+MAX_N_THREADS = max(512, 4 * (os.cpu_count() or 1))
 
 
 def openmp_enabled() -> bool:
@@ -30,10 +36,23 @@ def _default_n_threads() -> int:
     This is scikit-learn's ``_openmp_effective_n_threads(None)`` rule: an explicit
     ``OMP_NUM_THREADS`` wins, otherwise never more threads than CPUs.
     """
-    max_threads = omp_max_threads() if _openmp_enabled() else 1
+    max_threads = min(omp_max_threads(), MAX_N_THREADS) if _openmp_enabled() else 1
     if os.environ.get("OMP_NUM_THREADS"):
         return max(1, max_threads)
     return max(1, min(max_threads, os.cpu_count() or 1))
+
+
+def check_n_threads(n: object, fn: str) -> int:
+    """``n`` as an int in ``[1, MAX_N_THREADS]``; DTypeError/ShapeError otherwise."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise DTypeError(f"{fn}: n_threads must be an int or None, got {type(n).__name__}")
+    n = int(n)
+    if not 1 <= n <= MAX_N_THREADS:
+        raise ShapeError(
+            f"{fn}: n_threads must be a positive number of threads, at most {MAX_N_THREADS} "
+            f"(4 per CPU, at least 512), got {n}"
+        )
+    return n
 
 
 _n_threads: int = _default_n_threads()  # what the kernels use
@@ -58,24 +77,14 @@ def set_n_threads(n: int | None) -> None:
     DTypeError
         ``n`` is not an integer (a TypeError).
     ShapeError
-        ``n`` is not positive (a ValueError).
+        ``n`` is not in ``[1, MAX_N_THREADS]`` (a ValueError).
     """
     global _n_threads
     if n is None:
         _n_threads = _default_n_threads()
         _limit_blas(None)
         return
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise DTypeError(
-            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be an int or None, "
-            f"got {type(n).__name__}"
-        )
-    n = int(n)
-    if n < 1:
-        raise ShapeError(
-            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be a positive number of "
-            f"threads, got {n}"
-        )
+    n = check_n_threads(n, "set_n_threads (ggml_backend_cpu_set_n_threads)")
     _n_threads = n if _openmp_enabled() else 1
     _limit_blas(n)
 

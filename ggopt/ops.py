@@ -100,7 +100,11 @@ def _ctx(fn: str, ctx: object) -> Context:
 def _scalar(fn: str, name: str, v: object) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise DTypeError(f"ggml_{fn}: {name} must be a number, got {v!r}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError:
+        raise ShapeError(f"ggml_{fn}: {name} must fit in a float, got an int of "
+                         f"{int(v).bit_length()} bits") from None
 
 
 def _int(fn: str, name: str, v: object) -> int:
@@ -456,6 +460,7 @@ def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset
     if not a.is_contiguous():
         raise ShapeError("ggml_acc: a must be contiguous")
     nb = (4, _int("acc", "nb1", nb1), _int("acc", "nb2", nb2), _int("acc", "nb3", nb3))
+    _check_strides("acc", nb)
     offset = _int("acc", "offset", offset)
     end = offset + 4 + builtins.sum((n - 1) * s for n, s in zip(b.ne, nb))
     if offset < 0 or (b.nelements() > 0 and end > a.nbytes()):
@@ -508,6 +513,9 @@ def cross_entropy_loss(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     if a.ne != b.ne:
         raise ShapeError(f"ggml_cross_entropy_loss: logits {_ne_str(a)} and labels "
                          f"{_ne_str(b)} must have the same shape")
+    if a.nelements() == 0:
+        raise ShapeError(f"ggml_cross_entropy_loss: logits {_ne_str(a)} need at least one class "
+                         "and one row (the loss is a mean over rows)")
     return ctx.new_op(F32, (1, 1, 1, 1), Op.CROSS_ENTROPY_LOSS, (a, b))
 
 
@@ -618,6 +626,8 @@ def argmax(ctx: Context, a: Tensor) -> Tensor:
     _f32("argmax", a=a)
     if not a.is_matrix():
         raise ShapeError(f"ggml_argmax: a must be a matrix (ne2 == ne3 == 1), got {_ne_str(a)}")
+    if a.ne[0] == 0 and a.ne[1] > 0:
+        raise ShapeError(f"ggml_argmax: rows of a {_ne_str(a)} are empty; no maximum")
     return ctx.new_op(I32, (a.ne[1], 1, 1, 1), Op.ARGMAX, (a,))
 
 
@@ -681,15 +691,23 @@ def _conv_out(fn: str, size: int, k: int, s: int, p: int, d: int) -> int:
     return out
 
 
+#: Kernel sizes, strides, paddings and dilations reach the kernels as C ints.
+_INT32_LIMIT = 2**31
+
+
 def _conv_params(fn: str, **params: int | float) -> tuple[int, ...]:
+    """Window sizes (k*), strides (s*) and dilations (d*) >= 1, paddings (p*) >= 0, all
+    below 2**31."""
     vals = []
     for name, v in params.items():
         if isinstance(v, float) and v.is_integer():  # ggml passes pool padding as float
             v = int(v)
         v = _int(fn, name, v)
-        if (name[0] in "sd" and v < 1) or (name[0] == "p" and v < 0):
-            raise ShapeError(f"ggml_{fn}: {name} must be {'>= 1' if name[0] in 'sd' else '>= 0'}, "
-                             f"got {v}")
+        if (name[0] in "ksd" and v < 1) or (name[0] == "p" and v < 0):
+            raise ShapeError(f"ggml_{fn}: {name} must be "
+                             f"{'>= 1' if name[0] in 'ksd' else '>= 0'}, got {v}")
+        if v >= _INT32_LIMIT:
+            raise ShapeError(f"ggml_{fn}: {name} must be < 2**31, got {v}")
         vals.append(v)
     return tuple(vals)
 
@@ -713,7 +731,7 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
         raise ShapeError(f"ggml_im2col: kernel channels a.ne[2]={a.ne[2]} must equal input "
                          f"channels b.ne[2]={b.ne[2]}")
     prm = _conv_params("im2col", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1)
-    KW, KH = a.ne[0], a.ne[1]
+    KW, KH = _conv_params("im2col", kw=a.ne[0], kh=a.ne[1])
     OW = _conv_out("im2col", b.ne[0], KW, prm[0], prm[2], prm[4])
     OH = _conv_out("im2col", b.ne[1], KH, prm[1], prm[3], prm[5])
     return ctx.new_op(F32, (b.ne[2] * KH * KW, OW, OH, b.ne[3]), Op.IM2COL, (a, b), prm)
@@ -732,7 +750,7 @@ def im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: tuple[int, ...], s0: int
         raise ShapeError("ggml_im2col_back: only 2-D im2col is supported by ggopt")
     ne = normalize_ne(ne)
     prm = _conv_params("im2col_back", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1)
-    KW, KH = b.ne[0], b.ne[1]
+    KW, KH = _conv_params("im2col_back", kw=b.ne[0], kh=b.ne[1])
     OW = _conv_out("im2col_back", ne[0], KW, prm[0], prm[2], prm[4])
     OH = _conv_out("im2col_back", ne[1], KH, prm[1], prm[3], prm[5])
     want = (ne[2] * KH * KW, OW, OH, ne[3])
@@ -842,6 +860,14 @@ def opt_step_sgd(ctx: Context, a: Tensor, grad: Tensor, sgd_params: Tensor) -> T
 # --- views, reshapes and copies -----------------------------------------------------------
 
 
+def _check_strides(fn: str, nb: tuple[int, ...]) -> None:
+    """Byte strides must be >= 0: with a negative one, a view that passes the end-of-data
+    check would still reach memory before its start (another tensor's)."""
+    for i, n in enumerate(nb):
+        if n < 0:
+            raise ShapeError(f"ggml_{fn}: byte stride nb{i} must be >= 0, got {n}")
+
+
 def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...] | None,
           offset: int) -> Tensor:
     _ctx(fn, ctx)
@@ -854,6 +880,7 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         nbl = nbl + (nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2])
     else:
         nbl = (a.type.size,) + tuple(_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb))
+        _check_strides(fn, nbl)
         nbl = nbl + tuple(nbl[-1] * ne4[i] for i in range(len(nbl), 4))
         nb4 = tuple(nbl)
     size = 0 if 0 in ne4 else a.type.size + builtins.sum((n - 1) * s for n, s in zip(ne4, nbl))

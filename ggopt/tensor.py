@@ -163,8 +163,12 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """The NumPy shape: ``ne`` reversed and trimmed to :attr:`n_dims`."""
-        return tuple(reversed(self.ne[: self.n_dims]))
+        """The NumPy shape: ``ne`` reversed, without trailing dimensions of size 1.
+
+        Like :attr:`n_dims`, except that a dimension of size 0 is kept: ``ne=[4, 0]`` is
+        ``(0, 4)`` (ggml's n_dims says 1, which would hide that the tensor is empty).
+        """
+        return tuple(reversed(self.ne[: _numpy_ndim(self.ne)]))
 
     def is_contiguous(self) -> bool:
         """True when the elements are densely packed in ggml order (ggml_is_contiguous)."""
@@ -224,11 +228,19 @@ class Tensor:
                 f"tensor '{self.name}' lives on backend {self.buffer.backend.name}; "
                 "use ggopt.backend.tensor_get(t) to copy it to the host"
             )
-        return self.array4d()[(0,) * (GGML_MAX_DIMS - self.n_dims)]
+        return self.array4d()[(0,) * (GGML_MAX_DIMS - _numpy_ndim(self.ne))]
 
     def __repr__(self) -> str:
         dims = ", ".join(str(n) for n in self.ne[: self.n_dims])
         return f"Tensor('{self.name}', {self.type.name}, ne=[{dims}], op={self.op.name})"
+
+
+def _numpy_ndim(ne: tuple[int, int, int, int]) -> int:
+    """Dimensions of the NumPy view: up to the last one whose size is not 1."""
+    for i in range(GGML_MAX_DIMS - 1, 0, -1):
+        if ne[i] != 1:
+            return i + 1
+    return 1
 
 
 def contiguous_strides(type: GGType, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:

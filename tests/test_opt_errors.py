@@ -194,12 +194,11 @@ def test_init_errors():
 
 
 def _init_left_model_unchanged(before: tuple, after: tuple) -> None:
-    """A failed OptContext() must leave the model as it was. Known leak (found by issue 15):
-    these checks run after OptContext() has expanded the forward graph, which already named
-    unnamed nodes ("node_<i>") and set the COMPUTE flag on the graph's tensors; reported as an
-    expected failure, with the first difference, until the context validates before it builds."""
-    if after != before:
-        pytest.xfail(f"failed OptContext() changed the model: {first_difference(before, after)}")
+    """A failed OptContext() must leave the model as it was: these checks run after it has
+    expanded the forward graph (naming nodes, setting COMPUTE flags), which the context rolls
+    back (ggopt.opt.rollback) when a later step raises."""
+    assert after == before, f"failed OptContext() changed the model: " \
+        f"{first_difference(before, after)}"
 
 
 def test_init_inputs_not_allocated():

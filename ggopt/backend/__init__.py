@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ..context import Context
@@ -45,16 +47,26 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     return buf
 
 
+def _compute_lock(t: Tensor):
+    """The lock of the scheduler whose compute memory holds ``t``, or a no-op."""
+    lock = t.buffer.lock
+    return lock if lock is not None else contextlib.nullcontext()
+
+
 def tensor_set(t: Tensor, array) -> None:
     """Copy ``array`` (same element count and dtype) into ``t`` (ggml_backend_tensor_set)."""
     _check_transfer(t)
-    t.buffer.backend.tensor_set(t, array)
+    with _compute_lock(t):
+        _check_transfer(t)  # again: another thread may have reset the scheduler meanwhile
+        t.buffer.backend.tensor_set(t, array)
 
 
 def tensor_get(t: Tensor) -> np.ndarray:
     """A host copy of ``t``'s data in NumPy order (ggml_backend_tensor_get)."""
     _check_transfer(t)
-    return t.buffer.backend.tensor_get(t)
+    with _compute_lock(t):
+        _check_transfer(t)
+        return t.buffer.backend.tensor_get(t)
 
 
 def cupy_init(device: int = 0) -> Backend:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
 from .buffer import Buffer
 
@@ -76,7 +76,12 @@ class Backend:
         """A new buffer of ``nbytes`` bytes (ggml_backend_alloc_buffer)."""
         if not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
             raise ShapeError(f"buffer size must be a non-negative int, got {nbytes!r}")
-        return Buffer(self, int(nbytes), self._alloc(int(nbytes)))
+        try:
+            data = self._alloc(int(nbytes))
+        except (MemoryError, ValueError, OverflowError) as exc:  # NumPy/CuPy refusals
+            raise OutOfMemoryError(f"ggml_backend_alloc_buffer: {self.name} could not allocate "
+                                   f"{int(nbytes)} bytes ({type(exc).__name__}: {exc})") from None
+        return Buffer(self, int(nbytes), data)
 
     def tensor_set(self, t: Tensor, array) -> None:
         _check_transfer(t)

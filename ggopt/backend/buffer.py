@@ -23,16 +23,19 @@ def align(n: int) -> int:
 class Buffer:
     """A block of ``size`` bytes owned by ``backend`` (ggml_backend_buffer).
 
-    ``data`` is the backend's array object (a NumPy uint8 array for host buffers).
+    ``data`` is the backend's array object (a NumPy uint8 array for host buffers). ``lock`` is
+    the lock of the scheduler whose compute memory this is (None for other buffers):
+    ``tensor_get``/``tensor_set`` hold it, so they never read or write while it computes.
     """
 
-    __slots__ = ("backend", "size", "data", "is_host", "__weakref__")
+    __slots__ = ("backend", "size", "data", "is_host", "lock", "__weakref__")
 
     def __init__(self, backend: Backend, size: int, data) -> None:
         self.backend = backend
         self.size = size
         self.data = data
         self.is_host = backend.is_host
+        self.lock = None
 
     def view(self, t: Tensor):
         """The 4-D array (NumPy order) of tensor ``t``, which must point into this buffer."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _threads
-from ..errors import ShapeError
 from ..tensor import VIEW_OPS, Tensor
 from .base import Backend, Step
 from .buffer import ALIGNMENT, Buffer
@@ -28,10 +27,8 @@ class CPUBackend(Backend):
     is_host = True
 
     def __init__(self, n_threads: int | None = None) -> None:
-        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
-                                      or n_threads < 1):
-            raise ShapeError(f"ggml_backend_cpu_init: n_threads must be a positive int or None, "
-                             f"got {n_threads!r}")
+        if n_threads is not None:
+            n_threads = _threads.check_n_threads(n_threads, "ggml_backend_cpu_init")
         self._n_threads = n_threads
 
     @property
@@ -85,7 +82,7 @@ class CPUBackend(Backend):
         return node.op in VIEW_OPS or node.op in COMPILERS
 
     def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
-        if node.op in VIEW_OPS:
+        if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
         return COMPILERS[node.op](self, node, srcs)
 

@@ -13,6 +13,7 @@ from .._kernels import _conv, _copy, _get_rows, _optim, _reduce, _softmax
 from .._kernels import _elementwise as ew
 from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
+from . import conv_sparse
 from .base import Step, check_row_indices
 
 if TYPE_CHECKING:
@@ -108,6 +109,8 @@ def _repeat(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
 @compiler(Op.REPEAT_BACK)
 def _repeat_back(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     a, d = srcs[0].array4d(), node.array4d()
+    if a.size == 0:  # a sum over no tiles
+        return lambda: d.fill(0.0)
     return lambda: _reduce.repeat_back(a, d, be.n_threads)
 
 
@@ -124,7 +127,8 @@ def _acc(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     def step() -> None:
         if not same:
             np.copyto(d, a)
-        ew.binary(ew.BIN_ADD, part, b, part, be.n_threads)
+        if b.size:
+            ew.binary(ew.BIN_ADD, part, b, part, be.n_threads)
 
     return step
 
@@ -307,16 +311,34 @@ def _get_rows_back_c(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
 def _im2col(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     k, x, d = srcs[0], srcs[1].array4d(), node.array4d()
     KW, KH = k.ne[0], k.ne[1]
-    s0, s1, p0, p1, d0, d1 = node.op_params
-    return lambda: _conv.im2col(x, d, KH, KW, s0, s1, p0, p1, d0, d1, be.n_threads)
+    s0, s1, p0, p1, d0, d1 = prm = node.op_params
+
+    def step() -> None:
+        n = be.n_threads
+        if conv_sparse.prefer_sparse(conv_sparse.im2col_scratch(x.shape, d.shape, KH, KW, prm,
+                                                                n, False), x.size, d.size):
+            conv_sparse.im2col_gather(x, d, KH, KW, prm)
+        else:
+            _conv.im2col(x, d, KH, KW, s0, s1, p0, p1, d0, d1, n)
+
+    return step
 
 
 @compiler(Op.IM2COL_BACK)
 def _im2col_back(be: CPUBackend, node: Tensor, srcs: tuple) -> Step:
     g, k, d = srcs[0].array4d(), srcs[1], node.array4d()
     KW, KH = k.ne[0], k.ne[1]
-    s0, s1, p0, p1, d0, d1 = node.op_params
-    return lambda: _conv.im2col_back(g, d, KH, KW, s0, s1, p0, p1, d0, d1, be.n_threads)
+    s0, s1, p0, p1, d0, d1 = prm = node.op_params
+
+    def step() -> None:
+        n = be.n_threads
+        if conv_sparse.prefer_sparse(conv_sparse.im2col_scratch(d.shape, g.shape, KH, KW, prm,
+                                                                n, True), g.size, d.size):
+            conv_sparse.im2col_back_scatter(g, d, KH, KW, prm)
+        else:
+            _conv.im2col_back(g, d, KH, KW, s0, s1, p0, p1, d0, d1, n)
+
+    return step
 
 
 @compiler(Op.POOL_2D)

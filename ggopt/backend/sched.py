@@ -9,6 +9,7 @@ switching between a few static graphs costs a dictionary lookup and a pointer up
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -58,6 +59,13 @@ class Scheduler:
 
     ``backends[0]`` has the highest priority; the last backend must be a host (CPU) backend,
     which computes whatever the others do not support.
+
+    Threads: every call holds the scheduler's lock (a re-entrant lock), so calls from several
+    threads never run inside one scheduler at the same time. A sequence of calls is not atomic
+    by itself: hold the same lock around it with ``with sched:`` (for example reset, alloc,
+    compute and reading the outputs). Without it, another thread may allocate its own graph in
+    between; then :meth:`graph_compute` of yours raises StateError (it never computes the other
+    graph), and so does reading a compute tensor of a graph that is no longer allocated.
     """
 
     def __init__(self, backends: Sequence[Backend]) -> None:
@@ -76,12 +84,27 @@ class Scheduler:
         self._buffers: dict[Backend, Buffer] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._current: _Compiled | None = None
+        self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> Scheduler:
+        """Hold the scheduler's lock for a sequence of calls (``with sched: ...``)."""
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
     # --- public API ---------------------------------------------------------------------------
     @property
     def n_backends(self) -> int:
         return len(self.backends)
+
+    @property
+    def allocated_graph(self) -> Graph | None:
+        """The graph allocated by :meth:`alloc_graph` (None after :meth:`reset`)."""
+        return self._graph
 
     def get_backend(self, i: int) -> Backend:
         """Backend ``i`` in priority order (ggml_backend_sched_get_backend)."""
@@ -92,13 +115,15 @@ class Scheduler:
 
         ggml: ``ggml_backend_sched_reset``.
         """
-        cur = self._current
-        if cur is not None:
-            for t, _, _ in cur.placed:
-                t.buffer = None
-            for t in cur.views:
-                t.buffer = None
-        self._current = None
+        with self._lock:
+            cur = self._current
+            if cur is not None:
+                for t, _, _ in cur.placed:
+                    t.buffer = None
+                for t in cur.views:
+                    t.buffer = None
+            self._current = None
+            self._graph = None
 
     def alloc_graph(self, g: Graph) -> bool:
         """Assign backends and memory to every tensor of ``g`` that has none.
@@ -108,6 +133,10 @@ class Scheduler:
         if not isinstance(g, Graph):
             raise DTypeError(f"ggml_backend_sched_alloc_graph: expected a Graph, got "
                              f"{type(g).__name__}")
+        with self._lock:
+            return self._alloc_graph(g)
+
+    def _alloc_graph(self, g: Graph) -> bool:
         if self._current is not None:
             raise StateError("ggml_backend_sched_alloc_graph: a graph is already allocated; call "
                              "reset() first")
@@ -123,15 +152,35 @@ class Scheduler:
             t.buffer = src.buffer
             t.offset = src.offset + t.view_offs
         self._current = comp
+        self._graph = g
         return True
 
     def graph_compute(self, g: Graph) -> None:
-        """Run the allocated graph, allocating ``g`` first if nothing is.
+        """Run ``g``, allocating it first if no graph is allocated.
+
+        Raises StateError when another graph is allocated (ggml would silently compute that
+        one) or ``g`` changed since it was allocated; nothing is computed then.
 
         ggml: ``ggml_backend_sched_graph_compute``.
         """
-        if self._current is None:
-            self.alloc_graph(g)
+        if not isinstance(g, Graph):
+            raise DTypeError(f"ggml_backend_sched_graph_compute: expected a Graph, got "
+                             f"{type(g).__name__}")
+        with self._lock:
+            if self._current is None:
+                self._alloc_graph(g)
+            elif self._graph is not g:
+                raise StateError(
+                    "ggml_backend_sched_graph_compute: another graph is allocated (by "
+                    "alloc_graph, maybe from another thread); call reset() and alloc_graph(g) "
+                    "first, or hold the scheduler (with sched: ...) around alloc and compute")
+            elif self._current.version != g.version:
+                raise StateError(
+                    "ggml_backend_sched_graph_compute: the graph changed since alloc_graph; "
+                    "call reset() and alloc_graph(g) again")
+            self._compute()
+
+    def _compute(self) -> None:
         tokens = [b.begin_compute() for b in self.backends]
         try:
             for step in self._current.steps:
@@ -261,6 +310,7 @@ class Scheduler:
             buf = self._buffers.get(b)
             if plan.offsets and (buf is None or buf.size < plan.size):
                 buf = b.alloc_buffer(plan.size)
+                buf.lock = self._lock
                 self._buffers[b] = buf
                 self._cache.clear()  # every cached plan pointed into the old buffer
             if buf is not None:

@@ -103,7 +103,7 @@ class ArrayBackend(Backend):
         self.from_host(t.array4d(), array)
 
     def _copy_out(self, t: Tensor) -> np.ndarray:
-        return self.to_host(t.array4d()[(0,) * (4 - t.n_dims)])
+        return self.to_host(t.array4d()).reshape(t.shape)
 
     def fill(self, t: Tensor, value: float) -> None:
         t.array4d()[...] = value
@@ -119,7 +119,7 @@ class ArrayBackend(Backend):
         return node.op in self._compilers and (self.ops is None or node.op in self.ops)
 
     def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
-        if node.op in VIEW_OPS:
+        if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
         return self._wrap(self._compilers[node.op](self, node, srcs))
 

@@ -9,6 +9,7 @@ payload length are checked, and the sizes give the array's shape.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import sys
 import zlib
@@ -17,6 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
+from .atomic import atomic_path
 
 __all__ = ["read", "write"]
 
@@ -30,7 +32,9 @@ _TYPE_CODES = {
     0x0E: np.dtype(">f8"),
 }
 _CODE_OF_KIND = {dt.newbyteorder("="): code for code, dt in _TYPE_CODES.items()}
-_MAX_DIMS = 255
+_MAX_DIMS = 255  # the format's limit (one byte)
+_MAX_NDARRAY_DIMS = 64  # NumPy's (NPY_MAXDIMS); a file with more dimensions cannot be read
+_MAX_NDARRAY_BYTES = np.iinfo(np.intp).max
 _CHUNK = 1 << 20
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -86,6 +90,9 @@ def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> 
         raise _fail(path, f"type code 0x{code:02X}", f"one of {known}", f"0x{code:02X}")
     if ndim < 1:
         raise _fail(path, "dimension count", ">= 1", f"{ndim}")
+    if ndim > _MAX_NDARRAY_DIMS:
+        raise _fail(path, "dimension count", f"at most {_MAX_NDARRAY_DIMS} (NumPy's limit)",
+                    f"{ndim}")
     raw_dims = _read_upto(stream, 4 * ndim)
     if len(raw_dims) < 4 * ndim:
         raise _fail(path, "dimension sizes", f"{4 * ndim} bytes for {ndim} sizes",
@@ -101,6 +108,11 @@ def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> 
         sizes = " x ".join(str(s) for s in shape)
         raise _fail(path, "payload", f"{nbytes} bytes ({sizes} of {dtype.name})",
                     f"{got} bytes")
+    if math.prod(s for s in shape if s) * dtype.itemsize > _MAX_NDARRAY_BYTES:
+        # NumPy refuses such shapes even when a zero size makes the array empty
+        raise _fail(path, "dimension sizes", f"a shape NumPy can hold (nonzero sizes times "
+                    f"{dtype.itemsize} bytes at most {_MAX_NDARRAY_BYTES})",
+                    " x ".join(str(s) for s in shape))
     out = np.frombuffer(buf, dtype=dtype.newbyteorder("=")).reshape(shape)
     if dtype.itemsize > 1 and sys.byteorder == "little":
         out.byteswap(inplace=True)
@@ -137,7 +149,8 @@ def write(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
     The element type picks the type code: uint8 0x08, int8 0x09, int16 0x0B, int32 0x0C,
     float32 0x0D, float64 0x0E. The gzip header carries no timestamp, so the same array
-    always gives the same bytes.
+    always gives the same bytes. The file is written under a temporary name in the same
+    directory and renamed over ``path`` when complete: a failure never damages an existing file.
 
     Raises
     ------
@@ -165,11 +178,16 @@ def write(path: str | os.PathLike[str], array: np.ndarray) -> None:
         )
     header = bytes([0, 0, code, arr.ndim]) + np.asarray(arr.shape, dtype=">u4").tobytes()
     payload = np.ascontiguousarray(arr, dtype=_TYPE_CODES[code]).reshape(-1).view(np.uint8)
-    if os.fspath(path).endswith(".gz"):
-        with gzip.GzipFile(path, "wb", compresslevel=9, mtime=0) as out:
-            out.write(header)
-            out.write(payload.data)
-    else:
-        with open(path, "wb") as out:
-            out.write(header)
-            out.write(payload.data)
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        if os.fspath(path).endswith(".gz"):
+            # the gzip header names the target file, not the temporary one
+            with gzip.GzipFile(os.fspath(path), "wb", compresslevel=9, fileobj=raw,
+                               mtime=0) as out:
+                _write_stream(out, header, payload)
+        else:
+            _write_stream(raw, header, payload)
+
+
+def _write_stream(out: BinaryIO, header: bytes, payload: np.ndarray) -> None:
+    out.write(header)
+    out.write(payload.data)

@@ -32,7 +32,6 @@ uint32 stored as I32); ``ggopt.dataset.permutation`` (the shard order, when a da
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -247,38 +246,11 @@ def _save(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None
     if schedule is not None:
         metadata.update({_SCHEDULE + k: v for k, v in schedule.state().items()})
     try:
-        _write_atomic(path, tensors, metadata)
+        gguf.save(path, tensors, metadata)  # atomic: temporary file, fsync, rename
     except OSError as exc:
         if not every_rank_raises:
             raise
         raise StateError(f"rank 0 could not write {os.fspath(path)!r}: {exc} ({fn})") from exc
-
-
-def _write_atomic(path: str | os.PathLike[str], tensors: dict[str, np.ndarray],
-                  metadata: dict[str, object]) -> None:
-    """Write to ``<path>.tmp`` in the same directory, fsync, then rename over ``path``.
-
-    A crash at any point leaves either the previous file or the new one at ``path`` (and at
-    worst a stale ``.tmp`` that the next save overwrites).
-    """
-    target = os.fspath(path)
-    tmp = target + ".tmp"
-    try:
-        gguf.save(tmp, tensors, metadata)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    directory = os.path.dirname(os.path.abspath(target))
-    with contextlib.suppress(OSError):  # not every platform can fsync a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # --- load ----------------------------------------------------------------------------------

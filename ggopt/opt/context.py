@@ -20,7 +20,9 @@ Deliberate differences from ggml (spec §2.8):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,13 +32,14 @@ from .. import graph as _graph
 from .. import ops
 from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, GgoptError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, TensorFlag
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
+from .rollback import graph_rollback
 
 if TYPE_CHECKING:
     from ..dist import Communicator
@@ -44,6 +47,17 @@ if TYPE_CHECKING:
     from .schedule import Schedule
 
 __all__ = ["OptContext"]
+
+
+def _locked(method):
+    """Run ``method`` holding the scheduler's lock, then the context's (always in this order)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._sched, self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclasses.dataclass
@@ -74,7 +88,15 @@ class OptContext:
     Raises
     ------
     DTypeError, ShapeError, StateError
-        Invalid parameters or an unusable graph; nothing is kept.
+        Invalid parameters or an unusable graph; nothing is kept, and the graph and context
+        passed in are left as they were.
+
+    Threads: every call holds the scheduler's lock and the context's own, so calls from
+    several threads never overlap. An alloc/eval pair belongs to the thread that called
+    :meth:`alloc`: :meth:`eval` from another thread raises StateError. If another context (or
+    thread) allocates its graph on the shared scheduler between :meth:`alloc` and :meth:`eval`,
+    eval raises StateError and computes nothing; hold the scheduler (``with sched:``) around
+    the pair, as :func:`~ggopt.opt.epoch` and :func:`~ggopt.opt.fit` do, to share one.
 
     With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
     data-parallel (``docs/distributed.md``): construction is collective, and an error on any
@@ -105,7 +127,8 @@ class OptContext:
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
         sched = params.backend_sched
-        for attr in ("backends", "reset", "alloc_graph", "graph_compute"):
+        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
+                     "__enter__"):
             if not hasattr(sched, attr):
                 raise DTypeError(
                     f"backend_sched must be a ggopt.backend.Scheduler, got "
@@ -140,6 +163,9 @@ class OptContext:
         self._rng = rng
         self._static_graphs = all(given)
         self._closed = False
+        self._lock = threading.RLock()
+        self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
+        self._eval_failed = False  # the pending alloc's eval was tried and raised
 
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
@@ -172,8 +198,9 @@ class OptContext:
         if self._static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
-            _graph.build_forward_expand(gf, params.outputs)
-            self._commit(self._build(gf, self._build_type_alloc))
+            with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
+                _graph.build_forward_expand(gf, params.outputs)
+                self._commit(self._build(gf, self._build_type_alloc))
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:
@@ -377,6 +404,7 @@ class OptContext:
                 tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
 
     # --- the state machine ----------------------------------------------------------------
+    @_locked
     def prepare_alloc(
         self, ctx_compute: Context, gf: _graph.Graph, inputs: Tensor, outputs: Tensor
     ) -> None:
@@ -398,6 +426,7 @@ class OptContext:
             raise DTypeError(f"gf must be a Graph, got {type(gf).__name__} ({fn})")
         self._ctx_compute, self._gf, self._inputs, self._outputs = ctx_compute, gf, inputs, outputs
 
+    @_locked
     def alloc(self, backward: bool) -> None:
         """Choose and allocate the graph of the next :meth:`eval`.
 
@@ -417,7 +446,9 @@ class OptContext:
         fn = "ggml_opt_alloc"
         self._check_open(fn)
         if self._eval_ready:
-            raise StateError(f"alloc called twice without eval in between ({fn})")
+            other = "" if self._alloc_thread == threading.get_ident() else (
+                "; the pending alloc is another thread's")
+            raise StateError(f"alloc called twice without eval in between{other} ({fn})")
         if backward and self._build_type_alloc is BuildType.FORWARD:
             raise StateError(
                 f"this context was built with BuildType.FORWARD and has no backward pass ({fn})"
@@ -436,7 +467,9 @@ class OptContext:
             build_type = BuildType.GRAD
 
         if not self._static_graphs:
-            self._commit(self._build(self._gf, build_type))
+            with graph_rollback(self._gf, [self._ctx_compute, self._ctx_static],
+                                [self._inputs, self._outputs]):
+                self._commit(self._build(self._gf, build_type))
             if self._pending_state is not None:
                 self._pending_state.finish(self)
                 self._pending_state = None
@@ -448,7 +481,7 @@ class OptContext:
             # data-parallel: the step runs in eval, after the accumulators are summed
             BuildType.OPT: self._gb_opt if self._dp is None else self._gb_grad,
         }[build_type]
-        if graph is not self._allocated_graph:
+        if graph is not self._allocated_graph or self._sched.allocated_graph is not graph:
             self._sched.reset()
             self._sched.alloc_graph(graph)
             self._allocated_graph = graph
@@ -457,7 +490,19 @@ class OptContext:
         self._period_complete = False
         self._build_type = build_type
         self._eval_ready = True
+        self._alloc_thread = threading.get_ident()
+        self._eval_failed = False
 
+    def _abandon(self) -> None:
+        """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
+        also drop their graphs, which hold the loss now: prepare_alloc comes next."""
+        self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
+        if not self._static_graphs:
+            self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
+
+    @_locked
     def eval(self, result: Result | None = None) -> None:
         """Compute the allocated graph and add its loss (and predictions) to ``result``.
 
@@ -470,19 +515,34 @@ class OptContext:
         self._check_open(fn)
         if not self._eval_ready:
             raise StateError(f"no graph allocated; call alloc before eval ({fn})")
+        if self._alloc_thread != threading.get_ident():
+            raise StateError(f"the pending alloc was made by another thread; an alloc/eval "
+                             f"pair belongs to one thread ({fn})")
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"result must be a Result or None, got {type(result).__name__} ({fn})")
         nd = self._outputs.ne[1]
         if result is not None:
             result._check_eval(self._loss_per_datapoint, self._opt_period, nd)
         graph = self._allocated_graph
+        if self._sched.allocated_graph is not graph:
+            self._abandon()
+            raise StateError(
+                f"the scheduler's graph was replaced since alloc (by another context or "
+                f"thread); nothing was computed. Call alloc again (dynamic graphs: "
+                f"prepare_alloc first), holding the scheduler (with sched: ...) around alloc "
+                f"and eval ({fn})")
         is_opt = self._build_type is BuildType.OPT
-        if is_opt:
-            pars = self._get_opt_pars(self._get_opt_pars_ud)
-            values = optimizer_step_values(pars, self._optimizer, self._iter)
-            tensor_set(self._opt_step_params, values)
-
-        self._sched.graph_compute(graph)
+        try:
+            if is_opt:
+                pars = self._get_opt_pars(self._get_opt_pars_ud)
+                values = optimizer_step_values(pars, self._optimizer, self._iter)
+                tensor_set(self._opt_step_params, values)
+            self._sched.graph_compute(graph)
+        except GgoptError:  # refused before anything changed: fix the cause and eval again
+            raise
+        except BaseException:  # an interrupt or a failing callback: the alloc stands (eval may
+            self._eval_failed = True  # be retried), and reset drops it
+            raise
 
         if self._build_type is not BuildType.FORWARD:
             self._opt_i = (self._opt_i + 1) % self._period
@@ -494,6 +554,8 @@ class OptContext:
         if not self._static_graphs:
             self._gf = self._gb_grad = self._gb_opt = self._allocated_graph = None
         self._eval_ready = False
+        self._alloc_thread = None
+        self._eval_failed = False
         if result is None:
             return
         loss = np.float32(tensor_get(self._loss).reshape(-1)[0])
@@ -503,18 +565,25 @@ class OptContext:
             ncorrect = int(tensor_get(self._ncorrect).reshape(-1)[0])
         result._add_eval(self._loss_per_datapoint, self._opt_period, nd, loss, pred, ncorrect)
 
+    @_locked
     def reset(self, optimizer: bool) -> None:
         """Zero the gradient accumulators; with ``optimizer=True`` also the AdamW moments and
         the step count used for bias correction. Parameters and the RNG are untouched.
 
+        An alloc whose eval raised (a bad optimizer value, a KeyboardInterrupt, ...) is
+        dropped, so :meth:`alloc` works again; an alloc whose eval has not been tried stays.
+
         ggml: ``ggml_opt_reset``.
         """
         self._check_open("ggml_opt_reset")
+        if self._eval_ready and self._eval_failed:
+            self._abandon()
         if self._static_allocated:
             self._reset_grads(momenta=bool(optimizer))
         if optimizer:
             self._iter = 1
 
+    @_locked
     def grad_acc(self, node: Tensor) -> Tensor | None:
         """The gradient accumulator of forward node ``node``, or None if it has none.
 
@@ -534,6 +603,7 @@ class OptContext:
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
 
+    @_locked
     def save_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
                    schedule: Schedule | None = None, *, epoch: int = 0) -> None:
         """Write the whole optimization state to the GGUF file ``path``, atomically.
@@ -542,8 +612,9 @@ class OptContext:
         partial gradient accumulators and the shuffle generator; with ``dataset`` its shard
         order, with ``schedule`` (default: ``get_opt_pars`` when it is a
         :class:`~ggopt.opt.schedule.Schedule`) its position; ``epoch`` is stored for the
-        caller. The file is written next to ``path`` as ``<path>.tmp``, fsynced and renamed,
-        so a crash leaves the previous checkpoint intact. Layout: :mod:`ggopt.opt.checkpoint`.
+        caller. The file is written as a temporary file beside ``path``, fsynced and renamed
+        (:mod:`ggopt.io.atomic`), so a crash leaves the previous checkpoint intact. Layout:
+        :mod:`ggopt.opt.checkpoint`.
 
         Data-parallel contexts: collective; rank 0 writes, and an error on any rank (an
         ``OSError`` of rank 0 becomes a :class:`StateError`) raises on every rank. Saving
@@ -561,6 +632,7 @@ class OptContext:
 
         checkpoint.save_state(self, path, dataset, schedule, epoch=epoch)
 
+    @_locked
     def load_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
                    schedule: Schedule | None = None) -> int:
         """Restore a state written by :meth:`save_state`; return the epoch stored with it.
@@ -588,6 +660,7 @@ class OptContext:
 
         return checkpoint.load_state(self, path, dataset, schedule)
 
+    @_locked
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
         self._closed = True

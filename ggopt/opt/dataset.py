@@ -8,7 +8,7 @@ from .._kernels._gather import gather_shards
 from .._threads import get_n_threads
 from ..backend import tensor_set
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
 from .context import OptContext
@@ -91,7 +91,11 @@ class Dataset:
         self._nbs_labels = 0 if self._labels is None else (
             self._labels.nbytes() * ndata_shard // ndata
         )
-        self._permutation = np.arange(ndata // ndata_shard, dtype=np.int64)
+        try:
+            self._permutation = np.arange(ndata // ndata_shard, dtype=np.int64)
+        except (MemoryError, ValueError) as exc:
+            raise OutOfMemoryError(f"no memory for the shard order of {ndata // ndata_shard} "
+                                   f"shards ({exc}) ({fn})") from None
 
     # --- accessors ------------------------------------------------------------------------
     @property

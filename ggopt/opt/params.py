@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -134,12 +135,15 @@ def default_params(backend_sched: Any, loss_type: LossType | int | str) -> OptPa
 
 
 def _f32(value: Any, name: str) -> np.float32:
-    try:
-        return np.float32(value)
-    except (TypeError, ValueError):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DTypeError(
             f"optimizer parameter {name} must be a real number, got {value!r} (ggml_opt_eval)"
-        ) from None
+        )
+    try:
+        return np.float32(value)
+    except OverflowError:
+        raise ShapeError(f"optimizer parameter {name}={value} out of bounds, expected a value "
+                         "that fits in a float (ggml_opt_eval)") from None
 
 
 def _check(ok: bool, name: str, value: np.float32, bound: str) -> None:

@@ -111,20 +111,38 @@ def epoch(
     A data-parallel context (``opt_ctx.comm`` set) splits the batches across its ranks; see
     :func:`ggopt.dist.epoch.epoch_data_parallel`.
 
+    The epoch holds the scheduler and the context throughout, so epochs from several threads
+    run one after the other. If an exception (or KeyboardInterrupt) stops it, the context is
+    left ready for the next alloc.
+
     ggml: ``ggml_opt_epoch``.
     """
     fn = "ggml_opt_epoch"
     if not isinstance(opt_ctx, OptContext):
         raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
-    if opt_ctx.comm is not None:
-        from ..dist.epoch import epoch_data_parallel
+    # Hold the scheduler and the context for the whole epoch (other threads wait), and never
+    # leave an alloc waiting for an eval that an exception or interrupt cut short.
+    with opt_ctx._sched, opt_ctx._lock:
+        try:
+            if opt_ctx.comm is not None:
+                from ..dist.epoch import epoch_data_parallel
 
-        epoch_data_parallel(opt_ctx, dataset, result_train, result_eval, idata_split,
-                            callback_train, callback_eval, _epoch_batches)
-        return
-    _, ibatch_split, nbatches = _epoch_batches(opt_ctx, dataset, idata_split, fn)
+                epoch_data_parallel(opt_ctx, dataset, result_train, result_eval, idata_split,
+                                    callback_train, callback_eval, _epoch_batches)
+                return
+            _, ibatch_split, nbatches = _epoch_batches(opt_ctx, dataset, idata_split, fn)
+            _run_epoch(opt_ctx, dataset, result_train, result_eval, ibatch_split, nbatches,
+                       callback_train, callback_eval)
+        except BaseException:
+            if opt_ctx._eval_ready:
+                opt_ctx._abandon()
+            raise
+
+
+def _run_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None,
+               result_eval: Result | None, ibatch_split: int, nbatches: int,
+               callback_train: EpochCallback | None, callback_eval: EpochCallback | None) -> None:
     inputs, labels = opt_ctx.inputs, opt_ctx.labels
-
     t_start = time_us()
     for ibatch in range(ibatch_split):
         dataset.get_batch(inputs, labels, ibatch)
@@ -176,6 +194,8 @@ def fit_split(
         vs = np.float32(val_split)
     except (TypeError, ValueError):
         raise DTypeError(f"val_split must be a float, got {val_split!r} ({fn})") from None
+    except OverflowError:
+        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})") from None
     if not 0.0 <= vs < 1.0:
         raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})")
     opt_period = nbatch_logical // nbatch_physical
