@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import dist, get_n_threads, set_n_threads
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
-from ..opt import Result
+from ..opt import Dataset, FitHistory, Result
 from ..opt.training import fit_split
 from . import mnist_data as data
 from . import mnist_model as model
@@ -207,8 +207,8 @@ def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) 
     return 0
 
 
-def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train, nepoch: int,
-         comm: dist.Communicator | None):
+def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoch: int,
+         comm: dist.Communicator | None) -> FitHistory:
     """ggml's recipe with the schedule, checkpoint and resume options (every rank alike)."""
     _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, m.nbatch_physical,
                                VAL_SPLIT)

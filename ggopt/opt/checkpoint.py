@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
@@ -65,6 +65,7 @@ _RNG = "ggopt.rng"
 _PERMUTATION = "ggopt.dataset.permutation"
 _LOSS_ACC = "ggopt.grad_acc.loss"
 _RESERVED = "ggopt."
+_T = TypeVar("_T")
 
 
 def _m(i: int) -> str:
@@ -101,8 +102,8 @@ def _prepared_graph_nodes(ctx: OptContext) -> list[Tensor] | None:
 
 
 def _param_nodes(ctx: OptContext) -> list[Tensor]:
-    """The parameters of a built context, in graph order."""
-    if ctx._static_graphs:
+    """The nodes holding the parameters of a built context, in graph order."""
+    if ctx._static_graphs and ctx._gf is not None:
         return list(ctx._gf.nodes)
     return list(ctx._param_accs)
 
@@ -127,8 +128,10 @@ def _set_counters(ctx: OptContext, iteration: int, opt_i: int, period_complete: 
     ctx._iter, ctx._opt_i, ctx._period_complete = iteration, opt_i, period_complete
 
 
-def _get_opt_pars(ctx: OptContext) -> object:
-    return ctx._get_opt_pars
+def _own_schedule(ctx: OptContext) -> Schedule | None:
+    """The context's ``get_opt_pars`` when it is a schedule."""
+    get_opt_pars = ctx._get_opt_pars
+    return get_opt_pars if isinstance(get_opt_pars, Schedule) else None
 
 
 def _comm(ctx: OptContext) -> Communicator | None:
@@ -168,8 +171,8 @@ def _params(ctx: OptContext, fn: str) -> list[Tensor]:
 
 
 def _resolve_schedule(ctx: OptContext, schedule: Schedule | None, fn: str) -> Schedule | None:
-    if schedule is None and isinstance(_get_opt_pars(ctx), Schedule):
-        return _get_opt_pars(ctx)
+    if schedule is None:
+        return _own_schedule(ctx)
     if schedule is not None and not isinstance(schedule, Schedule):
         raise DTypeError(f"schedule must be a ggopt.opt.schedule.Schedule or None, got "
                          f"{type(schedule).__name__} ({fn})")
@@ -281,14 +284,14 @@ class _FileState:
         return _acc(0) in self.tensors
 
 
-def _meta(metadata: dict[str, object], key: str, kind: type, where: str) -> object:
+def _meta(metadata: dict[str, object], key: str, kind: type[_T], where: str) -> _T:
     if key not in metadata:
         raise ShapeError(f"{where}: metadata {key!r} is missing")
     value = metadata[key]
     ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     if not ok:
         raise ShapeError(f"{where}: metadata {key!r}: expected {kind.__name__}, got {value!r}")
-    return value
+    return cast(_T, value)
 
 
 def _count(metadata: dict[str, object], key: str, where: str, low: int = 0) -> int:
@@ -311,7 +314,7 @@ def _read(path: str | os.PathLike[str]) -> _FileState:
     if version != FORMAT_VERSION:
         raise ShapeError(f"{where}: format version: expected {FORMAT_VERSION}, got {version} "
                          f"(written by another ggopt version)")
-    names = _meta(metadata, _STATE + "params", list, where)
+    names: list[str] = _meta(metadata, _STATE + "params", list, where)
     if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
         raise ShapeError(f"{where}: metadata {_STATE + 'params'!r}: expected unique parameter "
                          f"names, got {names!r}")
@@ -404,25 +407,26 @@ def _check_params(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None
                              f"(opt_i={st.opt_i}) but holds no gradient accumulators")
 
 
-def _check_extras(st: _FileState, dataset: Dataset | None, schedule: Schedule | None) -> tuple:
+def _check_extras(st: _FileState, dataset: Dataset | None,
+                  schedule: Schedule | None) -> tuple[int, int] | None:
     """Dataset and schedule against the file; returns the schedule's ``(step, epoch)``."""
-    if (dataset is None) != (st.permutation is None):
-        raise ShapeError(
-            f"{st.where}: dataset: "
-            + ("the file holds a shard order but no dataset was given" if dataset is None
-               else "a dataset was given but the file holds no shard order")
-        )
-    if dataset is not None and len(st.permutation) != dataset.nshards:
+    if dataset is None and st.permutation is not None:
+        raise ShapeError(f"{st.where}: dataset: the file holds a shard order but no dataset "
+                         f"was given")
+    if dataset is not None and st.permutation is None:
+        raise ShapeError(f"{st.where}: dataset: a dataset was given but the file holds no "
+                         f"shard order")
+    if dataset is not None and st.permutation is not None \
+            and len(st.permutation) != dataset.nshards:
         raise ShapeError(f"{st.where}: dataset: expected {dataset.nshards} shards, the file's "
                          f"shard order has {len(st.permutation)}")
-    if (schedule is None) != (st.schedule is None):
-        raise ShapeError(
-            f"{st.where}: schedule: "
-            + (f"the file holds a {st.schedule.get('kind')!r} schedule but none was given"
-               if schedule is None else
-               f"a {schedule.kind!r} schedule was given but the file holds none")
-        )
-    if schedule is None:
+    if schedule is None and st.schedule is not None:
+        raise ShapeError(f"{st.where}: schedule: the file holds a {st.schedule.get('kind')!r} "
+                         f"schedule but none was given")
+    if schedule is not None and st.schedule is None:
+        raise ShapeError(f"{st.where}: schedule: a {schedule.kind!r} schedule was given but "
+                         f"the file holds none")
+    if schedule is None or st.schedule is None:
         return None
     return schedule.check_state(st.schedule, st.where)
 
@@ -463,7 +467,8 @@ class PendingState:
         self._st = st
 
     def begin(self, ctx: OptContext) -> None:
-        _check_params(ctx, self._st, _graph_params(_prepared_graph_nodes(ctx), "ggml_opt_alloc"))
+        nodes = _prepared_graph_nodes(ctx) or []
+        _check_params(ctx, self._st, _graph_params(nodes, "ggml_opt_alloc"))
         _apply_counters(ctx, self._st)
 
     def finish(self, ctx: OptContext) -> None:
@@ -481,7 +486,9 @@ def load_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset |
     comm = _comm(ctx)
     if comm is None:
         return _prepare_load(ctx, path, dataset, schedule, fn)()
-    return comm.run_all(fn, lambda: _prepare_load(ctx, path, dataset, schedule, fn))()
+    apply: Callable[[], int] = comm.run_all(
+        fn, lambda: _prepare_load(ctx, path, dataset, schedule, fn))
+    return apply()
 
 
 def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None,
@@ -501,11 +508,12 @@ def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Datase
         raise ShapeError(f"{st.where}: data-parallel: the file stops inside an optimizer "
                          f"period (opt_i={st.opt_i}); resume it in one process")
     params = None
+    prepared = _prepared_graph_nodes(ctx)
     if _built(ctx):
         params = _params(ctx, fn)
         _check_params(ctx, st, params)
-    elif _prepared_graph_nodes(ctx) is not None:  # dynamic, not built: check now, fill at alloc
-        _check_params(ctx, st, _graph_params(_prepared_graph_nodes(ctx), fn))
+    elif prepared is not None:  # dynamic, not built yet: check now, fill at the first alloc
+        _check_params(ctx, st, _graph_params(prepared, fn))
     position = _check_extras(st, dataset, schedule)
 
     def apply() -> int:
@@ -516,9 +524,9 @@ def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Datase
         else:
             _set_pending(ctx, PendingState(st))
         ctx.rng.set_state(st.rng.get_state())
-        if dataset is not None:
+        if dataset is not None and st.permutation is not None:
             dataset._permutation[:] = st.permutation
-        if schedule is not None:
+        if schedule is not None and position is not None:
             schedule.step, schedule.epoch = position
         return st.epoch
 

@@ -43,6 +43,7 @@ from .rollback import graph_rollback
 
 if TYPE_CHECKING:
     from ..dist import Communicator
+    from .checkpoint import PendingState
     from .dataset import Dataset
     from .schedule import Schedule
 
@@ -193,7 +194,7 @@ class OptContext:
         self._iter = 1
         self._opt_i = 0
         self._period_complete = False
-        self._pending_state = None  # a checkpoint loaded before the first dynamic build
+        self._pending_state: PendingState | None = None  # loaded before the first dynamic build
 
         if self._static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)

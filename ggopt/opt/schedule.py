@@ -168,7 +168,8 @@ class EpochDecayLR(Schedule):
         super().__init__(base)
 
     def lr_at(self, step: int, epoch: int) -> float:
-        return max(self.lr_min, self.lr0 * 0.5 ** (epoch / self.decay_epochs))
+        decayed: float = self.lr0 * 0.5 ** (epoch / self.decay_epochs)
+        return max(self.lr_min, decayed)
 
     def hyperparameters(self) -> dict[str, float | int]:
         return {"lr0": self.lr0, "decay_epochs": self.decay_epochs, "lr_min": self.lr_min}

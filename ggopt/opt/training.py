@@ -335,7 +335,7 @@ def fit(
     history = FitHistory()
     with OptContext(params) as opt_ctx:
         first_epoch = 1
-        if resume:
+        if resume and checkpoint is not None:
             first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule) + 1
             if not silent:
                 out.write(f"{fn}: resuming from '{os.fspath(checkpoint)}' after epoch "
