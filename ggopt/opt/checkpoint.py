@@ -6,36 +6,15 @@ gradient accumulators, the shuffle generator (``std::mt19937``) and the dataset'
 the caller's epoch and a learning-rate schedule's position. :func:`load_state` reads and checks
 the whole file against the context before it changes anything.
 
-File layout (``general.architecture = "ggopt-state"``, format version :data:`FORMAT_VERSION`):
-
-==============================  ===========================================================
-metadata key                    value
-==============================  ===========================================================
-``ggopt.state.version``         format version (int)
-``ggopt.state.optimizer``       ``"adamw"`` or ``"sgd"``
-``ggopt.state.loss_type``       loss name, e.g. ``"CROSS_ENTROPY"``
-``ggopt.state.build_type``      ``"GRAD"`` or ``"OPT"``
-``ggopt.state.opt_period``      accumulation period
-``ggopt.state.iteration``       next optimizer step, 1-based (AdamW bias correction)
-``ggopt.state.opt_i``           backward evals done in the current period
-``ggopt.state.period_complete`` whether the last backward eval completed a period
-``ggopt.state.epoch``           the caller's epoch (:func:`fit`: epochs completed)
-``ggopt.state.params``          parameter names, in the context's order
-``ggopt.schedule.*``            a schedule's kind, hyperparameters, step and epoch
-==============================  ===========================================================
-
-Tensors: each parameter under its own name; ``ggopt.adamw_m.<i>`` / ``ggopt.adamw_v.<i>``
-(AdamW moments of parameter ``i``); ``ggopt.grad_acc.<i>`` and ``ggopt.grad_acc.loss`` (the
-gradient accumulators, when the context has them); ``ggopt.rng`` (the generator's state words,
-uint32 stored as I32); ``ggopt.dataset.permutation`` (the shard order, when a dataset is saved).
+The file's layout: :mod:`ggopt.opt.checkpoint_file`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -44,41 +23,31 @@ from ..errors import DTypeError, ShapeError, StateError
 from ..io import gguf
 from ..tensor import Tensor
 from ..types import TensorFlag
-from .dataset import Dataset
+from .checkpoint_file import (
+    ARCH_KEY,
+    ARCHITECTURE,
+    FORMAT_VERSION,
+    LOSS_ACC,
+    PERMUTATION,
+    RESERVED,
+    RNG,
+    SCHEDULE,
+    STATE,
+    FileState,
+    acc_key,
+    m_key,
+    read_file,
+    v_key,
+)
 from .enums import BuildType, OptimizerType, optimizer_name
-from .rng import Mt19937
 from .schedule import Schedule
 
 if TYPE_CHECKING:
     from ..dist import Communicator
     from .context import OptContext
+    from .dataset import Dataset
 
-__all__ = ["FORMAT_VERSION", "ARCHITECTURE", "save_state", "load_state"]
-
-FORMAT_VERSION = 1
-ARCHITECTURE = "ggopt-state"
-
-_ARCH_KEY = "general.architecture"
-_STATE = "ggopt.state."
-_SCHEDULE = "ggopt.schedule."
-_RNG = "ggopt.rng"
-_PERMUTATION = "ggopt.dataset.permutation"
-_LOSS_ACC = "ggopt.grad_acc.loss"
-_RESERVED = "ggopt."
-_T = TypeVar("_T")
-
-
-def _m(i: int) -> str:
-    return f"ggopt.adamw_m.{i}"
-
-
-def _v(i: int) -> str:
-    return f"ggopt.adamw_v.{i}"
-
-
-def _acc(i: int) -> str:
-    return f"ggopt.grad_acc.{i}"
-
+__all__ = ["FORMAT_VERSION", "ARCHITECTURE", "Checkpointing", "save_state", "load_state"]
 
 # --- the context's state: the only code that knows OptContext's private attributes ----------
 def _setup(ctx: OptContext) -> dict[str, object]:
@@ -143,6 +112,13 @@ def _set_pending(ctx: OptContext, pending: PendingState | None) -> None:
     ctx._pending_state = pending
 
 
+@contextlib.contextmanager
+def _holding_locks(ctx: OptContext) -> Iterator[None]:
+    """The scheduler's lock, then the context's, as every OptContext call holds them."""
+    with ctx._sched, ctx._lock:
+        yield
+
+
 def _check_usable(ctx: OptContext, fn: str) -> None:
     ctx._check_open(fn)
     if ctx._build_type_alloc is BuildType.FORWARD:
@@ -157,10 +133,10 @@ def _graph_params(nodes: list[Tensor], fn: str) -> list[Tensor]:
     params = [n for n in nodes if n.flags & TensorFlag.PARAM]
     seen: set[str] = set()
     for p in params:
-        if not p.name or p.name in seen or p.name.startswith(_RESERVED):
+        if not p.name or p.name in seen or p.name.startswith(RESERVED):
             raise StateError(
                 f"checkpoints need unique parameter names that do not start with "
-                f"{_RESERVED!r}; parameter {p.name!r} breaks this (set_name) ({fn})"
+                f"{RESERVED!r}; parameter {p.name!r} breaks this (set_name) ({fn})"
             )
         seen.add(p.name)
     return params
@@ -180,6 +156,8 @@ def _resolve_schedule(ctx: OptContext, schedule: Schedule | None, fn: str) -> Sc
 
 
 def _check_dataset(dataset: Dataset | None, fn: str) -> None:
+    from .dataset import Dataset  # the dataset module imports the context, which imports this
+
     if dataset is not None and not isinstance(dataset, Dataset):
         raise DTypeError(f"dataset must be a Dataset or None, got {type(dataset).__name__} ({fn})")
 
@@ -220,17 +198,17 @@ def _save(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None
     setup = _setup(ctx)
     iteration, opt_i, period_complete = _counters(ctx)
     metadata: dict[str, object] = {
-        _ARCH_KEY: ARCHITECTURE,
-        _STATE + "version": FORMAT_VERSION,
-        _STATE + "optimizer": setup["optimizer"],
-        _STATE + "loss_type": setup["loss type"],
-        _STATE + "build_type": setup["build type"],
-        _STATE + "opt_period": setup["opt_period"],
-        _STATE + "iteration": iteration,
-        _STATE + "opt_i": opt_i,
-        _STATE + "period_complete": period_complete,
-        _STATE + "epoch": int(epoch),
-        _STATE + "params": [p.name for p in params],
+        ARCH_KEY: ARCHITECTURE,
+        STATE + "version": FORMAT_VERSION,
+        STATE + "optimizer": setup["optimizer"],
+        STATE + "loss_type": setup["loss type"],
+        STATE + "build_type": setup["build type"],
+        STATE + "opt_period": setup["opt_period"],
+        STATE + "iteration": iteration,
+        STATE + "opt_i": opt_i,
+        STATE + "period_complete": period_complete,
+        STATE + "epoch": int(epoch),
+        STATE + "params": [p.name for p in params],
     }
     tensors: dict[str, np.ndarray] = {}
     moments, accs, loss_acc = _moments(ctx), _param_accs(ctx), _loss_acc(ctx)
@@ -238,16 +216,16 @@ def _save(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None
         tensors[p.name] = tensor_get(p)
         if p in moments:
             m, v = moments[p]
-            tensors[_m(i)], tensors[_v(i)] = tensor_get(m), tensor_get(v)
+            tensors[m_key(i)], tensors[v_key(i)] = tensor_get(m), tensor_get(v)
         if p in accs:
-            tensors[_acc(i)] = tensor_get(accs[p])
+            tensors[acc_key(i)] = tensor_get(accs[p])
     if loss_acc is not None:
-        tensors[_LOSS_ACC] = tensor_get(loss_acc)
-    tensors[_RNG] = ctx.rng.get_state().view(np.int32)
+        tensors[LOSS_ACC] = tensor_get(loss_acc)
+    tensors[RNG] = ctx.rng.get_state().view(np.int32)
     if dataset is not None:
-        tensors[_PERMUTATION] = dataset.permutation.astype(np.int32)
+        tensors[PERMUTATION] = dataset.permutation.astype(np.int32)
     if schedule is not None:
-        metadata.update({_SCHEDULE + k: v for k, v in schedule.state().items()})
+        metadata.update({SCHEDULE + k: v for k, v in schedule.state().items()})
     try:
         gguf.save(path, tensors, metadata)  # atomic: temporary file, fsync, rename
     except OSError as exc:
@@ -257,108 +235,7 @@ def _save(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None
 
 
 # --- load ----------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _FileState:
-    """A checkpoint read and checked against itself (not yet against a context)."""
-
-    path: str
-    optimizer: str
-    loss_type: str
-    build_type: str
-    opt_period: int
-    iteration: int
-    opt_i: int
-    period_complete: bool
-    epoch: int
-    names: list[str]
-    tensors: dict[str, np.ndarray]
-    rng: Mt19937
-    permutation: np.ndarray | None
-    schedule: dict[str, object] | None
-
-    @property
-    def where(self) -> str:
-        return f"load_state {self.path!r} (ggml_opt_load_state)"
-
-    def has_accumulators(self) -> bool:
-        return _acc(0) in self.tensors
-
-
-def _meta(metadata: dict[str, object], key: str, kind: type[_T], where: str) -> _T:
-    if key not in metadata:
-        raise ShapeError(f"{where}: metadata {key!r} is missing")
-    value = metadata[key]
-    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-    if not ok:
-        raise ShapeError(f"{where}: metadata {key!r}: expected {kind.__name__}, got {value!r}")
-    return cast(_T, value)
-
-
-def _count(metadata: dict[str, object], key: str, where: str, low: int = 0) -> int:
-    value = _meta(metadata, key, int, where)
-    if value < low:
-        raise ShapeError(f"{where}: metadata {key!r}: expected >= {low}, got {value}")
-    return value
-
-
-def _read(path: str | os.PathLike[str]) -> _FileState:
-    """Read the whole file and check its internal consistency."""
-    spath = os.fspath(path)
-    where = f"load_state {spath!r} (ggml_opt_load_state)"
-    metadata, tensors = gguf.load(spath)
-    arch = metadata.get(_ARCH_KEY)
-    if arch != ARCHITECTURE:
-        raise ShapeError(f"{where}: {_ARCH_KEY}: expected {ARCHITECTURE!r} (a ggopt "
-                         f"checkpoint), got {arch!r}")
-    version = _meta(metadata, _STATE + "version", int, where)
-    if version != FORMAT_VERSION:
-        raise ShapeError(f"{where}: format version: expected {FORMAT_VERSION}, got {version} "
-                         f"(written by another ggopt version)")
-    names: list[str] = _meta(metadata, _STATE + "params", list, where)
-    if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-        raise ShapeError(f"{where}: metadata {_STATE + 'params'!r}: expected unique parameter "
-                         f"names, got {names!r}")
-    for name in names:
-        if name not in tensors:
-            raise ShapeError(f"{where}: tensor of parameter {name!r} is missing")
-    if _RNG not in tensors or tensors[_RNG].dtype != np.int32:
-        raise ShapeError(f"{where}: tensor {_RNG!r} (I32) is missing")
-    rng = Mt19937()
-    try:
-        rng.set_state(tensors[_RNG].reshape(-1).view(np.uint32))
-    except ShapeError as exc:
-        raise ShapeError(f"{where}: tensor {_RNG!r}: {exc}") from None
-    permutation = tensors.get(_PERMUTATION)
-    if permutation is not None:
-        permutation = permutation.reshape(-1)
-        if permutation.dtype != np.int32 or not np.array_equal(
-                np.sort(permutation), np.arange(len(permutation))):
-            raise ShapeError(f"{where}: tensor {_PERMUTATION!r}: expected an I32 permutation "
-                             f"of 0..n-1")
-    schedule = {k[len(_SCHEDULE):]: v for k, v in metadata.items() if k.startswith(_SCHEDULE)}
-    opt_period = _count(metadata, _STATE + "opt_period", where, 1)
-    opt_i = _count(metadata, _STATE + "opt_i", where)
-    if opt_i >= opt_period:
-        raise ShapeError(f"{where}: opt_i: expected < opt_period={opt_period}, got {opt_i}")
-    return _FileState(
-        path=spath,
-        optimizer=_meta(metadata, _STATE + "optimizer", str, where),
-        loss_type=_meta(metadata, _STATE + "loss_type", str, where),
-        build_type=_meta(metadata, _STATE + "build_type", str, where),
-        opt_period=opt_period,
-        iteration=_count(metadata, _STATE + "iteration", where, 1),
-        opt_i=opt_i,
-        period_complete=_meta(metadata, _STATE + "period_complete", bool, where),
-        epoch=_count(metadata, _STATE + "epoch", where),
-        names=names,
-        tensors=tensors,
-        rng=rng,
-        permutation=permutation,
-        schedule=schedule or None,
-    )
-
-
-def _check_setup(ctx: OptContext, st: _FileState) -> None:
+def _check_setup(ctx: OptContext, st: FileState) -> None:
     """The file was written by a context of the same optimizer, loss, build and period."""
     theirs_by_name = {"optimizer": st.optimizer, "loss type": st.loss_type,
                       "build type": st.build_type, "opt_period": st.opt_period}
@@ -369,7 +246,7 @@ def _check_setup(ctx: OptContext, st: _FileState) -> None:
                              f"{theirs!r}")
 
 
-def _check_tensor(st: _FileState, key: str, like: Tensor, label: str) -> None:
+def _check_tensor(st: FileState, key: str, like: Tensor, label: str) -> None:
     arr = st.tensors.get(key)
     if arr is None:
         raise ShapeError(f"{st.where}: tensor {key!r} ({label}) is missing")
@@ -381,7 +258,7 @@ def _check_tensor(st: _FileState, key: str, like: Tensor, label: str) -> None:
                          f"{arr.dtype}")
 
 
-def _check_params(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None:
+def _check_params(ctx: OptContext, st: FileState, params: list[Tensor]) -> None:
     """Names, shapes and types of the parameters (and of their moments and accumulators)."""
     ours = [p.name for p in params]
     for name in ours:
@@ -398,16 +275,16 @@ def _check_params(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None
         i = index[p.name]
         _check_tensor(st, p.name, p, f"parameter {p.name!r}")
         if adamw:
-            _check_tensor(st, _m(i), p, f"AdamW m of {p.name!r}")
-            _check_tensor(st, _v(i), p, f"AdamW v of {p.name!r}")
+            _check_tensor(st, m_key(i), p, f"AdamW m of {p.name!r}")
+            _check_tensor(st, v_key(i), p, f"AdamW v of {p.name!r}")
         if st.has_accumulators():
-            _check_tensor(st, _acc(i), p, f"gradient accumulator of {p.name!r}")
+            _check_tensor(st, acc_key(i), p, f"gradient accumulator of {p.name!r}")
         elif st.opt_i != 0:
             raise ShapeError(f"{st.where}: the file stops inside an accumulation period "
                              f"(opt_i={st.opt_i}) but holds no gradient accumulators")
 
 
-def _check_extras(st: _FileState, dataset: Dataset | None,
+def _check_extras(st: FileState, dataset: Dataset | None,
                   schedule: Schedule | None) -> tuple[int, int] | None:
     """Dataset and schedule against the file; returns the schedule's ``(step, epoch)``."""
     if dataset is None and st.permutation is not None:
@@ -431,11 +308,11 @@ def _check_extras(st: _FileState, dataset: Dataset | None,
     return schedule.check_state(st.schedule, st.where)
 
 
-def _apply_counters(ctx: OptContext, st: _FileState) -> None:
+def _apply_counters(ctx: OptContext, st: FileState) -> None:
     _set_counters(ctx, st.iteration, st.opt_i, st.period_complete)
 
 
-def _apply_tensors(ctx: OptContext, st: _FileState, params: list[Tensor]) -> None:
+def _apply_tensors(ctx: OptContext, st: FileState, params: list[Tensor]) -> None:
     index = {name: i for i, name in enumerate(st.names)}
     moments, accs, loss_acc = _moments(ctx), _param_accs(ctx), _loss_acc(ctx)
     for p in params:
@@ -443,16 +320,16 @@ def _apply_tensors(ctx: OptContext, st: _FileState, params: list[Tensor]) -> Non
         tensor_set(p, st.tensors[p.name])
         if p in moments:
             m, v = moments[p]
-            tensor_set(m, st.tensors[_m(i)])
-            tensor_set(v, st.tensors[_v(i)])
+            tensor_set(m, st.tensors[m_key(i)])
+            tensor_set(v, st.tensors[v_key(i)])
         if p in accs:
             acc = accs[p]
             if st.has_accumulators():
-                tensor_set(acc, st.tensors[_acc(i)])
+                tensor_set(acc, st.tensors[acc_key(i)])
             else:  # saved at a period boundary by a context without accumulators
                 tensor_set(acc, np.zeros(acc.nelements(), dtype=np.float32))
-    if loss_acc is not None and _LOSS_ACC in st.tensors:
-        tensor_set(loss_acc, st.tensors[_LOSS_ACC].reshape(-1))
+    if loss_acc is not None and LOSS_ACC in st.tensors:
+        tensor_set(loss_acc, st.tensors[LOSS_ACC].reshape(-1))
 
 
 class PendingState:
@@ -463,7 +340,7 @@ class PendingState:
     right after the first build (it fills the new accumulators and moments).
     """
 
-    def __init__(self, st: _FileState) -> None:
+    def __init__(self, st: FileState) -> None:
         self._st = st
 
     def begin(self, ctx: OptContext) -> None:
@@ -498,7 +375,7 @@ def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Datase
     _check_dataset(dataset, fn)
     schedule = _resolve_schedule(ctx, schedule, fn)
     try:
-        st = _read(path)
+        st = read_file(path)
     except OSError as exc:
         if _comm(ctx) is None:
             raise
@@ -531,3 +408,63 @@ def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Datase
         return st.epoch
 
     return apply
+
+
+class Checkpointing:
+    """:meth:`save_state` and :meth:`load_state` of :class:`~ggopt.opt.OptContext`."""
+
+    def save_state(self, path: str | os.PathLike[str],
+                   dataset: Dataset | None = None, schedule: Schedule | None = None, *,
+                   epoch: int = 0) -> None:
+        """Write the whole optimization state to the GGUF file ``path``, atomically.
+
+        Saves the parameters, AdamW moments, step count, accumulation position with the
+        partial gradient accumulators and the shuffle generator; with ``dataset`` its shard
+        order, with ``schedule`` (default: ``get_opt_pars`` when it is a
+        :class:`~ggopt.opt.schedule.Schedule`) its position; ``epoch`` is stored for the
+        caller. The file is written as a temporary file beside ``path``, fsynced and renamed
+        (:mod:`ggopt.io.atomic`), so a crash leaves the previous checkpoint intact. Layout:
+        :mod:`ggopt.opt.checkpoint_file`.
+
+        Data-parallel contexts: collective; rank 0 writes, and an error on any rank (an
+        ``OSError`` of rank 0 becomes a :class:`StateError`) raises on every rank. Saving
+        inside an optimizer period is refused there.
+
+        Raises
+        ------
+        StateError
+            A FORWARD-only context, a graph waiting for eval, dynamic graphs before the first
+            alloc, or parameters without unique names.
+
+        ggml: none yet; named after the proposed ``ggml_opt_save_state``.
+        """
+        ctx = cast("OptContext", self)
+        with _holding_locks(ctx):
+            save_state(ctx, path, dataset, schedule, epoch=epoch)
+
+    def load_state(self, path: str | os.PathLike[str],
+                   dataset: Dataset | None = None, schedule: Schedule | None = None) -> int:
+        """Restore a state written by :meth:`save_state`; return the epoch stored with it.
+
+        The whole file is read and checked first: format version, optimizer, loss, build type,
+        ``opt_period``, parameter names, shapes and types, and that a dataset (shard count)
+        and a schedule (kind and constants) are given exactly when the file holds them. The
+        first mismatch raises and nothing changes. A dynamic context that has not built a
+        graph yet keeps the tensors until its first :meth:`alloc`, which checks the prepared
+        graph's parameters against the file before anything else. Data-parallel contexts:
+        collective; every rank reads the file and applies it only when every rank's checks
+        passed.
+
+        Raises
+        ------
+        ShapeError, DTypeError
+            The file is truncated, not a ggopt checkpoint, of another format version, or does
+            not match the context, dataset or schedule (the message names the mismatch).
+        StateError
+            As for :meth:`save_state`.
+
+        ggml: none yet; named after the proposed ``ggml_opt_load_state``.
+        """
+        ctx = cast("OptContext", self)
+        with _holding_locks(ctx):
+            return load_state(ctx, path, dataset, schedule)

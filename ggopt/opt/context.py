@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from ..context import Context
 from ..errors import DTypeError, GgoptError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, TensorFlag
+from .checkpoint import Checkpointing
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
@@ -44,8 +44,6 @@ from .rollback import graph_rollback
 if TYPE_CHECKING:
     from ..dist import Communicator
     from .checkpoint import PendingState
-    from .dataset import Dataset
-    from .schedule import Schedule
 
 __all__ = ["OptContext"]
 
@@ -76,7 +74,7 @@ class _Build:
     acc_by_node: dict[Tensor, Tensor] | None = None
 
 
-class OptContext:
+class OptContext(Checkpointing):
     """State of an optimization: graphs, gradient accumulators, optimizer moments, counters.
 
     Parameters
@@ -603,63 +601,6 @@ class OptContext:
                 raise StateError(f"a FORWARD-only context has no gradients ({fn})")
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
-
-    @_locked
-    def save_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
-                   schedule: Schedule | None = None, *, epoch: int = 0) -> None:
-        """Write the whole optimization state to the GGUF file ``path``, atomically.
-
-        Saves the parameters, AdamW moments, step count, accumulation position with the
-        partial gradient accumulators and the shuffle generator; with ``dataset`` its shard
-        order, with ``schedule`` (default: ``get_opt_pars`` when it is a
-        :class:`~ggopt.opt.schedule.Schedule`) its position; ``epoch`` is stored for the
-        caller. The file is written as a temporary file beside ``path``, fsynced and renamed
-        (:mod:`ggopt.io.atomic`), so a crash leaves the previous checkpoint intact. Layout:
-        :mod:`ggopt.opt.checkpoint`.
-
-        Data-parallel contexts: collective; rank 0 writes, and an error on any rank (an
-        ``OSError`` of rank 0 becomes a :class:`StateError`) raises on every rank. Saving
-        inside an optimizer period is refused there.
-
-        Raises
-        ------
-        StateError
-            A FORWARD-only context, a graph waiting for eval, dynamic graphs before the first
-            alloc, or parameters without unique names.
-
-        ggml: none yet; named after the proposed ``ggml_opt_save_state``.
-        """
-        from . import checkpoint
-
-        checkpoint.save_state(self, path, dataset, schedule, epoch=epoch)
-
-    @_locked
-    def load_state(self, path: str | os.PathLike[str], dataset: Dataset | None = None,
-                   schedule: Schedule | None = None) -> int:
-        """Restore a state written by :meth:`save_state`; return the epoch stored with it.
-
-        The whole file is read and checked first: format version, optimizer, loss, build type,
-        ``opt_period``, parameter names, shapes and types, and that a dataset (shard count)
-        and a schedule (kind and constants) are given exactly when the file holds them. The
-        first mismatch raises and nothing changes. A dynamic context that has not built a
-        graph yet keeps the tensors until its first :meth:`alloc`, which checks the prepared
-        graph's parameters against the file before anything else. Data-parallel contexts:
-        collective; every rank reads the file and applies it only when every rank's checks
-        passed.
-
-        Raises
-        ------
-        ShapeError, DTypeError
-            The file is truncated, not a ggopt checkpoint, of another format version, or does
-            not match the context, dataset or schedule (the message names the mismatch).
-        StateError
-            As for :meth:`save_state`.
-
-        ggml: none yet; named after the proposed ``ggml_opt_load_state``.
-        """
-        from . import checkpoint
-
-        return checkpoint.load_state(self, path, dataset, schedule)
 
     @_locked
     def close(self) -> None:
