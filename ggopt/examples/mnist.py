@@ -26,15 +26,18 @@ import numpy as np
 from .. import dist, get_n_threads, set_n_threads
 from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
-from ..opt import Dataset, Result
+from ..opt import Dataset, FitHistory, Result
+from ..opt.training import fit_split
 from . import mnist_data as data
 from . import mnist_model as model
+from . import training_cli
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
 
 FULL_EPOCHS = 30  # ggml's mnist-train
 SUBSET_EPOCHS = 20  # keeps the default run on the bundled 4000 images to seconds
+VAL_SPLIT = 0.05  # ggml's mnist-train
 _ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
 
 
@@ -92,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                          "started more than one process, 'mpi' always, 'none' never. Without "
                          "--threads each rank takes its share of the machine's cores")
     _common(tr)
+    training_cli.add_training_args(tr)
     tr.set_defaults(func=_train)
     ev = sub.add_parser(
         "eval", help="evaluate a GGUF model on the test set, as ggml's mnist-eval",
@@ -182,7 +186,7 @@ def _train(args: argparse.Namespace) -> int:
 
     m = model.build_model(arch, sched, nbatch)
     model.init_params(m, args.seed, args.init)
-    history = model.train(m, ds_train, nepoch, comm=comm)
+    history = _fit(args, m, ds_train, nepoch, comm)
     print(f"mnist_model_save: saving model to '{out}'")
     model.save_gguf(m, out)
     _print_result(_evaluate(m, ds_test))
@@ -200,8 +204,18 @@ def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) 
     ds_train = data.make_dataset(images, labels, 10, model.NBATCH_LOGICAL, stream=io.StringIO())
     m = model.build_model(_ARCHS[args.arch], sched, nbatch)
     model.init_params(m, args.seed, args.init)
-    model.train(m, ds_train, nepoch, comm=comm)
+    _fit(args, m, ds_train, nepoch, comm)
     return 0
+
+
+def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoch: int,
+         comm: dist.Communicator | None) -> FitHistory:
+    """ggml's recipe with the schedule, checkpoint and resume options (every rank alike)."""
+    _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, m.nbatch_physical,
+                               VAL_SPLIT)
+    schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
+    return model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, comm=comm,
+                       get_opt_pars=schedule, checkpoint=args.checkpoint, resume=args.resume)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -224,8 +238,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     args.comm = None
+    if args.command == "train":
+        training_cli.check_training_args(parser, args)
     try:
         rc: int = args.func(args)
         return rc

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, TextIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from ..opt import (
     FitHistory,
     LossType,
     OptContext,
+    OptimizerParams,
     OptimizerType,
     Result,
     default_params,
@@ -302,18 +303,24 @@ def train(
     silent: bool = False,
     *,
     stream: TextIO | None = None,
+    get_opt_pars: Callable[[Any], OptimizerParams] = get_default_optimizer_params,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
     comm: Communicator | None = None,
 ) -> FitHistory:
-    """Train with cross-entropy and default AdamW (ggml's ``mnist_model_train``).
+    """Train with cross-entropy and AdamW (ggml's ``mnist_model_train``).
 
     ``nbatch_logical`` datapoints per optimizer step, accumulated over physical batches of
     ``model.nbatch_physical``; ``val_split`` of the logical batches are held out. With
-    ``comm`` (several ranks) the training is data-parallel (:func:`ggopt.opt.fit`).
+    ``comm`` (several ranks) the training is data-parallel. ``get_opt_pars`` (ggml's defaults,
+    or a :mod:`ggopt.opt.schedule` schedule), ``checkpoint`` and ``resume`` go to
+    :func:`ggopt.opt.fit`.
     """
     return fit(
         model.sched, model.ctx_compute, model.images, model.logits, dataset,
-        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_default_optimizer_params,
+        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_opt_pars,
         nepoch, nbatch_logical, val_split, silent, stream=stream, comm=comm,
+        checkpoint=checkpoint, resume=resume,
     )
 
 

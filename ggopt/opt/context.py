@@ -32,6 +32,7 @@ from ..context import Context
 from ..errors import DTypeError, GgoptError, InvalidValueError, StateError
 from ..tensor import Tensor
 from .build import Persistent, Spec, _Build, build
+from .checkpoint import Checkpointing
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
@@ -41,6 +42,7 @@ from .rollback import graph_rollback
 if TYPE_CHECKING:
     from ..dist import Communicator
     from ..dist.data_parallel import DataParallel
+    from .checkpoint import PendingState
 
 __all__ = ["OptContext"]
 
@@ -58,7 +60,7 @@ def _locked(method: _M) -> _M:
     return cast(_M, wrapper)
 
 
-class OptContext:
+class OptContext(Checkpointing):
     """State of an optimization: graphs, gradient accumulators, optimizer moments, counters.
 
     Parameters
@@ -159,6 +161,7 @@ class OptContext:
         self._iter = 1
         self._opt_i = 0
         self._period_complete = False
+        self._pending_state: PendingState | None = None  # loaded before the first dynamic build
 
         if self._spec.static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
@@ -247,6 +250,8 @@ class OptContext:
             raise StateError(
                 f"dynamic graphs: call prepare_alloc with a new forward graph before alloc ({fn})"
             )
+        if self._pending_state is not None:
+            self._pending_state.begin(self)
         if not backward:
             build_type = BuildType.FORWARD
         elif spec.build_type is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
@@ -259,6 +264,9 @@ class OptContext:
             with graph_rollback(self._next_gf, [self._ctx_compute, self._persist.ctx_static],
                                 [self._inputs, self._outputs]):
                 self._build(self._next_gf, build_type)
+            if self._pending_state is not None:
+                self._pending_state.finish(self)
+                self._pending_state = None
             if self._dp is not None and not self._dp.ready:
                 self._dp.comm.run_all(fn, self._dp.setup)
         assert self._b is not None and self._persist is not None
@@ -399,6 +407,7 @@ class OptContext:
         self._next_gf = self._allocated_graph = None
         self._acc_by_node = None
         self._persist = None
+        self._pending_state = None
 
     def __enter__(self) -> OptContext:
         return self

@@ -51,6 +51,44 @@ class Mt19937:
         self._pos += 1
         return x
 
+    def get_state(self) -> np.ndarray:
+        """The engine's exact position as uint32 words, for checkpoints.
+
+        Layout: ``[pos, nbuffered, key[0..623], buffered outputs...]``, where ``key``/``pos``
+        are the twister's state and the buffered outputs were drawn from it but not yet used.
+        """
+        st = self._bitgen.state["state"]
+        rest = self._buf[self._pos:]
+        head = np.array([st["pos"], len(rest)], dtype=np.uint32)
+        return np.concatenate([head, st["key"].astype(np.uint32), np.array(rest, np.uint32)])
+
+    def set_state(self, state: np.ndarray) -> None:
+        """Restore a position from :meth:`get_state`; checks everything before changing anything.
+
+        Raises
+        ------
+        ShapeError
+            ``state`` is not a 1-D array of that layout.
+        """
+        words = np.asarray(state)
+        if words.ndim != 1 or words.dtype != np.uint32 or len(words) < 2 + _BLOCK:
+            raise ShapeError(
+                f"mt19937 state: expected 1-D uint32 [pos, nbuffered, 624 key words, buffered], "
+                f"got {words.dtype} shape {words.shape}"
+            )
+        pos, nbuf = int(words[0]), int(words[1])
+        if pos > _BLOCK or nbuf > _BLOCK or len(words) != 2 + _BLOCK + nbuf:
+            raise ShapeError(
+                f"mt19937 state: expected pos <= {_BLOCK} and {2 + _BLOCK} + nbuffered words "
+                f"with nbuffered <= {_BLOCK}, got pos={pos}, nbuffered={nbuf}, {len(words)} words"
+            )
+        bitgen = np.random.MT19937()
+        bitgen.state = {"bit_generator": "MT19937",
+                        "state": {"key": words[2:2 + _BLOCK].copy(), "pos": pos}}
+        self._bitgen = bitgen
+        self._buf = words[2 + _BLOCK:].tolist()
+        self._pos = 0
+
     def uniform_int(self, lo: int, hi: int) -> int:
         """Draw from ``std::uniform_int_distribution(lo, hi)`` (Lemire's method, 32 bits)."""
         if hi < lo or hi - lo >= _U32:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from .enums import LossType, OptimizerType
 from .params import OptimizerParams, default_params, get_default_optimizer_params
 from .progress import epoch_callback_progress_bar, format_hms, time_us
 from .result import Result
+from .schedule import Schedule
 
 __all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
 
@@ -247,6 +249,8 @@ def fit(
     *,
     stream: TextIO | None = None,
     comm: Any = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> FitHistory:
     """Train a model with static graphs for ``nepoch`` epochs.
 
@@ -262,7 +266,8 @@ def fit(
     optimizer : OptimizerType
     get_opt_pars : callable
         ``get_opt_pars(epoch) -> OptimizerParams``, called once per optimizer step with the
-        current 1-based epoch (for learning-rate schedules).
+        current 1-based epoch; a :class:`~ggopt.opt.schedule.Schedule` (for example
+        :func:`~ggopt.opt.schedule.warmup_cosine`) also goes into the checkpoints.
     nepoch : int
     nbatch_logical : int
         Datapoints per optimizer step (torch: effective batch size); a multiple of the
@@ -277,11 +282,20 @@ def fit(
         Not in ggml: train data-parallel over its ranks (``docs/distributed.md``). Every rank
         calls ``fit`` with the same arguments; only rank 0 prints; every rank returns the same
         history (and holds the same weights).
+    checkpoint : path, optional
+        Save the whole state there (:meth:`OptContext.save_state`, with the dataset's shard
+        order and, when ``get_opt_pars`` is a :class:`Schedule`, its position) after every
+        epoch.
+    resume : bool
+        Load ``checkpoint`` first and continue after the epoch it holds (``nepoch`` counts
+        all epochs, those before the checkpoint included); the result is bit for bit the
+        one of an uninterrupted run.
 
     Returns
     -------
     FitHistory
-        Train and validation loss/accuracy with uncertainties and seconds, per epoch.
+        Train and validation loss/accuracy with uncertainties and seconds, per epoch run by
+        this call (after a resume: the epochs after the checkpoint's).
 
     ggml: ``ggml_opt_fit`` (which returns nothing).
     """
@@ -300,6 +314,9 @@ def fit(
     _check_dataset(dataset, inputs, loss_type, fn)
     ndata = dataset.data.ne[1]
     opt_period, idata_split = fit_split(ndata, nbatch_logical, inputs.ne[1], val_split)
+    if resume and checkpoint is None:
+        raise StateError(f"resume=True needs a checkpoint path ({fn})")
+    schedule = get_opt_pars if isinstance(get_opt_pars, Schedule) else None
 
     t_start = time.perf_counter()
     iepoch = 1
@@ -314,10 +331,16 @@ def fit(
     callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
     history = FitHistory()
     with OptContext(params) as opt_ctx:
-        if nbatch_logical < ndata:
+        first_epoch = 1
+        if resume and checkpoint is not None:
+            first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule) + 1
+            if not silent:
+                out.write(f"{fn}: resuming from '{os.fspath(checkpoint)}' after epoch "
+                          f"{first_epoch - 1}\n")
+        elif nbatch_logical < ndata:
             dataset.shuffle(opt_ctx, -1)
         result_train, result_val = Result(), Result()
-        for iepoch in range(1, nepoch + 1):
+        for iepoch in range(first_epoch, nepoch + 1):
             t_epoch = time.perf_counter()
             if nbatch_logical < idata_split:
                 dataset.shuffle(opt_ctx, idata_split)
@@ -329,6 +352,8 @@ def fit(
             if not silent:
                 out.write("\n")
             history._record(result_train, result_val, time.perf_counter() - t_epoch)
+            if checkpoint is not None:
+                opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch)
     if not silent:
         out.write(f"{fn}: training took {format_hms(int((time.perf_counter() - t_start) * 1e6))}\n")
         out.flush()
