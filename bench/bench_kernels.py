@@ -1,8 +1,12 @@
 """Kernel benchmarks at MNIST shapes: each ggopt kernel beside its NumPy / PyTorch reference.
 
-Every group runs its references first and ggopt last; the ggopt row stores its speed-up over
+Every group runs its references first and ggopt last; the ggopt rows store their speed-up over
 each reference (``ratio_vs_<ref>``, above 1 is faster) and the issue's target in
-``extra_info``. Run with ``pytest bench`` (see bench/README.md).
+``extra_info``. Targets compare equal thread counts: NumPy's ufuncs and ``np.copyto`` run on
+one thread, so they face the ``ggopt_1t`` row (the same kernel on one thread); PyTorch and
+BLAS run on ``GGOPT_BENCH_THREADS`` threads, as the ``ggopt`` row does. Every row warms up and
+runs at least ``MIN_ROUNDS`` rounds; set-up is outside the timer on every side. Run with
+``pytest bench`` (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -19,14 +23,20 @@ from ggopt._kernels import _optim, _softmax
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
 
-FAST = {"warmup": True, "warmup_iterations": 1000}  # kernels of microseconds
-SLOW = {"warmup": True, "warmup_iterations": 3}  # conv graphs of tens of milliseconds
+MIN_ROUNDS = 5
+FAST = {"warmup": True, "warmup_iterations": 1000, "min_rounds": MIN_ROUNDS}  # microseconds
+SLOW = {"warmup": True, "warmup_iterations": 3, "min_rounds": MIN_ROUNDS}  # tens of ms
 
 
 def _torch():
     torch = pytest.importorskip("torch")
     torch.set_num_threads(ggopt.get_n_threads())
     return torch
+
+
+def _kernel_threads(impl: str) -> int:
+    """The thread count of a ggopt row: 1 for ``ggopt_1t``, else the benchmark's setting."""
+    return 1 if impl == "ggopt_1t" else ggopt.get_n_threads()
 
 
 def _normal(*shape: int, seed: int = 0) -> np.ndarray:
@@ -163,9 +173,8 @@ def _ce_torch(x: np.ndarray, y: np.ndarray):
     return step, None
 
 
-def _ce_ggopt(x: np.ndarray, y: np.ndarray):
+def _ce_ggopt(x: np.ndarray, y: np.ndarray, n: int):
     dx = np.empty_like(x)
-    n = ggopt.get_n_threads()
 
     def step() -> float:
         loss = _softmax.cross_entropy_loss(x, y, n)
@@ -176,19 +185,23 @@ def _ce_ggopt(x: np.ndarray, y: np.ndarray):
 
 
 @pytest.mark.benchmark(group="cross_entropy fwd+bwd [10x500]", **FAST)
-@pytest.mark.parametrize("impl", ["numpy", "torch", "ggopt"])
+@pytest.mark.parametrize("impl", ["numpy", "torch", "ggopt_1t", "ggopt"])
 def test_cross_entropy(benchmark, ratio_to, impl):
-    """``cross_entropy_loss`` + ``cross_entropy_loss_back`` kernels vs NumPy (and torch)."""
+    """``cross_entropy_loss`` + ``cross_entropy_loss_back`` kernels vs NumPy (one thread, as
+    ``ggopt_1t``) and torch (the benchmark's threads, as ``ggopt``)."""
     x = 3 * _normal(BATCH, N_CLASSES, seed=4)
     y = np.eye(N_CLASSES, dtype=np.float32)[np.random.default_rng(5).integers(0, 10, BATCH)]
-    step, dx = {"numpy": _ce_numpy, "torch": _ce_torch, "ggopt": _ce_ggopt}[impl](x, y)
+    if impl.startswith("ggopt"):
+        step, dx = _ce_ggopt(x, y, _kernel_threads(impl))
+    else:
+        step, dx = {"numpy": _ce_numpy, "torch": _ce_torch}[impl](x, y)
     ref_step, ref_dx = _ce_numpy(x, y)
     expected = ref_step()
     loss = benchmark(step)
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     if dx is not None:
         np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-7)
-    ratio_to(impl, numpy=2.0 if impl == "ggopt" else None, torch=None)
+    ratio_to(impl, numpy=2.0 if impl == "ggopt_1t" else None, torch=None, ggopt_1t=None)
 
 
 # --- AdamW over the 397,510 parameters of the MNIST MLP -----------------------------------
@@ -249,11 +262,10 @@ def _adamw_torch(state, fused: bool):
     return opt.step
 
 
-def _adamw_ggopt(state):
+def _adamw_ggopt(state, n: int):
     b1h, b2h = 1 / (1 - BETA1**T), 1 / (1 - BETA2**T)
     params = np.array([ALPHA, BETA1, BETA2, EPS, WD, b1h, b2h], np.float32)
     flat = [tuple(a.reshape(-1) for a in s) for s in state]
-    n = ggopt.get_n_threads()
 
     def step() -> None:
         for w, g, m, v in flat:  # one opt_step_adamw node per parameter, as ggml-opt builds
@@ -263,27 +275,30 @@ def _adamw_ggopt(state):
 
 
 @pytest.mark.benchmark(group="adamw 397510 params", **FAST)
-@pytest.mark.parametrize("impl", ["numpy", "torch_foreach", "torch_fused", "ggopt"])
+@pytest.mark.parametrize("impl", ["numpy", "torch_foreach", "torch_fused", "ggopt_1t", "ggopt"])
 def test_adamw(benchmark, ratio_to, impl):
-    """``_optim.adamw_step`` vs NumPy in-place ufuncs and torch.optim.AdamW, same tensors."""
+    """``_optim.adamw_step`` vs NumPy in-place ufuncs (one thread, as ``ggopt_1t``) and
+    torch.optim.AdamW (the benchmark's threads, as ``ggopt``), same tensors."""
     state = _adamw_state()
+    n = _kernel_threads(impl)
     make = {
         "numpy": _adamw_numpy,
         "torch_foreach": lambda s: _adamw_torch(s, fused=False),
         "torch_fused": lambda s: _adamw_torch(s, fused=True),
-        "ggopt": _adamw_ggopt,
+        "ggopt_1t": lambda s: _adamw_ggopt(s, n),
+        "ggopt": lambda s: _adamw_ggopt(s, n),
     }[impl]
-    if impl == "ggopt":  # one step from the same state agrees with the NumPy expression
+    if impl.startswith("ggopt"):  # one step from the same state agrees with the NumPy expression
         check, ref = _adamw_state(), _adamw_state()
-        _adamw_ggopt(check)()
+        _adamw_ggopt(check, n)()
         _adamw_numpy(ref)()
         for got, want in zip(check, ref):
             np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     benchmark(make(state))  # repeated steps keep every value finite and normal
     assert all(np.isfinite(w).all() for w, _, _, _ in state)
-    ours = impl == "ggopt"
-    ratio_to(impl, numpy=3.0 if ours else None, torch_foreach=1.0 if ours else None,
-             torch_fused=1.0 if ours else None)
+    ratio_to(impl, numpy=3.0 if impl == "ggopt_1t" else None,
+             torch_foreach=1.0 if impl == "ggopt" else None,
+             torch_fused=1.0 if impl == "ggopt" else None, ggopt_1t=None)
 
 
 # --- element-wise kernels over [500, 500] vs one streaming copy -----------------------------
@@ -296,12 +311,11 @@ def _ew_case(op: str, impl: str):
     x, g = _normal(*EW_SHAPE, seed=20), _normal(*EW_SHAPE, seed=21)
     b = _normal(1, 1, 1, N_HIDDEN, seed=22)  # a bias row, tiled over the batch
     d = np.empty(EW_SHAPE, np.float32)
-    n = ggopt.get_n_threads()
+    n = _kernel_threads(impl)
     s = np.float32(0.5)
     mask = np.empty(EW_SHAPE, bool)
     ref = {
         "add_bias": x + b, "relu": np.maximum(x, 0), "relu_back": g * (x > 0), "scale": x * s,
-        "add_bias_relu": np.maximum(x + b, 0),
     }[op]
     if impl == "copyto":
         return (lambda: np.copyto(d, x)), d, x
@@ -311,7 +325,6 @@ def _ew_case(op: str, impl: str):
             "relu": lambda: np.maximum(x, 0, out=d),
             "relu_back": lambda: np.multiply(g, np.greater(x, 0, out=mask), out=d),
             "scale": lambda: np.multiply(x, s, out=d),
-            "add_bias_relu": lambda: np.maximum(np.add(x, b, out=d), 0, out=d),
         }[op]
     else:
         step = {
@@ -319,16 +332,16 @@ def _ew_case(op: str, impl: str):
             "relu": lambda: ew.unary(ew.UN_RELU, x, d, n),
             "relu_back": lambda: ew.unary_back(ew.UN_RELU, x, g, d, n),
             "scale": lambda: ew.scale(x, d, s, 0.0, n),
-            "add_bias_relu": lambda: ew.binary_unary(ew.BIN_ADD, ew.UN_RELU, x, b, d, n),
         }[op]
     return step, d, ref
 
 
 @pytest.mark.benchmark(**FAST)
-@pytest.mark.parametrize("impl", ["copyto", "numpy", "ggopt"])
-@pytest.mark.parametrize("op", ["add_bias", "relu", "relu_back", "scale", "add_bias_relu"])
+@pytest.mark.parametrize("impl", ["copyto", "numpy", "ggopt_1t", "ggopt"])
+@pytest.mark.parametrize("op", ["add_bias", "relu", "relu_back", "scale"])
 def test_elementwise(benchmark, ratio_to, op, impl):
-    """ggopt element-wise kernels vs ``np.copyto`` of the output's bytes (and NumPy ufuncs)."""
+    """ggopt element-wise kernels vs ``np.copyto`` of the output's bytes (and NumPy ufuncs);
+    both references run on one thread, so the target applies to ``ggopt_1t``."""
     benchmark.group = f"elementwise {op} [500x500]"
     step, d, expected = _ew_case(op, impl)
     benchmark(step)
@@ -336,7 +349,8 @@ def test_elementwise(benchmark, ratio_to, op, impl):
     if benchmark.stats is not None:  # bytes of the copy: read and write the output's size
         benchmark.extra_info["copy_GBps"] = round(2 * d.nbytes / benchmark.stats.stats.median
                                                   / 1e9, 2)
-    ratio_to(impl, copyto=round(1 / 1.3, 3) if impl == "ggopt" else None, numpy=None)
+    ratio_to(impl, copyto=round(1 / 1.3, 3) if impl == "ggopt_1t" else None, numpy=None,
+             ggopt_1t=None)
 
 
 # --- conv_2d + pool_2d at the MNIST-CNN shapes, batch 500 ---------------------------------

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Callable, Sequence
 
 from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidValueError
 
-__all__ = ["get_n_threads", "openmp_enabled", "set_n_threads"]
+__all__ = ["get_n_threads", "openmp_enabled", "set_n_threads", "MAX_N_THREADS", "check_n_threads"]
+
+#: The most threads a kernel may be asked for: four per CPU, at least 512 (far beyond any useful
+#: count). OpenMP runtimes end the process when a parallel region asks for more threads than
+#: they or the system can start (libgomp: SIGSEGV at 100,000, a fatal "Thread creation failed"
+#: once the system's thread limit is reached), so larger counts are refused up front.
+MAX_N_THREADS = max(512, 4 * (os.cpu_count() or 1))
 
 
 def openmp_enabled() -> bool:
     """Whether the kernels were built with OpenMP (without it they always run on one thread)."""
-    return _openmp_enabled()
+    return bool(_openmp_enabled())
 
 
 def _default_n_threads() -> int:
@@ -30,10 +37,23 @@ def _default_n_threads() -> int:
     This is scikit-learn's ``_openmp_effective_n_threads(None)`` rule: an explicit
     ``OMP_NUM_THREADS`` wins, otherwise never more threads than CPUs.
     """
-    max_threads = omp_max_threads() if _openmp_enabled() else 1
+    max_threads = min(omp_max_threads(), MAX_N_THREADS) if _openmp_enabled() else 1
     if os.environ.get("OMP_NUM_THREADS"):
         return max(1, max_threads)
     return max(1, min(max_threads, os.cpu_count() or 1))
+
+
+def check_n_threads(n: object, fn: str) -> int:
+    """``n`` as an int in ``[1, MAX_N_THREADS]``; DTypeError/InvalidValueError otherwise."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise DTypeError(f"{fn}: n_threads must be an int or None, got {type(n).__name__}")
+    n = int(n)
+    if not 1 <= n <= MAX_N_THREADS:
+        raise InvalidValueError(
+            f"{fn}: n_threads must be a positive number of threads, at most {MAX_N_THREADS} "
+            f"(4 per CPU, at least 512), got {n}"
+        )
+    return n
 
 
 _n_threads: int = _default_n_threads()  # what the kernels use
@@ -57,25 +77,15 @@ def set_n_threads(n: int | None) -> None:
     ------
     DTypeError
         ``n`` is not an integer (a TypeError).
-    ShapeError
-        ``n`` is not positive (a ValueError).
+    InvalidValueError
+        ``n`` is not in ``[1, MAX_N_THREADS]`` (a ValueError).
     """
     global _n_threads
     if n is None:
         _n_threads = _default_n_threads()
         _limit_blas(None)
         return
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise DTypeError(
-            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be an int or None, "
-            f"got {type(n).__name__}"
-        )
-    n = int(n)
-    if n < 1:
-        raise ShapeError(
-            f"set_n_threads (ggml_backend_cpu_set_n_threads): n must be a positive number of "
-            f"threads, got {n}"
-        )
+    n = check_n_threads(n, "set_n_threads (ggml_backend_cpu_set_n_threads)")
     _n_threads = n if _openmp_enabled() else 1
     _limit_blas(n)
 
@@ -102,18 +112,13 @@ def _limit_blas(n: int | None) -> None:
     _blas_limit = n
 
 
-# --- deterministic parallel BLAS -----------------------------------------------------------
-# OpenBLAS sums a product's K dimension differently depending on its thread count and on how
-# the output is partitioned. ggopt therefore runs every product of a graph compute with BLAS on
-# one thread, over slices whose bounds depend only on the shapes, spread over its own worker
-# threads: the results are the same bits for any thread count.
+# --- the worker threads of the CPU products (see backend/blas.py and cpu_ops/linalg.py) -------
 
 _pool = None  # concurrent.futures.ThreadPoolExecutor, grown on demand
 _pool_workers = 0
-_serial_blas: list = []  # threadpoolctl controllers of the loaded BLAS libraries
 
 
-def run_concurrently(tasks: list) -> None:
+def run_concurrently(tasks: Sequence[Callable[[], object]]) -> None:
     """Run zero-argument callables at the same time (the first on this thread) and wait.
 
     The tasks must release the GIL to overlap (NumPy's matmul does). Exceptions propagate.
@@ -135,25 +140,3 @@ def run_concurrently(tasks: list) -> None:
     finally:
         for f in futures:
             f.result()
-
-
-def blas_serial_begin() -> list[int]:
-    """Put BLAS on one thread for the products of a graph compute; returns what to restore."""
-    global _serial_blas
-    if not _serial_blas:
-        from threadpoolctl import ThreadpoolController
-
-        _serial_blas = [c for c in ThreadpoolController().lib_controllers
-                        if c.user_api == "blas"] or [None]
-    if _serial_blas[0] is None:
-        return []
-    before = [c.num_threads for c in _serial_blas]
-    for c in _serial_blas:
-        c.set_num_threads(1)
-    return before
-
-
-def blas_serial_end(before: list[int]) -> None:
-    """Undo :func:`blas_serial_begin`."""
-    for c, n in zip(_serial_blas, before):
-        c.set_num_threads(n)

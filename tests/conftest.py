@@ -1,11 +1,28 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the hypothesis profiles of the property tests (tests/test_properties_*)."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 
 import ggopt
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # the property tests skip themselves
+    pass
+else:
+    # "ci" (the default): few, fixed examples, so the default run stays fast and repeatable.
+    # "fuzz": release checks, thousands of random examples per property, e.g.
+    # GGOPT_HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_properties_*.py
+    _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                          HealthCheck.data_too_large])
+    settings.register_profile("ci", max_examples=25, derandomize=True, database=None,
+                              **_common)
+    settings.register_profile("fuzz", max_examples=3000, **_common)
+    settings.load_profile(os.environ.get("GGOPT_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(params=[1, 2], ids=lambda n: f"{n}thr")

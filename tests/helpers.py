@@ -37,10 +37,11 @@ def assert_close(got: np.ndarray, ref: np.ndarray, rtol: float = 1e-5, atol: flo
     np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=rtol, atol=atol)
 
 
-def run(build: Build, *arrays: np.ndarray) -> list[np.ndarray]:
+def run(build: Build, *arrays: np.ndarray, n_threads: int | None = None) -> list[np.ndarray]:
     """Compute ``build(cctx, *tensors)`` on tensors holding ``arrays``; host copies of the results.
 
-    ``build`` returns one tensor or a sequence of them; all are flagged OUTPUT.
+    ``build`` returns one tensor or a sequence of them; all are flagged OUTPUT. ``n_threads``
+    pins the CPU backend's thread count (None: the process-wide setting).
     """
     ctx = ggopt.Context(no_alloc=True)
     ins = [new_tensor(ctx, a, f"in{i}") for i, a in enumerate(arrays)]
@@ -53,7 +54,7 @@ def run(build: Build, *arrays: np.ndarray) -> list[np.ndarray]:
     for o in outs:
         ggopt.set_output(o)
         ggopt.build_forward_expand(gf, o)
-    cpu = gb.cpu_init()
+    cpu = gb.cpu_init(n_threads)
     gb.alloc_ctx_tensors(ctx, cpu)
     for t, a in zip(ins, arrays):
         gb.tensor_set(t, a)

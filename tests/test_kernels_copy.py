@@ -37,10 +37,16 @@ def test_copy_preserves_negative_zero_and_nan_bits():
 
 
 def test_copy_rejects_mismatches():
-    a = np.zeros((1, 1, 2, 3), np.float32)
+    a = np.ones((1, 1, 2, 3), np.float32)
+    transposed = np.full((1, 1, 3, 2), 7, np.float32)
+    ints = np.full((1, 1, 2, 3), 7, np.int32)
+    three_d = np.full((1, 2, 3), 7, np.float32)
     with pytest.raises(ShapeError):
-        copy(a, np.zeros((1, 1, 3, 2), np.float32), 1)
+        copy(a, transposed, 1)
     with pytest.raises(DTypeError):
-        copy(a, np.zeros((1, 1, 2, 3), np.int32), 1)
+        copy(a, ints, 1)
     with pytest.raises(ShapeError):
-        copy(a[0], np.zeros((1, 2, 3), np.float32), 1)
+        copy(a[0], three_d, 1)
+    for dst in (transposed, ints, three_d):
+        assert (dst == 7).all()
+    assert (a == 1).all()

@@ -13,7 +13,8 @@ SIZES = [1, 7, 1000, 100_003]  # the last one spans several parallel chunks
 
 
 def adamw_ref(w, g, m, v, params):
-    """ggml_compute_forward_opt_step_adamw_f32, in float32, in place."""
+    """ggml_compute_forward_opt_step_adamw_f32, in float32, in place (checks the rounding; the
+    independent reference is torch.optim.AdamW in tests/test_torch_parity.py)."""
     alpha, b1, b2, eps, wd, b1h, b2h = (np.float32(p) for p in params)
     one = np.float32(1)
     keep = one - alpha * wd
@@ -68,9 +69,10 @@ def test_adamw_errors_leave_arrays_untouched():
         O.adamw_step(
             w, np.ones(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float32), good[:6], 1
         )
+    strided = np.ones(8, np.float32)
     with pytest.raises(ValueError):  # not contiguous
         O.adamw_step(
-            np.ones(8, np.float32)[::2],
+            strided[::2],
             np.ones(4, np.float32),
             np.zeros(4, np.float32),
             np.zeros(4, np.float32),
@@ -78,6 +80,7 @@ def test_adamw_errors_leave_arrays_untouched():
             1,
         )
     np.testing.assert_array_equal(w, 1)
+    np.testing.assert_array_equal(strided, 1)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
@@ -105,6 +108,16 @@ def test_sgd_errors():
 
 
 def test_empty_parameters_are_a_no_op():
-    e = np.zeros(0, np.float32)
-    O.adamw_step(e, e, e, e, adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1), 2)
-    O.sgd_step(e, e, np.array([0.1, 0.0], np.float32), 2)
+    # every array is an empty window into a guarded buffer: nothing may be written around it
+    guard = np.full(16, 5.0, np.float32)
+    e = guard[4:4]
+    adamw = adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1)
+    sgd = np.array([0.1, 0.0], np.float32)
+    assert O.adamw_step(e, e, e, e, adamw, 2) is None
+    assert O.sgd_step(e, e, sgd, 2) is None
+    assert (guard == 5.0).all()
+    np.testing.assert_array_equal(adamw, adamw_params(0.1, 0.9, 0.999, 1e-8, 0.0, 1))
+    np.testing.assert_array_equal(sgd, np.array([0.1, 0.0], np.float32))
+    with pytest.raises(ShapeError, match="same length"):  # empty w, non-empty gradient
+        O.sgd_step(e, guard[:3], sgd, 2)
+    assert (guard == 5.0).all()

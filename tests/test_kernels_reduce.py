@@ -31,8 +31,10 @@ def test_sum_rows(rng, shape, n_threads):
 
 def test_sum_rows_errors_and_empty_rows(rng):
     a = rng.standard_normal(SHAPE).astype(np.float32)
+    two_wide = np.full((7, 13, 3, 2), 7, np.float32)
     with pytest.raises(ShapeError, match="last dim of 1"):
-        R.sum_rows(a, np.zeros((7, 13, 3, 2), np.float32), 1)
+        R.sum_rows(a, two_wide, 1)
+    np.testing.assert_array_equal(two_wide, 7)
     dst = np.full((2, 1, 3, 1), 9, np.float32)
     R.sum_rows(np.zeros((2, 1, 3, 0), np.float32), dst, 1)
     np.testing.assert_array_equal(dst, 0)
@@ -121,9 +123,11 @@ def test_repeat_and_repeat_back_errors(rng):
     dst = np.full((1, 1, 1, 2), 5, np.float32)
     with pytest.raises(ShapeError, match="divide"):
         R.repeat_back(a, dst, 1)
+    not_tiled = np.full((7, 13, 3, 7), 5, np.float32)
     with pytest.raises(ShapeError, match="divide"):
-        R.repeat(a, np.zeros((7, 13, 3, 7), np.float32), 1)
+        R.repeat(a, not_tiled, 1)
     np.testing.assert_array_equal(dst, 5)
+    np.testing.assert_array_equal(not_tiled, 5)
 
 
 def argmax_ref(a: np.ndarray) -> np.ndarray:
@@ -153,10 +157,12 @@ def test_argmax_ties_and_infinities():
 
 
 def test_argmax_errors():
+    short, wide_ints = np.full(2, 7, np.int32), np.full(3, 7, np.int64)
     with pytest.raises(ShapeError, match="one entry per row"):
-        R.argmax(np.zeros((3, 4), np.float32), np.zeros(2, np.int32), 1)
+        R.argmax(np.zeros((3, 4), np.float32), short, 1)
     with pytest.raises(ValueError):
-        R.argmax(np.zeros((3, 4), np.float32), np.zeros(3, np.int64), 1)
+        R.argmax(np.zeros((3, 4), np.float32), wide_ints, 1)
+    assert (short == 7).all() and (wide_ints == 7).all()
 
 
 @pytest.mark.parametrize("n_threads", THREADS)

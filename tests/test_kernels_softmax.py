@@ -63,8 +63,10 @@ def test_soft_max_in_place_and_extremes():
 
 
 def test_soft_max_errors():
+    narrow = np.full((7, 13, 3, 4), 7, np.float32)
     with pytest.raises(ShapeError, match="dst"):
-        S.soft_max(np.zeros(SHAPE, np.float32), np.zeros((7, 13, 3, 4), np.float32), 1.0, 1)
+        S.soft_max(np.zeros(SHAPE, np.float32), narrow, 1.0, 1)
+    np.testing.assert_array_equal(narrow, 7)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
@@ -85,8 +87,11 @@ def test_soft_max_back(rng, shape, scale, n_threads):
 
 def test_soft_max_back_errors():
     a = np.zeros(SHAPE, np.float32)
+    dst = np.full(SHAPE, 7, np.float32)
     with pytest.raises(ShapeError, match="y"):
-        S.soft_max_back(a, a[..., :4], a.copy(), 1.0, 1)
+        S.soft_max_back(a, a[..., :4], dst, 1.0, 1)
+    np.testing.assert_array_equal(dst, 7)
+    np.testing.assert_array_equal(a, 0)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)

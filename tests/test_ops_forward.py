@@ -1,18 +1,25 @@
 """Every op computed through a graph against a NumPy reference.
 
 Odd sizes, ggml tiling broadcasts, non-contiguous inputs (transpose/permute/view results) and
-1 and 2 threads (sizes above the kernels' parallel threshold are included).
+1 and 2 threads. The ``LARGE`` sizes are derived from the parallel threshold in effect (see
+tests/_threadcheck.py); tests/test_threads_reached.py proves that they start a second thread.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from _threadcheck import large_2d
 from helpers import assert_close, run, run1
 
 import ggopt
 
 pytestmark = pytest.mark.usefixtures("n_threads")
+
+LARGE = large_2d()  # above every element-wise, reduction and softmax kernel's threshold
+LARGE_TALL = large_2d(7)  # few long rows (sum's row split)
+LARGE_BY_5 = (LARGE[0], LARGE[1] + 5 - LARGE[1] % 5)  # tiles a (1, 5) operand
+LARGE_CE = (large_2d(10)[1] // 16 + 1, 10)  # softmax kernels count 16 per exp
 
 def f32(rng: np.random.Generator, *shape: int, lo: float = -2.0, hi: float = 2.0) -> np.ndarray:
     return rng.uniform(lo, hi, shape).astype(np.float32)
@@ -52,7 +59,7 @@ BROADCASTS = [
     ((2, 3, 5), (1, 1, 1)),
     ((4, 9), (2, 3)),            # general tiling, not only size-1 broadcasting
     ((2, 3, 4, 5), (2, 1, 2, 5)),
-    ((129, 301), (1, 301)),      # above the parallel threshold
+    (LARGE, (1, LARGE[1])),      # above the parallel threshold
 ]
 
 
@@ -127,7 +134,7 @@ def _layout_input(rng, layout, lo, hi):
     if layout == "view":  # rows 1..4 of a 5x9 matrix, columns 2..8
         x = f32(rng, 5, 9, lo=lo, hi=hi)
         return x, lambda c, t: ggopt.view_2d(c, t, 7, 4, t.nb[1], t.nb[1] + 2 * 4), x[1:, 2:]
-    x = f32(rng, 131, 257, lo=lo, hi=hi)
+    x = f32(rng, *LARGE, lo=lo, hi=hi)
     return x, lambda c, t: t, x
 
 
@@ -177,8 +184,8 @@ def test_sum_sum_rows_mean(rng, layout):
 
 
 def test_sum_accumulates_accurately():
-    # 0.1f summed 100003 times: a float32 running sum is off by ~1e-3 relative.
-    x = np.full((7, 14286), 0.1, np.float32)
+    # 0.1f summed over 300,000 times: a float32 running sum is off by ~1e-3 relative.
+    x = np.full(LARGE_TALL, 0.1, np.float32)
     s = run1(ggopt.sum, x)
     assert_close(s, x.astype(np.float64).sum(), rtol=1e-6)
 
@@ -195,7 +202,7 @@ def test_sum_rows_4d_shape(rng):
 
 
 @pytest.mark.parametrize("shapes", [((1, 3, 1), (2, 3, 4)), ((2, 3), (4, 9)), ((3,), (2, 3, 6)),
-                                    ((1, 5), (133, 260))], ids=str)
+                                    ((1, 5), LARGE_BY_5)], ids=str)
 def test_repeat_and_repeat_back(rng, shapes):
     small, big = shapes
     a, b = f32(rng, *small), f32(rng, *big)
@@ -270,7 +277,7 @@ def ce_ref(x: np.ndarray, y: np.ndarray) -> float:
     return float(-(y * lsm).sum() / x.shape[0])
 
 
-@pytest.mark.parametrize("shape", [(7, 10), (2, 3, 5), (501, 10)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 10), (2, 3, 5), (501, 10), LARGE_CE], ids=str)
 def test_cross_entropy_loss_and_back(rng, shape):
     x = f32(rng, *shape, lo=-4, hi=4)
     y = softmax_ref(f32(rng, *shape, lo=-3, hi=3)).astype(np.float32)  # soft labels

@@ -9,8 +9,12 @@ from _opt_fixture import NDATA, make_ctx_data, make_supervised
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
+from ggopt.errors import ShapeError
 
+# ggml's test_dataset runs every (shard size, batch size) pair up to NDATA where the batch is a
+# whole number of shards; the other pairs must be rejected.
 SHARD_BATCH = [(s, b) for s in range(1, 7) for b in range(1, 7) if b % s == 0]
+NOT_WHOLE_SHARDS = [(s, b) for s in range(1, 7) for b in range(1, 7) if b % s != 0]
 
 
 def _batch_tensors(ndata_batch: int):
@@ -21,8 +25,18 @@ def _batch_tensors(ndata_batch: int):
     return data_batch, labels_batch
 
 
-def test_fourteen_shard_batch_pairs():
-    assert len(SHARD_BATCH) == 14
+@pytest.mark.parametrize("ndata_shard, ndata_batch", NOT_WHOLE_SHARDS)
+def test_batch_of_partial_shards_is_rejected(ndata_shard, ndata_batch):
+    ds = make_supervised(ndata_shard)
+    data_before, labels_before = ds.data.numpy().copy(), ds.labels.numpy().copy()
+    data_batch, labels_batch = _batch_tensors(ndata_batch)
+    data_batch.numpy()[:] = -1
+    labels_batch.numpy()[:] = -2
+    with pytest.raises(ShapeError, match="not a whole number of shards"):
+        ds.get_batch(data_batch, labels_batch, 0)
+    assert (data_batch.numpy() == -1).all() and (labels_batch.numpy() == -2).all()
+    np.testing.assert_array_equal(ds.data.numpy(), data_before)
+    np.testing.assert_array_equal(ds.labels.numpy(), labels_before)
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["no_shuffle", "shuffle"])

@@ -10,6 +10,12 @@ import re
 import numpy as np
 import pytest
 from _opt_fixture import get_test_opt_pars, make_ctx_data
+from _threadcheck import (
+    PARALLEL_ELEMENTS,
+    count_new_threads,
+    fresh_team_size,
+    skip_unless_observable,
+)
 
 import ggopt
 from ggopt import backend as gb
@@ -163,19 +169,60 @@ def test_fit_passes_live_epoch_to_get_opt_pars():
     assert seen == [1, 1, 1, 2, 2, 2, 3, 3, 3]
 
 
+def _fit_large_model(optimizer: opt.OptimizerType, n_threads: int) -> tuple:
+    """fit of ``outputs = sqr(inputs + weights)`` with 1.25x PARALLEL_ELEMENTS weights, so that
+    every kernel of the step (get_batch, add, sqr, sum, their backward, the optimizer) is above
+    its parallel threshold; no matrix products, so only OpenMP can start threads.
+
+    Returns (initial weights, final weights, train losses, val losses, OS threads that fit
+    started)."""
+    n = PARALLEL_ELEMENTS * 5 // 4
+    rng = np.random.default_rng(7)
+    ds = opt.Dataset(ggopt.F32, ggopt.F32, n, 0, 6, 1)
+    ds.data.numpy()[:] = rng.uniform(-1, 1, (6, n)).astype(np.float32)
+    backend = gb.cpu_init()
+    ctx_static = ggopt.Context()
+    inputs = ctx_static.new_tensor_2d(ggopt.F32, n, 1)
+    weights = ctx_static.new_tensor_1d(ggopt.F32, n)
+    ggopt.set_param(weights)
+    gb.alloc_ctx_tensors(ctx_static, backend)
+    weights.numpy()[:] = rng.uniform(-1, 1, n).astype(np.float32)
+    initial = weights.numpy().copy()
+    ctx_compute = ggopt.Context()
+    outputs = ggopt.sqr(ctx_compute, ggopt.add(ctx_compute, inputs, weights))
+    ggopt.set_n_threads(n_threads)  # before counting: it resizes BLAS's thread pool
+    try:
+        history = None
+
+        def run():
+            nonlocal history
+            history = opt.fit(gb.Scheduler([backend]), ctx_compute, inputs, outputs, ds,
+                              opt.LossType.SUM, optimizer, opt.get_default_optimizer_params,
+                              3, 2, 0.34, True)
+
+        started = count_new_threads(run)
+    finally:
+        ggopt.set_n_threads(None)
+    return initial, weights.numpy().copy(), history.train_loss, history.val_loss, started
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=opt.optimizer_name)
 def test_fit_bitwise_independent_of_thread_count(optimizer):
-    weights = []
-    for n in (1, 2):
-        ggopt.set_n_threads(n)
-        try:
-            cd = make_ctx_data(optimizer, init_opt_ctx=False)
-            history = _fit(cd, optimizer=optimizer, get_opt_pars=opt.get_default_optimizer_params,
-                           nepoch=3)
-        finally:
-            ggopt.set_n_threads(None)
-        weights.append((cd.w, history.train_loss, history.val_loss))
-    assert weights[0] == weights[1]
+    skip_unless_observable()
+    one = _fit_large_model(optimizer, 1)
+    assert one[4] == 0
+    # A team larger than any parked one must create threads if fit's kernels go parallel; the
+    # kernels' choice does not depend on the count beyond 1, so 2 threads go parallel too.
+    many = _fit_large_model(optimizer, fresh_team_size())
+    assert many[4] >= 1, "fit never started a second thread"
+    two = _fit_large_model(optimizer, 2)
+    assert np.mean(one[1] != one[0]) > 0.99, "fit left the weights (nearly) untouched"
+    for other in (two, many):
+        assert other[1].tobytes() == one[1].tobytes()
+        # sum() adds one float64 partial sum per thread: the loss may differ in its last bit
+        np.testing.assert_allclose(other[2], one[2], rtol=1e-6)
+        np.testing.assert_allclose(other[3], one[3], rtol=1e-6)
+
 
 
 def test_fit_cross_entropy_classifier():

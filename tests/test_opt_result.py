@@ -40,7 +40,7 @@ def test_sum_loss_is_total_with_sample_std():
     loss, unc = r.loss()
     assert r.ndata == 6
     assert loss == 33.0
-    assert abs(unc - math.sqrt(3.5)) < 1e-10
+    assert unc == pytest.approx(np.std([3, 4, 5, 6, 7, 8], ddof=1), abs=1e-12)  # not its mean's
     acc, acc_unc = r.accuracy()
     assert math.isnan(acc) and math.isnan(acc_unc)
 
@@ -63,13 +63,26 @@ def test_per_datapoint_loss_undoes_opt_period_scaling():
     scaled = [np.float32(v) / np.float32(3) for v in (1.0, 2.0, 4.0)]
     _feed(r, scaled, per_datapoint=True, opt_period=3)
     loss, unc = r.loss()
-    s = [np.float32(v * np.float32(3)) for v in scaled]
-    total = sum(float(v) for v in s)
-    total_sq = sum(float(v * v) for v in s)
-    mean = total / 3
-    assert loss == mean
-    assert unc == math.sqrt((total_sq / 3 - mean * mean) / 2)
+    unscaled = np.array([v * np.float32(3) for v in scaled], np.float64)  # about 1, 2, 4
+    assert loss == pytest.approx(unscaled.mean(), abs=1e-12)
     assert abs(loss - 7 / 3) < 1e-6
+    # the standard error of the mean; ggml squares the float32 losses in float32, which moves
+    # the variance by up to 2^-23 * mean(l*l)
+    float32_squares = math.sqrt(2.0**-23 * np.mean(unscaled**2))
+    assert unc == pytest.approx(np.std(unscaled, ddof=1) / math.sqrt(3), abs=float32_squares)
+
+
+def test_loss_uncertainty_is_the_standard_error_of_the_batch_losses():
+    rng = np.random.default_rng(3)
+    losses = rng.uniform(0.5, 2.5, 50).astype(np.float32)
+    r = Result()
+    _feed(r, losses, per_datapoint=True)
+    loss, unc = r.loss()
+    l64 = losses.astype(np.float64)
+    assert loss == pytest.approx(l64.mean(), rel=1e-12)
+    float32_squares = math.sqrt(2.0**-23 * np.mean(l64**2) / (len(l64) - 1))
+    assert unc == pytest.approx(np.std(l64, ddof=1) / math.sqrt(len(l64)), abs=float32_squares)
+    assert unc == pytest.approx(np.std(l64, ddof=1) / math.sqrt(len(l64)), rel=1e-3)
 
 
 def test_accuracy_and_predictions():
@@ -78,7 +91,8 @@ def test_accuracy_and_predictions():
     _feed(r, [0.5, 0.25], per_datapoint=True, nd=2, pred=pred, ncorrect=[2, 1])
     acc, unc = r.accuracy()
     assert acc == 0.75
-    assert unc == math.sqrt(0.75 * 0.25 / 3)
+    hits = np.array([1, 1, 1, 0], np.float64)  # the binomial standard error of the hit rate
+    assert unc == pytest.approx(np.std(hits, ddof=1) / math.sqrt(4), rel=1e-12)
     np.testing.assert_array_equal(r.pred(), [1, 2, 3, 0])
 
 

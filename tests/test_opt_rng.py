@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.opt.rng import Mt19937
 
 
@@ -57,19 +61,61 @@ def test_shuffle_single_element_draws_nothing():
     assert rng() == 3499211612
 
 
-def test_uniform_int_lemire_rejects_low_products():
-    # For span 3 the threshold is (2**32 - 3) % 3 = 1: a raw draw of 0 gives low word 0 < 1.
+# std::uniform_int_distribution<unsigned long>(lo, hi) on std::mt19937() in libstdc++ (GCC 12.2,
+# -std=c++17): 12 draws, the raw 32-bit outputs they consumed, and the next raw output. Obtained
+# by running tests/data/libstdcxx_uniform_int.cpp; test_uniform_int_matches_live_libstdcxx
+# recompiles it and compares wherever g++ is available. For span 2**31 + 1 Lemire's method
+# rejects a raw draw with probability about 1/2 (29 draws for 12 values); for span 3 with
+# probability 2**-32 (none here).
+LIBSTDCXX_UNIFORM_INT = {
+    (0, 2**31): ([1749605806, 1945173367, 474666992, 1357981149, 661783701, 209466417,
+                  2132196360, 2139884402, 2078109053, 338471504, 2055500373, 1718589230],
+                 29, 1275731771),
+    (10, 12): ([12, 10, 12, 12, 10, 12, 12, 10, 11, 10, 10, 11], 12, 1196140740),
+    (0, 3_000_000_000): ([2444171076, 406431012, 380960435, 2740127567, 663102128, 1897077750,
+                          924501151, 292621204, 1641661789, 835494655, 1640644557, 2978643906],
+                         16, 4112460519),
+}
+
+
+def _draws_and_next_raw(lo: int, hi: int) -> tuple[list[int], int]:
     rng = Mt19937()
+    draws = [rng.uniform_int(lo, hi) for _ in range(12)]
+    return draws, rng()
+
+
+def _raw_index(value: int) -> int:
+    """The 0-based position of ``value`` among mt19937()'s first 100 outputs."""
     raw = Mt19937()
-    draws = [rng.uniform_int(10, 12) for _ in range(200)]
-    expected = []
-    for _ in range(200):
-        product = raw() * 3
-        while product & 0xFFFFFFFF < 1:
-            product = raw() * 3
-        expected.append(10 + (product >> 32))
-    assert draws == expected
-    assert set(draws) == {10, 11, 12}
+    return [raw() for _ in range(100)].index(value)
+
+
+@pytest.mark.parametrize("span", list(LIBSTDCXX_UNIFORM_INT), ids=str)
+def test_uniform_int_matches_libstdcxx_including_rejections(span):
+    draws, next_raw = _draws_and_next_raw(*span)
+    want, used, want_next = LIBSTDCXX_UNIFORM_INT[span]
+    assert draws == want
+    assert next_raw == want_next and _raw_index(next_raw) == used  # same draws consumed
+    if span == (0, 2**31):
+        assert used - len(draws) == 17  # the rejection loop ran 17 times
+
+
+def test_uniform_int_matches_live_libstdcxx(tmp_path):
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the hard-coded libstdc++ values are checked instead")
+    src = Path(__file__).parent / "data" / "libstdcxx_uniform_int.cpp"
+    exe = tmp_path / "uniform_int"
+    subprocess.run([gxx, "-O1", "-std=c++17", str(src), "-o", str(exe)], check=True,
+                   capture_output=True)
+    for lo, hi in [*LIBSTDCXX_UNIFORM_INT, (5, 5 + 2**31 + 7), (0, 6), (0, 69999)]:
+        out = subprocess.run([str(exe), str(lo), str(hi), "12"], check=True, capture_output=True,
+                             text=True).stdout.split("\n")
+        want = [int(x) for x in out[0].split()]
+        used, want_next = (int(x) for x in out[1].split())
+        draws, next_raw = _draws_and_next_raw(lo, hi)
+        assert draws == want, (lo, hi)
+        assert next_raw == want_next and _raw_index(next_raw) == used, (lo, hi)
 
 
 def test_uniform_int_full_range_returns_raw_draw():
@@ -96,7 +142,7 @@ def test_canonical_f32_in_unit_interval():
 
 @pytest.mark.parametrize("seed", [-1, 2**32])
 def test_seed_out_of_range(seed):
-    with pytest.raises(ShapeError, match="seed"):
+    with pytest.raises(InvalidValueError, match="seed"):
         Mt19937(seed)
 
 

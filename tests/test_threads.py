@@ -13,7 +13,7 @@ from ggopt._kernels._openmp_helpers import omp_max_threads
 
 from ggopt import _threads
 from ggopt._kernels import _openmp_helpers
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +51,9 @@ def test_none_restores_the_default():
 
 
 @pytest.mark.parametrize("bad", [0, -1, -8])
-def test_non_positive_raises_shape_error(bad):
+def test_non_positive_raises_invalid_value_error(bad):
     before = _threads.get_n_threads()
-    with pytest.raises(ShapeError, match="positive") as info:
+    with pytest.raises(InvalidValueError, match="positive") as info:
         _threads.set_n_threads(bad)
     assert isinstance(info.value, ValueError)
     assert _threads.get_n_threads() == before
@@ -89,10 +89,40 @@ def test_omp_num_threads_is_respected():
     assert out.stdout.strip() == "1"
 
 
-@pytest.mark.parametrize("policy,scaled", [("PASSIVE", True), ("passive", True), ("ACTIVE", False)])
-def test_min_parallel_work_follows_the_wait_policy(monkeypatch, policy, scaled):
-    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+_PROBE = """
+import os, sys
+import numpy as np
+import ggopt
+from ggopt._kernels import _elementwise as E
+
+def started(n_elements):  # OS threads that one 2-thread relu over n_elements creates
+    a = np.ones(n_elements, np.float32).reshape(1, 1, 1, -1)
+    before = len(os.listdir("/proc/self/task"))
+    E.unary(E.UN_RELU, a, np.empty_like(a), 2)
+    return len(os.listdir("/proc/self/task")) - before
+
+print(os.environ["OMP_WAIT_POLICY"], *(started(int(n)) for n in sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("policy,scaled", [("PASSIVE", True), ("passive", True), ("ACTIVE", False),
+                                           (None, True)])
+def test_thresholds_in_effect_follow_the_wait_policy(policy, scaled):
+    """In a fresh process (an empty OpenMP pool, thresholds read when the kernels load), a relu
+    of ``threshold - 1`` elements stays on one thread and one of ``threshold`` elements starts
+    exactly one more; the threshold is 8x higher under the PASSIVE policy ``import ggopt`` sets
+    when the variable is unset (None)."""
+    if not sys.platform.startswith("linux") or not _threads.openmp_enabled():
+        pytest.skip("needs /proc/self/task and an OpenMP build")
+    base = 1 << 15  # the element-wise kernels' base amount of work; relu counts 1 per element
     scale = _openmp_helpers.PASSIVE_WORK_SCALE if scaled else 1
-    assert _openmp_helpers.min_parallel_work(1000) == 1000 * scale
-    monkeypatch.delenv("OMP_WAIT_POLICY")
-    assert _openmp_helpers.min_parallel_work(1000) == 1000
+    threshold = base * scale
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    if policy is not None:
+        env["OMP_WAIT_POLICY"] = policy
+    sizes = [base, threshold - 1, threshold] if scaled else [threshold - 1, threshold]
+    out = subprocess.run([sys.executable, "-c", _PROBE, *map(str, sizes)], env=env,
+                         capture_output=True, text=True, check=True)
+    got_policy, *started = out.stdout.split()
+    assert got_policy == (policy or "PASSIVE")
+    assert [int(s) for s in started] == [0] * (len(sizes) - 1) + [1]

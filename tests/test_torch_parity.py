@@ -91,3 +91,30 @@ def test_cnn_matches_torch(batch):
     d = h.permute(0, 2, 3, 1).reshape(batch, dense_in)  # NHWC flatten
     loss_t = F.cross_entropy(F.linear(d, tdw, tdb), torch.tensor(labels))
     _compare(prob, loss_t, params_t)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("n, wd", [(1000, 0.1), (100_003, 0.01), (257, 0.0)])
+def test_adamw_kernel_matches_torch_adamw(n, wd, n_threads):
+    """ggopt's AdamW kernel against torch.optim.AdamW over 10 steps: ggml's parameters are
+    (alpha, beta1, beta2, eps, wd, 1/(1-beta1^t), 1/(1-beta2^t)); torch's lr is alpha."""
+    from ggopt._kernels import _optim
+
+    rng = np.random.default_rng(n)
+    lr, b1, b2, eps = 1e-2, 0.9, 0.999, 1e-8
+    w = rng.standard_normal(n).astype(np.float32)
+    m, v = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    p = torch.tensor(w.copy(), requires_grad=True)
+    adamw = torch.optim.AdamW([p], lr=lr, betas=(b1, b2), eps=eps, weight_decay=wd,
+                              foreach=False)
+    for t in range(1, 11):
+        g = rng.standard_normal(n).astype(np.float32)
+        pars = np.array([lr, b1, b2, eps, wd, 1 / (1 - b1**t), 1 / (1 - b2**t)], np.float32)
+        _optim.adamw_step(w, g, m, v, pars, n_threads)
+        p.grad = torch.tensor(g)
+        adamw.step()
+    state = adamw.state[p]
+    np.testing.assert_allclose(m, state["exp_avg"].numpy(), rtol=1e-5, atol=1e-7)
+    # ggml forms 1 - beta2 in float32 (1 - 0.999f = 0.00099998713); torch in float64 (0.001)
+    np.testing.assert_allclose(v, state["exp_avg_sq"].numpy(), rtol=3e-5, atol=1e-9)
+    np.testing.assert_allclose(w, p.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -9,6 +9,7 @@ switching between a few static graphs costs a dictionary lookup and a pointer up
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 
@@ -18,8 +19,9 @@ from ..graph import Graph
 from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import TensorFlag
 from .alloc import plan_memory
-from .base import Backend, Step
-from .buffer import Buffer
+from .base import Backend, Placement, Step
+from .blas import SerialBlas
+from .buffer import Buffer, buffer_of, init_view
 
 __all__ = ["Scheduler"]
 
@@ -58,6 +60,13 @@ class Scheduler:
 
     ``backends[0]`` has the highest priority; the last backend must be a host (CPU) backend,
     which computes whatever the others do not support.
+
+    Threads: every call holds the scheduler's lock (a re-entrant lock), so calls from several
+    threads never run inside one scheduler at the same time. A sequence of calls is not atomic
+    by itself: hold the same lock around it with ``with sched:`` (for example reset, alloc,
+    compute and reading the outputs). Without it, another thread may allocate its own graph in
+    between; then :meth:`graph_compute` of yours raises StateError (it never computes the other
+    graph), and so does reading a compute tensor of a graph that is no longer allocated.
     """
 
     def __init__(self, backends: Sequence[Backend]) -> None:
@@ -76,12 +85,28 @@ class Scheduler:
         self._buffers: dict[Backend, Buffer] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._current: _Compiled | None = None
+        self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
+        self._blas = SerialBlas()  # BLAS on one thread during computes (see blas.py)
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> Scheduler:
+        """Hold the scheduler's lock for a sequence of calls (``with sched: ...``)."""
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
     # --- public API ---------------------------------------------------------------------------
     @property
     def n_backends(self) -> int:
         return len(self.backends)
+
+    @property
+    def allocated_graph(self) -> Graph | None:
+        """The graph allocated by :meth:`alloc_graph` (None after :meth:`reset`)."""
+        return self._graph
 
     def get_backend(self, i: int) -> Backend:
         """Backend ``i`` in priority order (ggml_backend_sched_get_backend)."""
@@ -92,13 +117,15 @@ class Scheduler:
 
         ggml: ``ggml_backend_sched_reset``.
         """
-        cur = self._current
-        if cur is not None:
-            for t, _, _ in cur.placed:
-                t.buffer = None
-            for t in cur.views:
-                t.buffer = None
-        self._current = None
+        with self._lock:
+            cur = self._current
+            if cur is not None:
+                for t, _, _ in cur.placed:
+                    t.buffer = None
+                for t in cur.views:
+                    t.buffer = None
+            self._current = None
+            self._graph = None
 
     def alloc_graph(self, g: Graph) -> bool:
         """Assign backends and memory to every tensor of ``g`` that has none.
@@ -108,6 +135,10 @@ class Scheduler:
         if not isinstance(g, Graph):
             raise DTypeError(f"ggml_backend_sched_alloc_graph: expected a Graph, got "
                              f"{type(g).__name__}")
+        with self._lock:
+            return self._alloc_graph(g)
+
+    def _alloc_graph(self, g: Graph) -> bool:
         if self._current is not None:
             raise StateError("ggml_backend_sched_alloc_graph: a graph is already allocated; call "
                              "reset() first")
@@ -119,28 +150,43 @@ class Scheduler:
             t.buffer = comp.buffers[backend]
             t.offset = off
         for t in comp.views:
-            src = t.view_src
-            t.buffer = src.buffer
-            t.offset = src.offset + t.view_offs
+            init_view(t)
         self._current = comp
+        self._graph = g
         return True
 
     def graph_compute(self, g: Graph) -> None:
-        """Run the allocated graph, allocating ``g`` first if nothing is.
+        """Run ``g``, allocating it first if no graph is allocated.
+
+        Raises StateError when another graph is allocated (ggml would silently compute that
+        one) or ``g`` changed since it was allocated; nothing is computed then.
 
         ggml: ``ggml_backend_sched_graph_compute``.
         """
-        if self._current is None:
-            self.alloc_graph(g)
-        tokens = [b.begin_compute() for b in self.backends]
-        try:
+        if not isinstance(g, Graph):
+            raise DTypeError(f"ggml_backend_sched_graph_compute: expected a Graph, got "
+                             f"{type(g).__name__}")
+        with self._lock:
+            if self._current is None:
+                self._alloc_graph(g)
+            elif self._graph is not g:
+                raise StateError(
+                    "ggml_backend_sched_graph_compute: another graph is allocated (by "
+                    "alloc_graph, maybe from another thread); call reset() and alloc_graph(g) "
+                    "first, or hold the scheduler (with sched: ...) around alloc and compute")
+            elif self._current.version != g.version:
+                raise StateError(
+                    "ggml_backend_sched_graph_compute: the graph changed since alloc_graph; "
+                    "call reset() and alloc_graph(g) again")
+            self._compute()
+
+    def _compute(self) -> None:
+        assert self._current is not None
+        with self._blas:
             for step in self._current.steps:
                 step()
             for b in self.backends:
                 b.synchronize()
-        finally:
-            for b, token in zip(self.backends, tokens):
-                b.end_compute(token)
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""
@@ -156,8 +202,7 @@ class Scheduler:
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend whose memory holds ``t``, or None."""
-        owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return self._memory_backend(t)
 
     # --- compilation --------------------------------------------------------------------------
     def _still_valid(self, g: Graph, comp: _Compiled) -> bool:
@@ -176,7 +221,7 @@ class Scheduler:
 
     def _memory_backend(self, t: Tensor) -> Backend | None:
         owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return buffer_of(owner).backend if owner.buffer is not None else None
 
     def _assign(self, g: Graph) -> dict[Tensor, Backend]:
         cpu = self.backends[-1]
@@ -245,22 +290,22 @@ class Scheduler:
         self._ctx.tensors.clear()  # the scheduler keeps the copies alive through its splits
 
         # Memory: one plan and one buffer per backend.
-        fixed = {}
+        fixed: dict[Tensor, tuple[Buffer, int]] = {}
         for t in list(g.leafs) + g.nodes:
             if t.buffer is not None:
-                fixed[t] = (t.buffer, t.offset)
+                fixed[t] = (buffer_of(t), t.offset)
         for b in self.backends:
             nodes_b = [n for n in g.nodes if where.get(n) is b]
             leafs_b = [t for t in g.leafs if where.get(t) is b]
-            plan = plan_memory(
-                nodes_b, leafs_b, copies[b],
-                owns=lambda t, b=b: t.buffer is None and where.get(t, b) is b,
-                keep=keep[b],
-            )
+            def owns(t: Tensor, b: Backend = b) -> bool:
+                return t.buffer is None and where.get(t, b) is b
+
+            plan = plan_memory(nodes_b, leafs_b, copies[b], owns=owns, keep=keep[b])
             comp.sizes[b] = plan.size
             buf = self._buffers.get(b)
             if plan.offsets and (buf is None or buf.size < plan.size):
                 buf = b.alloc_buffer(plan.size)
+                buf.lock = self._lock
                 self._buffers[b] = buf
                 self._cache.clear()  # every cached plan pointed into the old buffer
             if buf is not None:
@@ -269,31 +314,21 @@ class Scheduler:
                 comp.placed.append((t, b, off))
         comp.fixed = [(t, buf, off) for t, (buf, off) in fixed.items()]
 
-        # Point tensors at their memory so the steps can bind their arrays.
-        for t, b, off in comp.placed:
-            t.buffer = comp.buffers[b]
-            t.offset = off
+        # The placement map: the steps bind their arrays through it; alloc_graph applies it.
+        mem = Placement({t: (comp.buffers[b], off) for t, b, off in comp.placed})
         for t in list(g.leafs) + g.nodes:
             if t.view_src is not None and t not in fixed:
                 comp.views.append(t)
-                t.buffer = t.view_src.buffer
-                t.offset = t.view_src.offset + t.view_offs
-        for t in comp.views:
-            if t.buffer is None:
-                raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
-                                 f"'{t.view_src.name}', which has no memory")
+                if not mem.has_memory(t.view_src):
+                    raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
+                                     f"'{t.view_src.name}', which has no memory")
         for split in splits:
             for src, cp in split.copies:
-                split.steps.append(split.backend.copy_step(src, cp))
+                split.steps.append(split.backend.copy_step(src, cp, mem))
             for node in split.nodes:
-                step = split.backend.compile_node(node, srcs_of[node])
+                step = split.backend.compile_node(node, srcs_of[node], mem)
                 if step is not None:
                     split.steps.append(step)
             comp.steps.extend(split.steps)
         comp.splits = splits
-        # Leave the tensors unallocated: alloc_graph applies the plan.
-        for t, _, _ in comp.placed:
-            t.buffer = None
-        for t in comp.views:
-            t.buffer = None
         return comp

@@ -7,28 +7,37 @@ written by ggml's ``mnist-train``) and prints what ``mnist-eval`` prints.
 
 Progress bars and notes go to stderr; results go to stdout. Exit status: 0 on success, 1 on an
 error in the input (files, shapes), 2 on a usage error or an unavailable device.
+
+``train`` under ``mpiexec -n N`` trains data-parallel on N ranks (``--dist``, default ``auto``:
+whenever an MPI launcher started more than one process); rank 0 prints and writes the files,
+and an error on any rank ends every rank. See ``docs/distributed.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from .. import set_n_threads
-from ..errors import BackendUnavailableError, GgoptError
-from ..opt import Result
+from .. import dist, get_n_threads, set_n_threads
+from ..backend import Scheduler
+from ..errors import BackendUnavailableError, GgoptError, ShapeError
+from ..opt import Dataset, FitHistory, Result
+from ..opt.training import fit_split
 from . import mnist_data as data
 from . import mnist_model as model
+from . import training_cli
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
 
 FULL_EPOCHS = 30  # ggml's mnist-train
 SUBSET_EPOCHS = 20  # keeps the default run on the bundled 4000 images to seconds
+VAL_SPLIT = 0.05  # ggml's mnist-train
 _ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
 
 
@@ -80,7 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--plot", metavar="PNG",
                     help="also write loss and accuracy per epoch as a PNG (needs matplotlib: "
                          "pip install 'ggopt[plot]')")
+    tr.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
+                    help="data-parallel training over MPI (run under mpiexec -n N; needs "
+                         "pip install 'ggopt[mpi]'): 'auto' (default) when an MPI launcher "
+                         "started more than one process, 'mpi' always, 'none' never. Without "
+                         "--threads each rank takes its share of the machine's cores")
     _common(tr)
+    training_cli.add_training_args(tr)
     tr.set_defaults(func=_train)
     ev = sub.add_parser(
         "eval", help="evaluate a GGUF model on the test set, as ggml's mnist-eval",
@@ -93,13 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(args: argparse.Namespace):
+def _setup(args: argparse.Namespace) -> Scheduler:
     if args.threads is not None:
         set_n_threads(args.threads)
     return model.make_scheduler(args.device)
 
 
-def _evaluate(m: model.MnistModel, ds) -> Result:
+def _evaluate(m: model.MnistModel, ds: Dataset) -> Result:
     t0 = time.perf_counter()
     result = model.evaluate(m, ds)
     dt = time.perf_counter() - t0
@@ -115,14 +130,49 @@ def _print_result(result: Result) -> None:
     print(f"main: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
 
 
-def _test_dataset(data_dir: str | None):
+def _test_dataset(data_dir: str | None) -> Dataset:
     images, labels = data.load_split(data_dir, "test")
     return data.make_dataset(images, labels, model.NBATCH_PHYSICAL, model.NBATCH_PHYSICAL)
+
+
+def _physical_batch(nranks: int) -> int:
+    """Images per micro-batch such that every rank gets whole micro-batches of each logical
+    batch: ggml's 500 for 1 or 2 ranks, else the logical batch divided by ``nranks``."""
+    if (model.NBATCH_LOGICAL // model.NBATCH_PHYSICAL) % nranks == 0:
+        return model.NBATCH_PHYSICAL
+    if model.NBATCH_LOGICAL % (nranks * 10) == 0:  # whole shards of 10 images
+        return model.NBATCH_LOGICAL // nranks
+    usable = [n for n in range(1, 101) if model.NBATCH_LOGICAL % (n * 10) == 0]
+    raise ShapeError(f"--dist: {nranks} ranks cannot share a logical batch of "
+                     f"{model.NBATCH_LOGICAL} images in whole shards of 10; use "
+                     f"{', '.join(map(str, usable))} ranks")
+
+
+def _world(args: argparse.Namespace) -> dist.Communicator | None:
+    """The MPI world to train on, or None for a single process."""
+    if args.dist == "none" or (args.dist == "auto" and not dist.launched_by_mpi()):
+        return None
+    comm = dist.mpi_world()
+    if comm.size == 1:
+        return None
+    args.comm = comm  # main() aborts every rank on an error
+    local = comm.count_local_ranks()
+    if args.threads is None:
+        set_n_threads(max(1, get_n_threads() // local))
+    where = comm.describe()
+    if comm.rank == 0:
+        print(f"main: data-parallel over MPI, {where}; threads per rank: {get_n_threads()}",
+              file=sys.stderr)
+    return comm
 
 
 def _train(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # fail before training, not after
+    comm = _world(args)
+    nbatch = model.NBATCH_PHYSICAL if comm is None else _physical_batch(comm.size)
+    if comm is not None and comm.rank != 0:
+        return _train_rank(args, comm, nbatch)
     sched = _setup(args)
     arch = _ARCHS[args.arch]
     out = args.out or f"{arch}.gguf"
@@ -132,12 +182,11 @@ def _train(args: argparse.Namespace) -> int:
           f"from {mnist.source}", file=sys.stderr)
     ds_train = data.make_dataset(mnist.train_images, mnist.train_labels, 10,
                                  model.NBATCH_LOGICAL)
-    ds_test = data.make_dataset(mnist.test_images, mnist.test_labels, model.NBATCH_PHYSICAL,
-                                model.NBATCH_PHYSICAL)
+    ds_test = data.make_dataset(mnist.test_images, mnist.test_labels, nbatch, nbatch)
 
-    m = model.build_model(arch, sched)
+    m = model.build_model(arch, sched, nbatch)
     model.init_params(m, args.seed, args.init)
-    history = model.train(m, ds_train, nepoch)
+    history = _fit(args, m, ds_train, nepoch, comm)
     print(f"mnist_model_save: saving model to '{out}'")
     model.save_gguf(m, out)
     _print_result(_evaluate(m, ds_test))
@@ -145,6 +194,28 @@ def _train(args: argparse.Namespace) -> int:
         plot_history(history, args.plot, title=f"{arch}, {nepoch} epochs, {mnist.source}")
         print(f"main: wrote {args.plot}")
     return 0
+
+
+def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) -> int:
+    """What a rank other than 0 does in ``train``: its part of the training, silently."""
+    sched = _setup(args)
+    nepoch = args.epochs or (FULL_EPOCHS if args.data else SUBSET_EPOCHS)
+    images, labels = data.load_split(args.data, "train")
+    ds_train = data.make_dataset(images, labels, 10, model.NBATCH_LOGICAL, stream=io.StringIO())
+    m = model.build_model(_ARCHS[args.arch], sched, nbatch)
+    model.init_params(m, args.seed, args.init)
+    _fit(args, m, ds_train, nepoch, comm)
+    return 0
+
+
+def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoch: int,
+         comm: dist.Communicator | None) -> FitHistory:
+    """ggml's recipe with the schedule, checkpoint and resume options (every rank alike)."""
+    _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, m.nbatch_physical,
+                               VAL_SPLIT)
+    schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
+    return model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, comm=comm,
+                       get_opt_pars=schedule, checkpoint=args.checkpoint, resume=args.resume)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -167,15 +238,22 @@ def _eval(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.comm = None
+    if args.command == "train":
+        training_cli.check_training_args(parser, args)
     try:
-        return args.func(args)
+        rc: int = args.func(args)
+        return rc
     except BackendUnavailableError as exc:
-        print(f"mnist: device {args.device!r} unavailable: {exc}", file=sys.stderr)
-        return 2
+        code, message = 2, f"mnist: device {args.device!r} unavailable: {exc}"
     except (GgoptError, OSError, ImportError) as exc:
-        print(f"mnist: error: {exc}", file=sys.stderr)
-        return 1
+        code, message = 1, f"mnist: error: {exc}"
+    if args.comm is not None:  # the other ranks would wait for this one forever
+        args.comm.abort(code, message)
+    print(message, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
+from ..io.atomic import atomic_path
 from ..opt import FitHistory
 
 __all__ = ["require_matplotlib", "plot_history"]
@@ -47,4 +48,6 @@ def plot_history(history: FitHistory, path: str | os.PathLike[str], title: str =
         ax.legend()
     if title:
         fig.suptitle(title)
-    fig.savefig(os.fspath(path), dpi=100)
+    fmt = os.path.splitext(os.fspath(path))[1].lstrip(".").lower() or "png"
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format=fmt)

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from ..errors import DTypeError, GgoptError, ShapeError
 from ..types import GGML_MAX_DIMS
+from .atomic import atomic_path
 
 __all__ = ["save", "load"]
 
@@ -28,12 +29,13 @@ _ARCH_KEY = "general.architecture"
 _ALIGNMENT_KEY = "general.alignment"
 _READER_KEYS = "GGUF."  # prefix of the bookkeeping fields GGUFReader adds
 _MAX_NAME = 64  # GGML_MAX_NAME: names must be shorter, counting the terminating NUL
-_TENSOR_TYPES = {
+_TENSOR_TYPES: dict[np.dtype[Any], GGMLQuantizationType] = {
     np.dtype(np.float32): GGMLQuantizationType.F32,
     np.dtype(np.float16): GGMLQuantizationType.F16,
     np.dtype(np.int32): GGMLQuantizationType.I32,
 }
-_TENSOR_DTYPES = {v: k for k, v in _TENSOR_TYPES.items()}
+_TENSOR_DTYPES: dict[GGMLQuantizationType, np.dtype[Any]] = {
+    v: k for k, v in _TENSOR_TYPES.items()}
 _INT32 = (-(1 << 31), 1 << 31)
 _INT64 = (-(1 << 63), 1 << 63)
 
@@ -42,12 +44,27 @@ class _ShortRead(Exception):
     """A read ran past the end of the file."""
 
 
+class _NestedArray(Exception):
+    """A metadata array whose items are arrays."""
+
+
 class _StrictReader(GGUFReader):
-    """GGUFReader whose reads past the end of the file raise.
+    """GGUFReader whose reads past the end of the file raise, and that refuses nested arrays.
 
     The base class's ``_get`` (every read goes through it) silently shortens such reads, which
-    lets a file cut inside its last string pass as valid.
+    lets a file cut inside its last string pass as valid. Its value parser recurses into
+    arrays of arrays (3,000 levels raise RecursionError) and flattens them, taking the item
+    type from the first item only (``[[], ["zz"]]`` came back as ``[122, 122]``); ggopt stores
+    no nested arrays, so they are refused before the recursion.
     """
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
+        if int(raw_type) == GGUFValueType.ARRAY:
+            item_type = int(self._get(orig_offs, np.uint32)[0])
+            if item_type == GGUFValueType.ARRAY:
+                raise _NestedArray(f"metadata value at offset {orig_offs}: expected a scalar or "
+                                   "a flat array, got nested arrays")
+        return super()._get_field_parts(orig_offs, raw_type)
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
         arr = super()._get(offset, dtype, count, override_order)
@@ -79,11 +96,24 @@ def _scalar_type(value: object) -> tuple[GGUFValueType, object] | None:
     return None
 
 
+def _check_utf8(where: str, what: str, text: str) -> None:
+    """GGUF stores text as UTF-8: refuse strings that have no UTF-8 form (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ShapeError(f"{where}: {what}: expected text that UTF-8 can encode, got {text!r} "
+                         f"({exc.reason} at index {exc.start})") from None
+
+
 def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, Any]:
     """Check one metadata entry; return (value to write, GGUF type, array element type)."""
     where = f"gguf_write_to_file {path!r}: metadata key {key!r}"
     if not isinstance(key, str) or not key:
         raise ShapeError(f"{where}: expected a non-empty str key, got {key!r}")
+    _check_utf8(where, "key", key)
+    for item in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(item, str):
+            _check_utf8(where, "value", item)
     if key.startswith(_READER_KEYS) or key == _ALIGNMENT_KEY:
         raise ShapeError(
             f"{where}: expected a key the writer does not manage, got a reserved key "
@@ -104,11 +134,13 @@ def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, A
         types = {GGUFValueType.INT64}
     if None in types or len(types) != 1:
         raise DTypeError(f"{where}: expected {kinds} (one kind per list), got {value!r}")
-    return [t[1] for t in typed_items], GGUFValueType.ARRAY, types.pop()
+    return [t[1] for t in typed_items if t is not None], GGUFValueType.ARRAY, types.pop()
 
 
 def _tensor(path: str, name: object, array: object) -> np.ndarray:
     """Check one tensor; return it C-contiguous in native byte order."""
+    if isinstance(name, str):
+        _check_utf8(f"gguf_write_to_file {path!r}", "tensor name", name)
     if not isinstance(name, str) or not name or len(name.encode()) >= _MAX_NAME:
         raise ShapeError(
             f"gguf_write_to_file {path!r}: tensor name: expected a non-empty str of at most "
@@ -135,13 +167,16 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray],
 
     ``metadata["general.architecture"]`` (a non-empty str) is required. Tensors may be
     float32, float16 or int32 with 1 to 4 dimensions; names are shorter than 64 bytes.
-    Everything is checked before the file is opened.
+    Everything is checked before the file is opened. The file is written under a temporary
+    name in the same directory and renamed over ``path`` only when complete, so a failure
+    never damages an existing file.
 
     Raises
     ------
     ShapeError
-        Architecture missing, a reserved or empty key, an empty list, a bad tensor name or
-        a tensor with 0 or more than 4 dimensions.
+        Architecture missing, a reserved or empty key, an empty list, a bad tensor name,
+        text that UTF-8 cannot encode (a lone surrogate) or a tensor with 0 or more than 4
+        dimensions.
     DTypeError
         A metadata value or a tensor element type that GGUF cannot hold here.
     """
@@ -157,20 +192,22 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray],
             f"gguf_write_to_file {spath!r}: metadata[{_ARCH_KEY!r}]: expected a non-empty "
             f"str, got {arch!r}"
         )
+    _check_utf8(f"gguf_write_to_file {spath!r}", f"metadata[{_ARCH_KEY!r}]", arch)
     kvs = {k: _kv(spath, k, v) for k, v in metadata.items() if k != _ARCH_KEY}
     arrays = {name: _tensor(spath, name, a) for name, a in tensors.items()}
 
-    writer = GGUFWriter(spath, arch)
-    try:
-        for key, (value, vtype, sub_type) in kvs.items():
-            writer.add_key_value(key, value, vtype, sub_type)
-        for name, arr in arrays.items():
-            writer.add_tensor(name, arr)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+    with atomic_path(spath) as tmp:
+        writer = GGUFWriter(tmp, arch)
+        try:
+            for key, (value, vtype, sub_type) in kvs.items():
+                writer.add_key_value(key, value, vtype, sub_type)
+            for name, arr in arrays.items():
+                writer.add_tensor(name, arr)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
 
 
 def _decode(field: Any) -> object:
@@ -232,6 +269,8 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, np.
         return _read(spath)
     except GgoptError as exc:
         raise type(exc)(f"{where}: {exc}") from None
+    except _NestedArray as exc:
+        raise DTypeError(f"{where}: {exc}") from None
     except _ShortRead as exc:
         raise ShapeError(f"{where}: truncated file: expected {exc}") from None
     except (ValueError, KeyError, IndexError, OverflowError) as exc:

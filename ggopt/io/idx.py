@@ -9,19 +9,21 @@ payload length are checked, and the sizes give the array's shape.
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import sys
 import zlib
-from typing import BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
 from ..errors import DTypeError, ShapeError
+from .atomic import atomic_path
 
 __all__ = ["read", "write"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_TYPE_CODES = {
+_TYPE_CODES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -30,7 +32,9 @@ _TYPE_CODES = {
     0x0E: np.dtype(">f8"),
 }
 _CODE_OF_KIND = {dt.newbyteorder("="): code for code, dt in _TYPE_CODES.items()}
-_MAX_DIMS = 255
+_MAX_DIMS = 255  # the format's limit (one byte)
+_MAX_NDARRAY_DIMS = 64  # NumPy's (NPY_MAXDIMS); a file with more dimensions cannot be read
+_MAX_NDARRAY_BYTES = np.iinfo(np.intp).max
 _CHUNK = 1 << 20
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -42,7 +46,7 @@ def _fail(path: str | os.PathLike[str], field: str, expected: str, got: str) -> 
     )
 
 
-def _read_upto(stream: BinaryIO, n: int) -> bytes:
+def _read_upto(stream: IO[bytes], n: int) -> bytes:
     parts = []
     while n > 0:
         part = stream.read(min(n, _CHUNK))
@@ -53,7 +57,7 @@ def _read_upto(stream: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_payload(stream: BinaryIO, nbytes: int, size_left: int | None) -> tuple[bytearray, int]:
+def _read_payload(stream: IO[bytes], nbytes: int, size_left: int | None) -> tuple[bytearray, int]:
     """Read exactly ``nbytes``; return the buffer and how many bytes the stream really held.
 
     ``size_left`` (the bytes left in a raw file) lets a wrong length fail before any
@@ -74,7 +78,7 @@ def _read_payload(stream: BinaryIO, nbytes: int, size_left: int | None) -> tuple
     return buf, len(buf) + rest
 
 
-def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> np.ndarray:
+def _parse(path: str | os.PathLike[str], stream: IO[bytes], size: int | None) -> np.ndarray:
     head = _read_upto(stream, 4)
     if len(head) < 4:
         raise _fail(path, "header", "4 bytes", f"{len(head)}")
@@ -86,6 +90,9 @@ def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> 
         raise _fail(path, f"type code 0x{code:02X}", f"one of {known}", f"0x{code:02X}")
     if ndim < 1:
         raise _fail(path, "dimension count", ">= 1", f"{ndim}")
+    if ndim > _MAX_NDARRAY_DIMS:
+        raise _fail(path, "dimension count", f"at most {_MAX_NDARRAY_DIMS} (NumPy's limit)",
+                    f"{ndim}")
     raw_dims = _read_upto(stream, 4 * ndim)
     if len(raw_dims) < 4 * ndim:
         raise _fail(path, "dimension sizes", f"{4 * ndim} bytes for {ndim} sizes",
@@ -101,6 +108,11 @@ def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> 
         sizes = " x ".join(str(s) for s in shape)
         raise _fail(path, "payload", f"{nbytes} bytes ({sizes} of {dtype.name})",
                     f"{got} bytes")
+    if math.prod(s for s in shape if s) * dtype.itemsize > _MAX_NDARRAY_BYTES:
+        # NumPy refuses such shapes even when a zero size makes the array empty
+        raise _fail(path, "dimension sizes", f"a shape NumPy can hold (nonzero sizes times "
+                    f"{dtype.itemsize} bytes at most {_MAX_NDARRAY_BYTES})",
+                    " x ".join(str(s) for s in shape))
     out = np.frombuffer(buf, dtype=dtype.newbyteorder("=")).reshape(shape)
     if dtype.itemsize > 1 and sys.byteorder == "little":
         out.byteswap(inplace=True)
@@ -126,7 +138,7 @@ def read(path: str | os.PathLike[str]) -> np.ndarray:
             return _parse(path, raw, os.fstat(raw.fileno()).st_size)
         try:
             with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
-                return _parse(path, stream, None)
+                return _parse(path, stream, None)  # type: ignore[arg-type]  # binary stream
         except _GZIP_ERRORS as exc:
             raise _fail(path, "gzip stream", "a complete, valid gzip stream",
                         f"{type(exc).__name__}: {exc}") from exc
@@ -137,7 +149,8 @@ def write(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
     The element type picks the type code: uint8 0x08, int8 0x09, int16 0x0B, int32 0x0C,
     float32 0x0D, float64 0x0E. The gzip header carries no timestamp, so the same array
-    always gives the same bytes.
+    always gives the same bytes. The file is written under a temporary name in the same
+    directory and renamed over ``path`` when complete: a failure never damages an existing file.
 
     Raises
     ------
@@ -165,11 +178,16 @@ def write(path: str | os.PathLike[str], array: np.ndarray) -> None:
         )
     header = bytes([0, 0, code, arr.ndim]) + np.asarray(arr.shape, dtype=">u4").tobytes()
     payload = np.ascontiguousarray(arr, dtype=_TYPE_CODES[code]).reshape(-1).view(np.uint8)
-    if os.fspath(path).endswith(".gz"):
-        with gzip.GzipFile(path, "wb", compresslevel=9, mtime=0) as out:
-            out.write(header)
-            out.write(payload.data)
-    else:
-        with open(path, "wb") as out:
-            out.write(header)
-            out.write(payload.data)
+    with atomic_path(path) as tmp, open(tmp, "wb") as raw:
+        if os.fspath(path).endswith(".gz"):
+            # the gzip header names the target file, not the temporary one
+            with gzip.GzipFile(os.fspath(path), "wb", compresslevel=9, fileobj=raw,
+                               mtime=0) as out:
+                _write_stream(out, header, payload)
+        else:
+            _write_stream(raw, header, payload)
+
+
+def _write_stream(out: IO[bytes] | gzip.GzipFile, header: bytes, payload: np.ndarray) -> None:
+    out.write(header)
+    out.write(payload.data)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError
 from .enums import BuildType, LossType, OptimizerType
 
 __all__ = [
@@ -105,6 +106,9 @@ class OptParams:
     optimizer : OptimizerType
     rng_seed : int
         Seed of the context's ``std::mt19937`` used by dataset shuffles (ggml: always 5489).
+    comm : ggopt.dist.Communicator or None
+        Not in ggml. Several ranks: train data-parallel, ``opt_period`` counting the physical
+        batches of all ranks (``docs/distributed.md``). None or one rank: a plain context.
     """
 
     backend_sched: Any
@@ -118,6 +122,7 @@ class OptParams:
     get_opt_pars_ud: Any = None
     optimizer: OptimizerType = OptimizerType.ADAMW
     rng_seed: int = 5489
+    comm: Any = None
 
 
 def default_params(backend_sched: Any, loss_type: LossType | int | str) -> OptParams:
@@ -130,17 +135,21 @@ def default_params(backend_sched: Any, loss_type: LossType | int | str) -> OptPa
 
 
 def _f32(value: Any, name: str) -> np.float32:
-    try:
-        return np.float32(value)
-    except (TypeError, ValueError):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DTypeError(
             f"optimizer parameter {name} must be a real number, got {value!r} (ggml_opt_eval)"
-        ) from None
+        )
+    try:
+        out: np.float32 = np.float32(value)
+    except OverflowError:
+        raise InvalidValueError(f"optimizer parameter {name}={value} out of bounds, expected a "
+                                "value that fits in a float (ggml_opt_eval)") from None
+    return out
 
 
-def _check(ok: bool, name: str, value: np.float32, bound: str) -> None:
+def _check(ok: bool | np.bool_, name: str, value: np.float32, bound: str) -> None:
     if not ok:
-        raise ShapeError(
+        raise InvalidValueError(
             f"optimizer parameter {name}={float(value)!r} out of bounds, expected {bound} "
             "(ggml_opt_eval)"
         )
@@ -158,7 +167,7 @@ def optimizer_step_values(
     ------
     DTypeError
         ``pars`` is not an :class:`OptimizerParams` or a value is not a number.
-    ShapeError
+    InvalidValueError
         A value is outside ggml's bounds: ``alpha > 0``, ``0 <= beta <= 1``, ``eps >= 0``,
         ``0 <= wd <= 1`` (NaN fails every bound).
 
@@ -187,8 +196,8 @@ def optimizer_step_values(
             beta1h = one / (one - beta1**t)
             beta2h = one / (one - beta2**t)
         return np.array([alpha, beta1, beta2, eps, wd, beta1h, beta2h], dtype=np.float32)
-    p = pars.sgd
-    alpha, wd = _f32(p.alpha, "sgd.alpha"), _f32(p.wd, "sgd.wd")
+    sgd = pars.sgd
+    alpha, wd = _f32(sgd.alpha, "sgd.alpha"), _f32(sgd.wd, "sgd.wd")
     _check(alpha > 0, "sgd.alpha", alpha, "alpha > 0")
     _check(0 <= wd <= 1, "sgd.wd", wd, "0 <= wd <= 1")
     return np.array([alpha, wd], dtype=np.float32)

@@ -1,0 +1,81 @@
+"""Proof that a computation really ran on a second OS thread, and sizes that make it do so.
+
+A kernel decides between its serial path and an OpenMP region from two facts only: more than
+one thread was asked for, and the work reaches its threshold (``min_parallel_work``, scaled up
+when ``OMP_WAIT_POLICY=PASSIVE``, which ``import ggopt`` sets; each kernel module reads it once,
+when it loads). So "does this call go parallel?" has the same answer for 2 threads and for any
+larger count, and a larger count makes the answer visible:
+
+libgomp keeps the workers of its last team parked in a pool and creates threads only when a
+team needs more workers than the pool holds. The pool never holds more workers than the process
+has threads, so a call given ``n = (threads of the process) + 1`` must create at least one new
+OS thread (visible at once in ``/proc/self/task``) if it starts a team, and creates none if it
+stays serial. :func:`threads_started` runs a call that way and returns the number of new threads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+
+import pytest
+from ggopt._kernels._openmp_helpers import min_parallel_work
+
+import ggopt
+
+#: The element count above which every element-wise, reduction and softmax kernel starts a
+#: team, under the wait policy in effect (the kernels' largest base is 1 << 15 work units; an
+#: element costs at least one). Read in this process, whose environment the kernels saw when
+#: they loaded: tests that change OMP_WAIT_POLICY restore it.
+PARALLEL_ELEMENTS = min_parallel_work(1 << 15)
+
+
+def large_2d(rows: int = 257) -> tuple[int, int]:
+    """A NumPy shape ``(rows, odd columns)`` with 25 % more elements than
+    :data:`PARALLEL_ELEMENTS`: above every kernel's threshold, with odd sizes."""
+    cols = math.ceil(1.25 * PARALLEL_ELEMENTS / rows) | 1
+    return rows, cols
+
+
+def os_thread_count() -> int:
+    """The number of OS threads of this process."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def skip_unless_observable() -> None:
+    """Skip where threads cannot be counted (not Linux) or never start (no OpenMP)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("counting OS threads needs /proc/self/task (Linux)")
+    if not ggopt.openmp_enabled():
+        pytest.skip("the kernels were built without OpenMP: they never start a thread")
+
+
+def fresh_team_size() -> int:
+    """A thread count larger than any OpenMP team this process can have parked."""
+    return os_thread_count() + 1
+
+
+def threads_started(call: Callable[[int], object]) -> int:
+    """Run ``call(n)`` with ``n`` = :func:`fresh_team_size` and return how many OS threads it
+    created: at least 1 when it ran an OpenMP region, 0 when it stayed on the calling thread.
+
+    ``call`` must take the thread count as its argument and must not start threads of its own
+    (no matrix products: those run on a Python thread pool). Anything ``call`` has to set up
+    that could start threads (``ggopt.set_n_threads`` resizes BLAS's pool) goes before the
+    count: pass a ``call`` that only computes, or use :func:`count_new_threads`.
+    """
+    skip_unless_observable()
+    n = fresh_team_size()
+    before = os_thread_count()
+    call(n)
+    return os_thread_count() - before
+
+
+def count_new_threads(run: Callable[[], object]) -> int:
+    """How many OS threads ``run()`` created (for set-up done by the caller beforehand)."""
+    skip_unless_observable()
+    before = os_thread_count()
+    run()
+    return os_thread_count() - before
