@@ -152,7 +152,7 @@ def _extensions() -> list[Extension]:
         Extension(
             os.path.splitext(src)[0].replace(os.sep, "."),
             [src],
-            include_dirs=[np.get_include()],
+            include_dirs=[np.get_include(), os.path.join("ggopt", "_kernels")],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
         )
         for src in sources

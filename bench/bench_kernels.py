@@ -316,7 +316,6 @@ def _ew_case(op: str, impl: str):
     mask = np.empty(EW_SHAPE, bool)
     ref = {
         "add_bias": x + b, "relu": np.maximum(x, 0), "relu_back": g * (x > 0), "scale": x * s,
-        "add_bias_relu": np.maximum(x + b, 0),
     }[op]
     if impl == "copyto":
         return (lambda: np.copyto(d, x)), d, x
@@ -326,7 +325,6 @@ def _ew_case(op: str, impl: str):
             "relu": lambda: np.maximum(x, 0, out=d),
             "relu_back": lambda: np.multiply(g, np.greater(x, 0, out=mask), out=d),
             "scale": lambda: np.multiply(x, s, out=d),
-            "add_bias_relu": lambda: np.maximum(np.add(x, b, out=d), 0, out=d),
         }[op]
     else:
         step = {
@@ -334,14 +332,13 @@ def _ew_case(op: str, impl: str):
             "relu": lambda: ew.unary(ew.UN_RELU, x, d, n),
             "relu_back": lambda: ew.unary_back(ew.UN_RELU, x, g, d, n),
             "scale": lambda: ew.scale(x, d, s, 0.0, n),
-            "add_bias_relu": lambda: ew.binary_unary(ew.BIN_ADD, ew.UN_RELU, x, b, d, n),
         }[op]
     return step, d, ref
 
 
 @pytest.mark.benchmark(**FAST)
 @pytest.mark.parametrize("impl", ["copyto", "numpy", "ggopt_1t", "ggopt"])
-@pytest.mark.parametrize("op", ["add_bias", "relu", "relu_back", "scale", "add_bias_relu"])
+@pytest.mark.parametrize("op", ["add_bias", "relu", "relu_back", "scale"])
 def test_elementwise(benchmark, ratio_to, op, impl):
     """ggopt element-wise kernels vs ``np.copyto`` of the output's bytes (and NumPy ufuncs);
     both references run on one thread, so the target applies to ``ggopt_1t``."""

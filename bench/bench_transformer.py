@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import ggopt
-from ggopt._kernels import _attn, _norm, _rope, _softmax
+from ggopt._kernels import _attention as _attn
+from ggopt._kernels import _norm, _rope, _softmax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from llama_block import Config, GgoptBlock, init_weights, torch_block_loss  # noqa: E402

@@ -14,14 +14,13 @@ import os as _os
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import errors  # noqa: E402
-from ._newops import *  # noqa: F401,F403,E402 - the transformer ops
-from ._newops import __all__ as _newops_all  # noqa: E402
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
     BackendUnavailableError,
     DTypeError,
     GgoptError,
+    InvalidValueError,
     OutOfMemoryError,
     ShapeError,
     StateError,
@@ -46,19 +45,18 @@ from .types import F16, F32, I32, I64, GGType, TensorFlag
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "errors", "get_n_threads", "set_n_threads", "openmp_enabled", "Context",
-    "GgoptError", "ShapeError", "DTypeError", "StateError", "BackendUnavailableError",
+    "__version__", "errors", "backend", "dist", "io", "opt", "get_n_threads", "set_n_threads",
+    "openmp_enabled", "Context", "GgoptError", "ShapeError", "InvalidValueError", "DTypeError",
+    "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
     "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",
     "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "I32",
-    "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")], *_newops_all,
+    "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
 ]
 
-
-def __getattr__(name: str):
-    # Sub-packages load on first use so that ``import ggopt`` stays light.
-    if name in ("backend", "opt", "io", "dist"):
-        import importlib
-
-        return importlib.import_module(f"ggopt.{name}")
-    raise AttributeError(f"module 'ggopt' has no attribute {name!r}")
+# The sub-packages (CuPy is imported only by ggopt.backend.cupy_init and mpi4py only by
+# ggopt.dist.mpi_world, never here). Importing the backend also installs the host allocator of
+# Context(no_alloc=False).
+# isort: off
+from . import backend, dist, io, opt  # noqa: E402
+# isort: on

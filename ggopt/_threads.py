@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Callable, Sequence
 
 from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, InvalidValueError
 
 __all__ = ["get_n_threads", "openmp_enabled", "set_n_threads", "MAX_N_THREADS", "check_n_threads"]
 
@@ -26,7 +27,7 @@ MAX_N_THREADS = max(512, 4 * (os.cpu_count() or 1))
 
 def openmp_enabled() -> bool:
     """Whether the kernels were built with OpenMP (without it they always run on one thread)."""
-    return _openmp_enabled()
+    return bool(_openmp_enabled())
 
 
 def _default_n_threads() -> int:
@@ -43,12 +44,12 @@ def _default_n_threads() -> int:
 
 
 def check_n_threads(n: object, fn: str) -> int:
-    """``n`` as an int in ``[1, MAX_N_THREADS]``; DTypeError/ShapeError otherwise."""
+    """``n`` as an int in ``[1, MAX_N_THREADS]``; DTypeError/InvalidValueError otherwise."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise DTypeError(f"{fn}: n_threads must be an int or None, got {type(n).__name__}")
     n = int(n)
     if not 1 <= n <= MAX_N_THREADS:
-        raise ShapeError(
+        raise InvalidValueError(
             f"{fn}: n_threads must be a positive number of threads, at most {MAX_N_THREADS} "
             f"(4 per CPU, at least 512), got {n}"
         )
@@ -76,7 +77,7 @@ def set_n_threads(n: int | None) -> None:
     ------
     DTypeError
         ``n`` is not an integer (a TypeError).
-    ShapeError
+    InvalidValueError
         ``n`` is not in ``[1, MAX_N_THREADS]`` (a ValueError).
     """
     global _n_threads
@@ -111,18 +112,13 @@ def _limit_blas(n: int | None) -> None:
     _blas_limit = n
 
 
-# --- deterministic parallel BLAS -----------------------------------------------------------
-# OpenBLAS sums a product's K dimension differently depending on its thread count and on how
-# the output is partitioned. ggopt therefore runs every product of a graph compute with BLAS on
-# one thread, over slices whose bounds depend only on the shapes, spread over its own worker
-# threads: the results are the same bits for any thread count.
+# --- the worker threads of the CPU products (see backend/blas.py and cpu_ops/linalg.py) -------
 
 _pool = None  # concurrent.futures.ThreadPoolExecutor, grown on demand
 _pool_workers = 0
-_serial_blas: list = []  # threadpoolctl controllers of the loaded BLAS libraries
 
 
-def run_concurrently(tasks: list) -> None:
+def run_concurrently(tasks: Sequence[Callable[[], object]]) -> None:
     """Run zero-argument callables at the same time (the first on this thread) and wait.
 
     The tasks must release the GIL to overlap (NumPy's matmul does). Exceptions propagate.
@@ -144,25 +140,3 @@ def run_concurrently(tasks: list) -> None:
     finally:
         for f in futures:
             f.result()
-
-
-def blas_serial_begin() -> list[int]:
-    """Put BLAS on one thread for the products of a graph compute; returns what to restore."""
-    global _serial_blas
-    if not _serial_blas:
-        from threadpoolctl import ThreadpoolController
-
-        _serial_blas = [c for c in ThreadpoolController().lib_controllers
-                        if c.user_api == "blas"] or [None]
-    if _serial_blas[0] is None:
-        return []
-    before = [c.num_threads for c in _serial_blas]
-    for c in _serial_blas:
-        c.set_num_threads(1)
-    return before
-
-
-def blas_serial_end(before: list[int]) -> None:
-    """Undo :func:`blas_serial_begin`."""
-    for c, n in zip(_serial_blas, before):
-        c.set_num_threads(n)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from .errors import OutOfMemoryError, ShapeError
-from .tensor import Op, Tensor, contiguous_strides
+from .errors import OutOfMemoryError, ShapeError, StateError
+from .tensor import Memory, Op, Tensor, contiguous_strides
 from .types import GGML_MAX_DIMS, GGType, as_type
 
-__all__ = ["Context"]
+__all__ = ["Context", "set_host_allocator"]
+
+#: Gives ``no_alloc=False`` contexts host memory: ``nbytes -> Memory``. The backend layer
+#: installs it when it is imported (``ggopt`` imports it), so this module needs no backend.
+_host_allocator: Callable[[int], Memory] | None = None
+
+
+def set_host_allocator(alloc: Callable[[int], Memory]) -> None:
+    """Install the function that allocates host memory for ``Context(no_alloc=False)``."""
+    global _host_allocator
+    _host_allocator = alloc
 
 
 def normalize_ne(ne: Sequence[int]) -> tuple[int, int, int, int]:
@@ -54,8 +64,9 @@ class Context:
     # --- creation --------------------------------------------------------------------------
     def _add(self, t: Tensor) -> Tensor:
         if not self.no_alloc and t.view_src is None:
-            from .backend.cpu import host_backend
-
+            if _host_allocator is None:
+                raise StateError("Context(no_alloc=False) needs host memory: import ggopt.backend "
+                                 "(import ggopt does) to install the host allocator")
             nbytes = t.nbytes()
             if self.mem_size is not None and self._mem_used + nbytes > self.mem_size:
                 raise OutOfMemoryError(
@@ -63,7 +74,7 @@ class Context:
                     f"{self.mem_size - self._mem_used} of mem_size={self.mem_size} left "
                     "(ggml_new_tensor)"
                 )
-            buf = host_backend().alloc_buffer(nbytes)
+            buf = _host_allocator(nbytes)
             t.buffer, t.offset = buf, 0
             self._mem_used += nbytes
         elif t.view_src is not None and t.view_src.buffer is not None:
@@ -99,7 +110,7 @@ class Context:
         ne: tuple[int, int, int, int],
         op: Op,
         src: tuple[Tensor, ...],
-        op_params=None,
+        op_params: object = None,
     ) -> Tensor:
         """A new contiguous result tensor of ``op`` (used by the op constructors)."""
         return self._add(Tensor(self, type, ne, None, op, src, op_params))
@@ -112,7 +123,7 @@ class Context:
         offset: int,
         op: Op,
         src: tuple[Tensor, ...],
-        op_params=None,
+        op_params: object = None,
         type: GGType | None = None,
     ) -> Tensor:
         """A tensor that shares ``base``'s memory at byte ``offset`` with strides ``nb``."""
@@ -139,7 +150,7 @@ class Context:
                 return t
         return None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Tensor]:
         return iter(self.tensors)
 
     def __len__(self) -> int:

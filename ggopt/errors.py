@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "GgoptError",
     "ShapeError",
+    "InvalidValueError",
     "DTypeError",
     "StateError",
     "BackendUnavailableError",
@@ -21,7 +22,12 @@ class GgoptError(Exception):
 
 
 class ShapeError(GgoptError, ValueError):
-    """A shape, size, index or other value is not what the operation expects."""
+    """A shape, size, stride, offset or index is not what the operation expects."""
+
+
+class InvalidValueError(GgoptError, ValueError):
+    """An argument value that is not a shape is out of range or not one of the allowed choices
+    (a thread count, an enum name, an optimizer hyper-parameter, ...)."""
 
 
 class DTypeError(GgoptError, TypeError):

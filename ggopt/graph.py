@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from .context import Context
 from .errors import DTypeError, ShapeError, StateError
-from .ops import BACKWARD, _sub_inplace, add, add_inplace, ignored_sources, neg, sub
+from .ops._base import BACKWARD, ignored_sources
+from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
 from .tensor import Op, Tensor
 from .types import F16, F32, I32, TensorFlag
 
@@ -143,22 +144,30 @@ def graph_dup(ctx: Context, g: Graph, force_grads: bool = False) -> Graph:
     out.nodes = list(g.nodes)
     out.leafs = list(g.leafs)
     out.visited = set(g.visited)
-    if g.grads is not None:
+    if g.grads is not None and g.grad_accs is not None:
         out.grads = dict(g.grads)
         out.grad_accs = dict(g.grad_accs)
     return out
 
 
+def _slots(g: Graph) -> tuple[dict[Tensor, Tensor], dict[Tensor, Tensor]]:
+    """``(grads, grad_accs)`` of a graph that has gradient slots."""
+    if g.grads is None or g.grad_accs is None:
+        raise StateError("the graph has no gradient slots")
+    return g.grads, g.grad_accs
+
+
 class _Sink:
     """Collects gradient contributions for the sources of one node (ggml_add_or_set & co)."""
 
-    __slots__ = ("ctx", "g", "node", "needs_grad", "ignored")
+    __slots__ = ("ctx", "g", "grads", "grad_accs", "node", "needs_grad", "ignored")
 
-    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor]) -> None:
+    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor], node: Tensor) -> None:
         self.ctx = ctx
         self.g = g
+        self.grads, self.grad_accs = _slots(g)
         self.needs_grad = needs_grad
-        self.node: Tensor | None = None
+        self.node = node
         self.ignored: frozenset[int] = frozenset()
 
     def needs(self, isrc: int) -> bool:
@@ -166,25 +175,25 @@ class _Sink:
         return isrc not in self.ignored and src in self.needs_grad
 
     def _set(self, src: Tensor, grad: Tensor) -> None:
-        self.g.grads[src] = grad
+        self.grads[src] = grad
         build_forward_expand(self.g, grad)
 
     def add(self, isrc: int, t: Tensor) -> None:
         src = self.node.src[isrc]
-        prev = self.g.grads.get(src)
+        prev = self.grads.get(src)
         if prev is None:
             self._set(src, t)
-        elif src in self.g.grad_accs:
+        elif src in self.grad_accs:
             self._set(src, add_inplace(self.ctx, prev, t))
         else:
             self._set(src, add(self.ctx, prev, t))
 
     def sub(self, isrc: int, t: Tensor) -> None:
         src = self.node.src[isrc]
-        prev = self.g.grads.get(src)
+        prev = self.grads.get(src)
         if prev is None:
             self._set(src, neg(self.ctx, t))
-        elif src in self.g.grad_accs:
+        elif src in self.grad_accs:
             self._set(src, _sub_inplace(self.ctx, prev, t))
         else:
             self._set(src, sub(self.ctx, prev, t))
@@ -250,7 +259,8 @@ def build_backward_expand(
                              "no backward rule")
         needs_grad.add(node)
 
-    snapshot = (list(g.nodes), list(g.leafs), set(g.visited), dict(g.grads), dict(g.grad_accs),
+    grads, accs = _slots(g)
+    snapshot = (list(g.nodes), list(g.leafs), set(g.visited), dict(grads), dict(accs),
                 len(ctx.tensors), {t: t.name for t in g.nodes + g.leafs}, g.version)
     try:
         _propagate(ctx, g, grad_accs, needs_grad, n_fwd)
@@ -266,9 +276,11 @@ def build_backward_expand(
     g.version += 1
 
 
-def _propagate(ctx: Context, g: Graph, grad_accs, needs_grad: set[Tensor], n_fwd: int) -> None:
-    g.grads.clear()
-    g.grad_accs.clear()
+def _propagate(ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None,
+               needs_grad: set[Tensor], n_fwd: int) -> None:
+    grads, accs = _slots(g)
+    grads.clear()
+    accs.clear()
     for i, node in enumerate(g.nodes[:n_fwd]):
         if node not in needs_grad:
             continue
@@ -278,21 +290,20 @@ def _propagate(ctx: Context, g: Graph, grad_accs, needs_grad: set[Tensor], n_fwd
             acc.name = f"{node.name} (grad acc)"
             acc.flags |= TensorFlag.INPUT  # holds the seed 1.0: placed first, never overwritten
         if acc is not None:
-            g.grad_accs[node] = acc
-            g.grads[node] = acc
+            accs[node] = acc
+            grads[node] = acc
 
-    sink = _Sink(ctx, g, needs_grad)
     for i in range(n_fwd - 1, -1, -1):
         node = g.nodes[i]
-        grad = g.grads.get(node)
+        grad = grads.get(node)
         if grad is None or node.op in (Op.NONE,):
             continue
         rule = BACKWARD[node.op]
-        sink.node = node
+        sink = _Sink(ctx, g, needs_grad, node)
         sink.ignored = ignored_sources(node)
         rule(ctx, node, grad, sink)
         for s in node.src:
-            sg = g.grads.get(s) if s is not None else None
+            sg = grads.get(s) if s is not None else None
             if sg is not None and sg.ne != s.ne:
                 raise ShapeError(f"ggml_build_backward_expand: gradient of '{s.name}' has shape "
                                  f"{list(sg.ne)}, expected {list(s.ne)} (backward of "
@@ -321,16 +332,15 @@ def graph_reset(g: Graph | None) -> None:
     if g is None:
         return
     _check_graph("ggml_graph_reset", g)
-    if g.grads is None:
+    if g.grad_accs is None:
         raise StateError("ggml_graph_reset: the graph has no gradient slots")
-    from .backend.buffer import fill_tensor
-
+    accs = g.grad_accs
     work: list[tuple[Tensor, float]] = []
     for node in g.nodes:
         if node.op is Op.OPT_STEP_ADAMW:
             work.append((node.src[2], 0.0))
             work.append((node.src[3], 0.0))
-        acc = g.grad_accs.get(node)
+        acc = accs.get(node)
         if acc is None:
             continue
         if node.flags & TensorFlag.LOSS:
@@ -339,9 +349,11 @@ def graph_reset(g: Graph | None) -> None:
             work.append((acc, 1.0))
         else:
             work.append((acc, 0.0))
-    for t, _ in work:
+    memory = []
+    for t, value in work:
         if t.buffer is None:
             raise StateError(f"ggml_graph_reset: '{t.name}' has no memory; allocate it first")
-    for t, value in work:
-        fill_tensor(t, value)
+        memory.append((t, t.buffer, value))
+    for t, buf, value in memory:
+        buf.fill(t, value)
 

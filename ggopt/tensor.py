@@ -8,7 +8,7 @@ view of a tensor has shape ``(ne3, ne2, ne1, ne0)`` trimmed to :attr:`Tensor.n_d
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -16,10 +16,9 @@ from .errors import StateError
 from .types import GGML_MAX_DIMS, GGType, TensorFlag
 
 if TYPE_CHECKING:
-    from .backend.buffer import Buffer
     from .context import Context
 
-__all__ = ["Op", "UnaryOp", "Tensor", "VIEW_OPS"]
+__all__ = ["Op", "UnaryOp", "Tensor", "VIEW_OPS", "Memory"]
 
 
 class Op(enum.Enum):
@@ -98,6 +97,29 @@ class UnaryOp(enum.Enum):
 VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
 
 
+class _Named(Protocol):
+    name: str
+
+
+class Memory(Protocol):
+    """What a tensor needs from the block of memory it points into (a backend buffer); the
+    core never imports the backends, it only calls this interface."""
+
+    @property
+    def is_host(self) -> bool:
+        """True for host RAM, where a NumPy view of the tensor is possible."""
+
+    @property
+    def backend(self) -> _Named:
+        """The owner of the memory (its ``name`` is shown in messages)."""
+
+    def view(self, t: Tensor) -> Any:
+        """The 4-D array (NumPy order) of ``t`` in this memory."""
+
+    def fill(self, t: Tensor, value: float) -> None:
+        """Set every element of ``t`` to ``value``."""
+
+
 class Tensor:
     """A node of a computation graph (ggml_tensor).
 
@@ -129,7 +151,7 @@ class Tensor:
         nb: tuple[int, int, int, int] | None = None,
         op: Op = Op.NONE,
         src: tuple[Tensor, ...] = (),
-        op_params: Any = None,
+        op_params: object = None,
         view_src: Tensor | None = None,
         view_offs: int = 0,
     ) -> None:
@@ -144,7 +166,7 @@ class Tensor:
         self.name = ""
         self.view_src = view_src
         self.view_offs = view_offs
-        self.buffer: Buffer | None = None
+        self.buffer: Memory | None = None
         self.offset = 0
 
     # --- shape helpers -------------------------------------------------------------------
@@ -221,7 +243,7 @@ class Tensor:
         """The tensor that owns this tensor's memory (follows ``view_src``)."""
         return self.view_src if self.view_src is not None else self
 
-    def array4d(self):
+    def array4d(self) -> Any:
         """The backend array of the tensor's memory, 4-D in NumPy order ``(ne3, ne2, ne1, ne0)``."""
         if self.buffer is None:
             raise StateError(
@@ -241,7 +263,8 @@ class Tensor:
                 f"tensor '{self.name}' lives on backend {self.buffer.backend.name}; "
                 "use ggopt.backend.tensor_get(t) to copy it to the host"
             )
-        return self.array4d()[(0,) * (GGML_MAX_DIMS - _numpy_ndim(self.ne))]
+        view: np.ndarray = self.array4d()[(0,) * (GGML_MAX_DIMS - _numpy_ndim(self.ne))]
+        return view
 
     def __repr__(self) -> str:
         dims = ", ".join(str(n) for n in self.ne[: self.n_dims])

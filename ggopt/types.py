@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import DTypeError
 
@@ -24,12 +26,12 @@ class GGType(enum.IntEnum):
     I64 = 27
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[Any]:
         return _NP_DTYPES[self]
 
     @property
     def size(self) -> int:
-        return _NP_DTYPES[self].itemsize
+        return int(_NP_DTYPES[self].itemsize)
 
     @property
     def is_float(self) -> bool:
@@ -41,7 +43,7 @@ F16 = GGType.F16
 I32 = GGType.I32
 I64 = GGType.I64
 
-_NP_DTYPES = {
+_NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.F32: np.dtype(np.float32),
     GGType.F16: np.dtype(np.float16),
     GGType.I32: np.dtype(np.int32),
@@ -75,12 +77,12 @@ def type_size(t: GGType) -> int:
     return as_type(t).size
 
 
-def np_dtype(t: GGType) -> np.dtype:
+def np_dtype(t: GGType) -> np.dtype[Any]:
     """The NumPy dtype of type ``t``."""
     return as_type(t).dtype
 
 
-def from_np_dtype(dtype) -> GGType:
+def from_np_dtype(dtype: npt.DTypeLike) -> GGType:
     """The :class:`GGType` of a NumPy dtype, or :class:`DTypeError`."""
     dt = np.dtype(dtype)
     if dt not in _FROM_NP:

@@ -27,7 +27,7 @@ from test_backend_multi import (
 
 from ggopt import backend as gb
 from ggopt.backend.cupy import CuPyBackend
-from ggopt.errors import BackendUnavailableError, DTypeError, ShapeError
+from ggopt.errors import BackendUnavailableError, DTypeError, InvalidValueError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_cupy_init_without_cupy_raises_backend_unavailable():
 def test_bad_device_argument_raises_before_importing_cupy():
     with pytest.raises(DTypeError, match="device"):
         CuPyBackend("0")
-    with pytest.raises(ShapeError, match="device"):
+    with pytest.raises(InvalidValueError, match="device"):
         CuPyBackend(-1)
 
 

@@ -19,7 +19,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 import ggopt
 from ggopt import opt
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.examples import mnist, mnist_data, mnist_model
 from ggopt.io import gguf, idx
 
@@ -205,9 +205,9 @@ def test_set_params_checks_everything_first():
 
 
 def test_unknown_architecture():
-    with pytest.raises(ShapeError, match="mnist-fc, mnist-cnn"):
+    with pytest.raises(InvalidValueError, match="mnist-fc, mnist-cnn"):
         mnist_model.build_model("mnist-rnn", mnist_model.make_scheduler())
-    with pytest.raises(ShapeError, match="'cpu' or 'cupy'"):
+    with pytest.raises(InvalidValueError, match="'cpu' or 'cupy'"):
         mnist_model.make_scheduler("tpu")
 
 
@@ -222,7 +222,8 @@ def _fc_weights() -> dict[str, np.ndarray]:
 def test_load_gguf_wrong_architecture(tmp_path):
     path = tmp_path / "rnn.gguf"
     gguf.save(path, _fc_weights(), {"general.architecture": "mnist-rnn"})
-    with pytest.raises(ShapeError, match="expected one of mnist-fc, mnist-cnn, got 'mnist-rnn'"):
+    with pytest.raises(InvalidValueError,
+                       match="expected one of mnist-fc, mnist-cnn, got 'mnist-rnn'"):
         mnist_model.load_gguf(path)
     rc, out, err = run("eval", "--model", path)
     assert rc == 1 and "mnist-rnn" in err and "test_acc" not in out
@@ -429,7 +430,7 @@ def test_he_init_scales_by_fan_in_and_zeroes_biases():
     assert all(abs(w.std() / 0.01 - 1) < 0.2 for w in mnist_model.get_params(m).values()
                if w.size > 50)
     before = mnist_model.get_params(m)
-    with pytest.raises(ShapeError, match="scheme"):
+    with pytest.raises(InvalidValueError, match="scheme"):
         mnist_model.init_params(m, scheme="xavier")
     after = mnist_model.get_params(m)
     assert all(np.array_equal(before[k], after[k]) for k in before)

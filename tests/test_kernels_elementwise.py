@@ -180,56 +180,6 @@ def test_binary_empty():
 
 
 # ---------------------------------------------------------------------------------------------
-# binary_unary
-
-
-@pytest.mark.parametrize("n_threads", THREADS)
-@pytest.mark.parametrize("uop", [E.UN_RELU, E.UN_GELU, E.UN_SIGMOID, E.UN_ABS])
-@pytest.mark.parametrize("shape", [SHAPE, BIG])
-def test_binary_unary_bias_activation(rng, uop, shape, n_threads):
-    a = rng.standard_normal(shape).astype(np.float32)
-    bias = rng.standard_normal((1, 1, 1, shape[3])).astype(np.float32)
-    expect = unary_ref(uop, a + bias)
-    for la in ("contiguous", "strided"):
-        x = layout(a, la)
-        dst = np.zeros(shape, np.float32)
-        E.binary_unary(E.BIN_ADD, uop, x, bias, dst, n_threads)
-        np.testing.assert_allclose(dst, expect, rtol=2e-6, atol=1e-6)
-        E.binary_unary(E.BIN_ADD, uop, x, bias, x, n_threads)  # in place
-        np.testing.assert_array_equal(x, dst)
-
-
-@pytest.mark.parametrize("bshape", [(1, 1, 1, 1), (7, 13, 3, 1), (1, 1, 1, 5), SHAPE])
-@pytest.mark.parametrize("op", sorted(BINARY))
-def test_binary_relu_every_op_and_broadcast(rng, op, bshape):
-    # the single-pass relu(a op b) loops, with b broadcast as a scalar or a row
-    a = rng.standard_normal(SHAPE).astype(np.float32)
-    b = rng.standard_normal(bshape).astype(np.float32) + np.float32(0.5)
-    for la in ("contiguous", "padded_rows", "strided"):
-        dst = np.zeros(SHAPE, np.float32)
-        E.binary_unary(op, E.UN_RELU, layout(a, la), b, dst, 1)
-        np.testing.assert_array_equal(dst, np.maximum(BINARY[op](a, b), 0))
-
-
-def test_binary_unary_long_tiled_rows(rng):
-    # runs longer than the fusion block, with b tiled inside the row
-    a = rng.standard_normal((1, 1, 2, 3 * 4099)).astype(np.float32)
-    b = rng.standard_normal((1, 1, 1, 4099)).astype(np.float32)
-    dst = np.zeros_like(a)
-    E.binary_unary(E.BIN_SUB, E.UN_RELU, a, b, dst, 2)
-    np.testing.assert_array_equal(dst, np.maximum(a - np.tile(b, (1, 1, 2, 3)), 0))
-
-
-def test_binary_unary_rejects_bad_unary_code(rng):
-    a = rng.standard_normal(SHAPE).astype(np.float32)
-    a_before, dst = a.copy(), np.full(SHAPE, 7, np.float32)
-    with pytest.raises(ShapeError, match="unary op code"):
-        E.binary_unary(E.BIN_ADD, 99, a, a, dst, 1)
-    np.testing.assert_array_equal(dst, 7)
-    np.testing.assert_array_equal(a, a_before)
-
-
-# ---------------------------------------------------------------------------------------------
 # unary
 
 
@@ -366,7 +316,7 @@ def test_unary_back_errors(rng):
 
 
 # ---------------------------------------------------------------------------------------------
-# scale and fill
+# scale
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
@@ -381,16 +331,3 @@ def test_scale(rng, shape, n_threads):
     expect = s * a
     E.scale(a, a, s, 0.0, n_threads)  # in place
     np.testing.assert_array_equal(a, expect)
-
-
-@pytest.mark.parametrize("n_threads", THREADS)
-@pytest.mark.parametrize("shape", [SHAPE, BIG])
-def test_fill(shape, n_threads):
-    for ld in ("contiguous", "strided", "permuted", "reversed"):
-        dst = layout(np.zeros(shape, np.float32), ld)
-        E.fill(dst, 2.5, n_threads)
-        np.testing.assert_array_equal(dst, 2.5)
-    base = np.zeros((7, 13, 6, 10), np.float32)
-    E.fill(base[:, :, ::2, 1:6], -1.0, n_threads)  # only the view is written
-    assert (base[:, :, ::2, 1:6] == -1).all()
-    assert (base[:, :, 1::2] == 0).all() and (base[..., 6:] == 0).all()

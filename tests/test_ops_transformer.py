@@ -10,7 +10,7 @@ from helpers import GradProblem, assert_close, run, run1
 from tfm_ref import diag_mask_ref, rope_ref, soft_max_ext_ref
 
 import ggopt
-from ggopt import DTypeError, GgoptError, ShapeError
+from ggopt import DTypeError, GgoptError, InvalidValueError, ShapeError
 
 NORMAL, NEOX = ggopt.ROPE_TYPE_NORMAL, ggopt.ROPE_TYPE_NEOX
 
@@ -207,7 +207,7 @@ def test_rope_validation(ctx):
     _unchanged(ctx, rope_ext(fpos, None, 8, NORMAL), DTypeError, "positions.*must be I32")
     _unchanged(ctx, rope_ext(pos, None, 7, NORMAL), ShapeError, "n_dims must be even")
     _unchanged(ctx, rope_ext(pos, None, 10, NORMAL), ShapeError, "n_dims must be even")
-    _unchanged(ctx, rope_ext(pos, None, 8, 1), ShapeError, "mode")
+    _unchanged(ctx, rope_ext(pos, None, 8, 1), InvalidValueError, "mode")
     _unchanged(ctx, rope_ext(ctx.new_tensor_1d(ggopt.I32, 4), None, 8, NORMAL), ShapeError,
                "one per token")
     _unchanged(ctx, rope_ext(pos, ff, 8, NEOX), ShapeError, "frequency factors")
@@ -236,7 +236,7 @@ def test_other_validation(ctx):
     i = ctx.new_tensor_2d(ggopt.I32, 7, 3)
     a72, a62 = ctx.new_tensor_2d(ggopt.F32, 7, 2), ctx.new_tensor_2d(ggopt.F32, 6, 2)
     _unchanged(ctx, lambda: ggopt.rms_norm(ctx, i, 1e-5), DTypeError, "must be F32")
-    _unchanged(ctx, lambda: ggopt.rms_norm(ctx, a, -1.0), ShapeError, "eps")
+    _unchanged(ctx, lambda: ggopt.rms_norm(ctx, a, -1.0), InvalidValueError, "eps")
     _unchanged(ctx, lambda: ggopt.rms_norm_back(ctx, a, a72, 1e-5), ShapeError, "shape")
     _unchanged(ctx, lambda: ggopt.diag_mask_inf(ctx, a, -1), ShapeError, "n_past")
     _unchanged(ctx, lambda: ggopt.swiglu(ctx, a), ShapeError, "even")

@@ -12,7 +12,7 @@ from _state import first_difference, observable_state
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-from ggopt.errors import DTypeError, ShapeError, StateError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError, StateError
 
 # --- Dataset construction -----------------------------------------------------------------
 
@@ -173,15 +173,15 @@ def test_init_errors():
     cd = make_ctx_data(opt.OptimizerType.ADAMW, init_opt_ctx=False)
     p = cd.params
     cases = [
-        (dict(opt_period=0), ShapeError, "opt_period must be >= 1"),
+        (dict(opt_period=0), InvalidValueError, "opt_period must be >= 1"),
         (dict(opt_period=1.5), DTypeError, "opt_period must be an int"),
-        (dict(loss_type="hinge"), ShapeError, "unknown LossType"),
-        (dict(build_type=15), ShapeError, "unknown BuildType"),
-        (dict(optimizer=5), ShapeError, "unknown OptimizerType"),
+        (dict(loss_type="hinge"), InvalidValueError, "unknown LossType"),
+        (dict(build_type=15), InvalidValueError, "unknown BuildType"),
+        (dict(optimizer=5), InvalidValueError, "unknown OptimizerType"),
         (dict(inputs=None), StateError, "all be set"),
         (dict(backend_sched=object()), DTypeError, "Scheduler"),
         (dict(get_opt_pars=None), DTypeError, "callable"),
-        (dict(rng_seed=-1), ShapeError, "seed"),
+        (dict(rng_seed=-1), InvalidValueError, "seed"),
     ]
     before = observable_state(cd)
     for change, exc, match in cases:
@@ -286,7 +286,7 @@ def test_optimizer_params_out_of_bounds_leave_weights(optimizer, field, value):
     setattr(pars.adamw if optimizer is opt.OptimizerType.ADAMW else pars.sgd, field, value)
     cd.opt_ctx.alloc(True)
     before = _state(cd)
-    with pytest.raises(ShapeError, match=f"{field}=.* out of bounds"):
+    with pytest.raises(InvalidValueError, match=f"{field}=.* out of bounds"):
         cd.opt_ctx.eval(cd.result)
     assert _state(cd) == before
     # Fix the values: the pending eval goes ahead.
@@ -304,7 +304,7 @@ def test_adamw_beta_and_eps_bounds():
     cd.opt_ctx = opt.OptContext(cd.params)
     cd.opt_ctx.alloc(True)
     before = _state(cd)
-    with pytest.raises(ShapeError, match="beta2"):
+    with pytest.raises(InvalidValueError, match="beta2"):
         cd.opt_ctx.eval()
     assert cd.w == 3.0 and _state(cd) == before
 
@@ -505,8 +505,9 @@ def test_fit_errors(nbatch_logical, nbatch_physical, val_split, match):
     cd = make_ctx_data(opt.OptimizerType.SGD, init_opt_ctx=False, nbatch_physical=nbatch_physical,
                        batch_axis=True)
     ds = cd.dataset_unsupervised
+    exc = InvalidValueError if "val_split" in match else ShapeError
     before = _state(cd)
-    with pytest.raises(ShapeError, match=match):
+    with pytest.raises(exc, match=match):
         opt.fit(cd.sched, cd.ctx_compute, cd.inputs, cd.outputs, ds, opt.LossType.SUM,
                 opt.OptimizerType.SGD, get_test_opt_pars, 1, nbatch_logical, val_split, True)
     assert cd.w == 3.0 and ds.permutation.tolist() == list(range(6))
@@ -532,6 +533,6 @@ def test_fit_argument_types():
         opt.fit(*args, None)
     with pytest.raises(DTypeError, match="val_split must be a float"):
         opt.fit(*args, cd.dataset_unsupervised, val_split="most")
-    with pytest.raises(ShapeError, match="nepoch must be >= 0"):
+    with pytest.raises(InvalidValueError, match="nepoch must be >= 0"):
         opt.fit(*args, cd.dataset_unsupervised, nepoch=-1)
     assert cd.w == 3.0 and _state(cd) == before

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError
 from ggopt.opt.enums import BuildType, LossType, OptimizerType, optimizer_name
 from ggopt.opt.params import (
     OptimizerParams,
@@ -29,11 +29,11 @@ def test_enum_coerce():
     assert LossType.coerce("cross_entropy", "f") is LossType.CROSS_ENTROPY
     assert LossType.coerce(3, "f") is LossType.MEAN_SQUARED_ERROR
     assert OptimizerType.coerce(OptimizerType.SGD, "f") is OptimizerType.SGD
-    with pytest.raises(ShapeError, match="unknown LossType 'l1'.*MEAN=0"):
+    with pytest.raises(InvalidValueError, match="unknown LossType 'l1'.*MEAN=0"):
         LossType.coerce("l1", "f")
-    with pytest.raises(ShapeError, match="unknown BuildType 15"):
+    with pytest.raises(InvalidValueError, match="unknown BuildType 15"):
         BuildType.coerce(15, "f")
-    with pytest.raises(ShapeError):
+    with pytest.raises(InvalidValueError):
         OptimizerType.coerce(True, "f")
 
 
@@ -124,7 +124,7 @@ def test_sgd_step_values():
 def test_adamw_bounds(field, value):
     p = OptimizerParams()
     setattr(p.adamw, field, value)
-    with pytest.raises(ShapeError, match=f"adamw.{field}.*ggml_opt_eval"):
+    with pytest.raises(InvalidValueError, match=f"adamw.{field}.*ggml_opt_eval"):
         optimizer_step_values(p, OptimizerType.ADAMW, 1)
 
 
@@ -132,7 +132,7 @@ def test_adamw_bounds(field, value):
 def test_sgd_bounds(field, value):
     p = OptimizerParams()
     setattr(p.sgd, field, value)
-    with pytest.raises(ShapeError, match=f"sgd.{field}"):
+    with pytest.raises(InvalidValueError, match=f"sgd.{field}"):
         optimizer_step_values(p, OptimizerType.SGD, 1)
 
 

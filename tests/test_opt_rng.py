@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.opt.rng import Mt19937
 
 
@@ -142,7 +142,7 @@ def test_canonical_f32_in_unit_interval():
 
 @pytest.mark.parametrize("seed", [-1, 2**32])
 def test_seed_out_of_range(seed):
-    with pytest.raises(ShapeError, match="seed"):
+    with pytest.raises(InvalidValueError, match="seed"):
         Mt19937(seed)
 
 

@@ -13,7 +13,7 @@ from ggopt._kernels._openmp_helpers import omp_max_threads
 
 from ggopt import _threads
 from ggopt._kernels import _openmp_helpers
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError
 
 
 @pytest.fixture(autouse=True)
@@ -51,9 +51,9 @@ def test_none_restores_the_default():
 
 
 @pytest.mark.parametrize("bad", [0, -1, -8])
-def test_non_positive_raises_shape_error(bad):
+def test_non_positive_raises_invalid_value_error(bad):
     before = _threads.get_n_threads()
-    with pytest.raises(ShapeError, match="positive") as info:
+    with pytest.raises(InvalidValueError, match="positive") as info:
         _threads.set_n_threads(bad)
     assert isinstance(info.value, ValueError)
     assert _threads.get_n_threads() == before

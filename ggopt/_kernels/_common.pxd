@@ -1,5 +1,5 @@
-# Helpers shared by the kernels: scalar float32 math written so that loops over it vectorize
-# (no libm call, no branch), the GGOPT_MULTIVERSION marker for hot C loops, a strided 4-D array
+# Helpers shared by the kernels: the scalar float32 math of scalar_math.h (written so that loops
+# over it vectorize: no libm call, no branch), the GGOPT_MULTIVERSION marker for hot C loops, a strided 4-D array
 # descriptor, and a driver that splits the elements of a 4-D shape between OpenMP threads.
 
 from cython.parallel cimport prange
@@ -11,39 +11,9 @@ cdef extern from *:
     #include <stdint.h>
     #include <stdlib.h>
 
-    /* exp(x) in float32, within about 2 ulp of the correctly rounded result.
-       exp(x) = 2^n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r) is Cephes'
-       polynomial. 2^n is applied as two factors so that n from -150 to 129 never
-       leaves the normal exponent range: large x overflow to +inf, very negative x underflow
-       to 0, NaN stays NaN. Branch-free, so loops over it vectorize. */
-    static inline float ggopt_expf(float x) {
-        union { float f; int32_t i; } s1, s2;
-        float xc = x > 89.0f ? 89.0f : x;
-        xc = xc < -104.0f ? -104.0f : xc;
-        float t = xc * 1.44269504088896341f;
-        t = (t == t) ? t : 0.0f;
-        float fn = (t + 12582912.0f) - 12582912.0f;
-        float r = xc - fn * 0.693359375f;
-        r = r - fn * -2.12194440e-4f;
-        float z = r * r;
-        float p = 1.9875691500e-4f;
-        p = p * r + 1.3981999507e-3f;
-        p = p * r + 8.3334519073e-3f;
-        p = p * r + 4.1665795894e-2f;
-        p = p * r + 1.6666665459e-1f;
-        p = p * r + 5.0000001201e-1f;
-        p = p * z + r + 1.0f;
-        int32_t n = (int32_t)fn;
-        int32_t n1 = n >> 1;
-        s1.i = (n1 + 127) << 23;
-        s2.i = (n - n1 + 127) << 23;
-        return p * s1.f * s2.f;
-    }
-
-    /* 1 / (1 + exp(-x)); 0 for x below about -88, 1 for large x. */
-    static inline float ggopt_sigmoidf(float x) {
-        return 1.0f / (1.0f + ggopt_expf(-x));
-    }
+    /* the scalar math shared with the CUDA kernels: ggopt_expf, ggopt_sigmoidf, the unary
+       functions and their derivatives, the optimizer updates */
+    #include "scalar_math.h"
 
     /* Mark the loops that are worth a second, AVX2, copy of their machine code: GCC builds both
        and picks one when the module loads (an ifunc, so glibc on x86-64 only). Only the speed

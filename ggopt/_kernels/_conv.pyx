@@ -17,6 +17,8 @@ from libc.string cimport memset
 
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
+
 cdef enum:
     C_POOL_MAX = 0
     C_POOL_AVG = 1
@@ -24,8 +26,8 @@ cdef enum:
 POOL_MAX = C_POOL_MAX
 POOL_AVG = C_POOL_AVG
 
-# Below this many output elements a kernel runs on the calling thread only.
-cdef Py_ssize_t MIN_PARALLEL_WORK = 1 << 15
+# Below this much work (output elements times window size) a kernel runs on the calling thread.
+cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 12)
 
 
 cdef inline Py_ssize_t _padded_extent(Py_ssize_t size, int pad, Py_ssize_t n_out, int stride,

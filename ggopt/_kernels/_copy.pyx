@@ -9,12 +9,13 @@ from cython.parallel cimport prange
 from libc.stdint cimport int16_t, int32_t, int64_t
 from libc.string cimport memcpy
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import DTypeError, ShapeError
 
 cnp.import_array()
 
 # Below this many bytes a copy stays on one thread.
-cdef Py_ssize_t _PAR_MIN_BYTES = 1 << 18
+cdef Py_ssize_t _PAR_MIN_BYTES = min_parallel_work(1 << 15)
 
 
 cdef inline void _copy_row(char *d, Py_ssize_t ds, const char *s, Py_ssize_t ss, Py_ssize_t n,

@@ -1,11 +1,12 @@
 """Elementwise float32 kernels: binary ops with ggml's tiling broadcast, unary ops and their
-derivatives, scale and fill.
+derivatives, and scale.
 
 Every array is 4-D in NumPy order ``(ne3, ne2, ne1, ne0)`` with any byte strides. ``dst`` may be
 the very same memory as an input. The work is split into ``n_threads`` equal ranges of the
 flattened element index; a range walks rows and calls a run function on each piece of a row.
-The scalar math and the loops over contiguous pieces are C (below): one vectorized loop per op,
-built twice (see GGOPT_MULTIVERSION in _common.pxd).
+The scalar math is ``scalar_math.h`` (shared with the CUDA kernels); the loops over contiguous
+pieces are C (below): one vectorized loop per op, built twice (see GGOPT_MULTIVERSION in
+_common.pxd).
 """
 
 from cython.parallel cimport prange
@@ -33,45 +34,6 @@ cdef extern from *:
         GGOPT_SILU, GGOPT_TANH, GGOPT_SIGMOID, GGOPT_STEP, GGOPT_ABS, GGOPT_NUN
     };
 
-    /* sqrt(2/pi) and the cubic coefficient of ggml's tanh-approximated GELU */
-    #define GGOPT_GELU_K 0.79788456080286535587989211986876f
-    #define GGOPT_GELU_A 0.044715f
-
-    static inline float ggopt_step(float x) { return x > 0.0f ? 1.0f : 0.0f; }
-    static inline float ggopt_relu(float x) { return x > 0.0f ? x : 0.0f; }
-    static inline float ggopt_sgn(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : 0.0f); }
-
-    /* 0.5*x*(1 + tanh(u)), u = k*x*(1 + a*x^2), computed as x*sigmoid(2u) (the same function,
-       without tanh, so that it vectorizes) */
-    static inline float ggopt_gelu(float x) {
-        float u = GGOPT_GELU_K * x * (1.0f + GGOPT_GELU_A * x * x);
-        return x * ggopt_sigmoidf(2.0f * u);
-    }
-
-    /* d/dx of the above: 0.5*(1 + t) + 0.5*x*(1 - t^2)*u' with t = tanh(u); with s =
-       sigmoid(2u), 1 + t = 2s and 1 - t^2 = 4s(1 - s) */
-    static inline float ggopt_gelu_d(float x) {
-        float u = GGOPT_GELU_K * x * (1.0f + GGOPT_GELU_A * x * x);
-        float du = GGOPT_GELU_K * (1.0f + 3.0f * GGOPT_GELU_A * x * x);
-        float s = ggopt_sigmoidf(2.0f * u);
-        return s + 2.0f * x * s * (1.0f - s) * du;
-    }
-
-    static inline float ggopt_silu_d(float x) {
-        float s = ggopt_sigmoidf(x);
-        return s * (1.0f + x * (1.0f - s));
-    }
-
-    static inline float ggopt_sigmoid_d(float x) {
-        float s = ggopt_sigmoidf(x);
-        return s * (1.0f - s);
-    }
-
-    static inline float ggopt_tanh_d(float x) {
-        float t = tanhf(x);
-        return 1.0f - t * t;
-    }
-
     static inline float ggopt_binary1(int op, float x, float y) {
         switch (op) {
         case GGOPT_ADD: return x + y;
@@ -90,7 +52,7 @@ cdef extern from *:
         case GGOPT_SQRT: return sqrtf(x);
         case GGOPT_RELU: return ggopt_relu(x);
         case GGOPT_GELU: return ggopt_gelu(x);
-        case GGOPT_SILU: return x * ggopt_sigmoidf(x);
+        case GGOPT_SILU: return ggopt_silu(x);
         case GGOPT_TANH: return tanhf(x);
         case GGOPT_SIGMOID: return ggopt_sigmoidf(x);
         case GGOPT_STEP: return ggopt_step(x);
@@ -138,29 +100,6 @@ cdef extern from *:
         }
     }
 
-    /* relu(x op y) in one pass: the bias add + relu of every hidden layer. With y_scalar, y[0]
-       is broadcast. */
-    GGOPT_MULTIVERSION
-    static void ggopt_binary_relu_v(int op, float *d, const float *x, const float *y,
-                                    int y_scalar, Py_ssize_t n) {
-        const float c = y[0];
-        if (y_scalar) {
-            switch (op) {
-            case GGOPT_ADD: GGOPT_LOOP(ggopt_relu(x[i] + c));
-            case GGOPT_SUB: GGOPT_LOOP(ggopt_relu(x[i] - c));
-            case GGOPT_MUL: GGOPT_LOOP(ggopt_relu(x[i] * c));
-            default: GGOPT_LOOP(ggopt_relu(x[i] / c));
-            }
-            return;
-        }
-        switch (op) {
-        case GGOPT_ADD: GGOPT_LOOP(ggopt_relu(x[i] + y[i]));
-        case GGOPT_SUB: GGOPT_LOOP(ggopt_relu(x[i] - y[i]));
-        case GGOPT_MUL: GGOPT_LOOP(ggopt_relu(x[i] * y[i]));
-        default: GGOPT_LOOP(ggopt_relu(x[i] / y[i]));
-        }
-    }
-
     GGOPT_MULTIVERSION
     static void ggopt_unary_v(int uop, float *d, const float *x, Py_ssize_t n) {
         switch (uop) {
@@ -171,7 +110,7 @@ cdef extern from *:
         case GGOPT_SQRT: GGOPT_LOOP(sqrtf(x[i]));
         case GGOPT_RELU: GGOPT_LOOP(ggopt_relu(x[i]));
         case GGOPT_GELU: GGOPT_LOOP(ggopt_gelu(x[i]));
-        case GGOPT_SILU: GGOPT_LOOP(x[i] * ggopt_sigmoidf(x[i]));
+        case GGOPT_SILU: GGOPT_LOOP(ggopt_silu(x[i]));
         case GGOPT_TANH: GGOPT_LOOP(tanhf(x[i]));
         case GGOPT_SIGMOID: GGOPT_LOOP(ggopt_sigmoidf(x[i]));
         case GGOPT_STEP: GGOPT_LOOP(ggopt_step(x[i]));
@@ -201,11 +140,6 @@ cdef extern from *:
     static void ggopt_scale_v(float *d, const float *x, Py_ssize_t n, float s, float b) {
         for (Py_ssize_t i = 0; i < n; i++) d[i] = s * x[i] + b;
     }
-
-    GGOPT_MULTIVERSION
-    static void ggopt_fill_v(float *d, Py_ssize_t n, float v) {
-        for (Py_ssize_t i = 0; i < n; i++) d[i] = v;
-    }
     """
     enum:
         _ADD "GGOPT_ADD"
@@ -233,13 +167,10 @@ cdef extern from *:
     void ggopt_binary_vv(int op, float *d, const float *x, const float *y,
                          Py_ssize_t n) noexcept nogil
     void ggopt_binary_vs(int op, float *d, const float *x, float c, Py_ssize_t n) noexcept nogil
-    void ggopt_binary_relu_v(int op, float *d, const float *x, const float *y, int y_scalar,
-                             Py_ssize_t n) noexcept nogil
     void ggopt_unary_v(int uop, float *d, const float *x, Py_ssize_t n) noexcept nogil
     void ggopt_unary_back_v(int uop, float *d, const float *x, const float *g,
                             Py_ssize_t n) noexcept nogil
     void ggopt_scale_v(float *d, const float *x, Py_ssize_t n, float s, float b) noexcept nogil
-    void ggopt_fill_v(float *d, Py_ssize_t n, float v) noexcept nogil
 
 BIN_ADD = _ADD
 BIN_SUB = _SUB
@@ -260,21 +191,15 @@ UN_STEP = _STEP
 UN_ABS = _ABS
 
 cdef enum:
-    _UN_NONE = -1
-
-cdef enum:
-    _K_BIN = 0    # d = un(x op y), y tiled
+    _K_BIN = 0    # d = x op y, y tiled
     _K_UN = 1     # d = un(x)
     _K_UNB = 2    # d = y * un'(x)  (y is the incoming gradient)
     _K_SCALE = 3  # d = s*x + bias
-    _K_FILL = 4   # d = s
 
 # Below this many element-operations a kernel stays on one thread (starting the team costs
 # more than it saves). Transcendental ops count _HEAVY element-operations per element.
 cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 cdef Py_ssize_t _HEAVY = 8
-# Elements per block when a unary op is fused after a binary op (keeps the block in L1).
-cdef Py_ssize_t _FUSE_BLOCK = 2048
 
 
 cdef struct Job:
@@ -338,15 +263,6 @@ cdef void _scale_run(float s, float b, char *d, Py_ssize_t ds, const char *x, Py
             (<float *>(d + i * ds))[0] = s * (<const float *>(x + i * xs))[0] + b
 
 
-cdef void _fill_run(float v, char *d, Py_ssize_t ds, Py_ssize_t n) noexcept nogil:
-    cdef Py_ssize_t i
-    if ds == 4:
-        ggopt_fill_v(<float *>d, n, v)
-    else:
-        for i in range(n):
-            (<float *>(d + i * ds))[0] = v
-
-
 # ----------------------------------------------------------------------------------------------
 # row segments and element ranges
 
@@ -354,24 +270,13 @@ cdef void _bin_seg(const Job *j, char *d, const char *x, const char *y,
                    Py_ssize_t c0, Py_ssize_t c1) noexcept nogil:
     """Columns [c0, c1) of one row; y is the start of b's row, tiled with period ne0(b)."""
     cdef Py_ssize_t ds = j.d.s[3], xs = j.x.s[3], ys = j.y.s[3], nb = j.y.n[3]
-    cdef Py_ssize_t p = c0, q, bj, r, blk
+    cdef Py_ssize_t p = c0, q, bj
     if nb == 1:
         ys = 0
     while p < c1:
         bj = p % nb
         q = c1 if nb == 1 else p + min(c1 - p, nb - bj)
-        if j.uop == _UN_NONE:
-            _bin_run(j.op, d + p * ds, ds, x + p * xs, xs, y + bj * ys, ys, q - p)
-        elif j.uop == _RELU and ds == 4 and xs == 4 and (ys == 4 or ys == 0):
-            ggopt_binary_relu_v(j.op, <float *>(d + p * ds), <const float *>(x + p * xs),
-                                <const float *>(y + bj * ys), ys == 0, q - p)
-        else:  # the binary op, then the unary op in place, block by block
-            r = p
-            while r < q:
-                blk = min(q - r, _FUSE_BLOCK)
-                _bin_run(j.op, d + r * ds, ds, x + r * xs, xs, y + (bj + r - p) * ys, ys, blk)
-                _un_run(j.uop, d + r * ds, ds, d + r * ds, ds, blk)
-                r += blk
+        _bin_run(j.op, d + p * ds, ds, x + p * xs, xs, y + bj * ys, ys, q - p)
         p = q
 
 
@@ -382,9 +287,6 @@ cdef void _row_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
     cdef char *pd = j.d.data + i3 * j.d.s[0] + i2 * j.d.s[1] + i1 * j.d.s[2]
     cdef const char *px
     cdef const char *py
-    if j.kind == _K_FILL:
-        _fill_run(j.s, pd + c * j.d.s[3], j.d.s[3], cend - c)
-        return
     px = j.x.data + i3 * j.x.s[0] + i2 * j.x.s[1] + i1 * j.x.s[2]
     if j.kind == _K_UN:
         _un_run(j.uop, pd + c * j.d.s[3], j.d.s[3], px + c * j.x.s[3], j.x.s[3], cend - c)
@@ -430,14 +332,25 @@ cdef Py_ssize_t _uop_cost(int uop) noexcept nogil:
     return _HEAVY
 
 
-cdef void _prepare_binary(Job *j, int op, int uop, const float[:, :, :, :] a,
+cdef void _prepare_one(Job *j, int kind, const float[:, :, :, :] a, float[:, :, :, :] dst,
+                       str fn) except *:
+    """A job reading ``a`` and writing ``dst`` (same shape), flattened when both are dense."""
+    j.kind = kind
+    arr4_set(&j.x, a)
+    arr4_set(&j.d, dst)
+    _check_same(&j.x, &j.d, fn, "a", "dst")
+    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
+        arr4_flatten(&j.x)
+        arr4_flatten(&j.d)
+
+
+cdef void _prepare_binary(Job *j, int op, const float[:, :, :, :] a,
                           const float[:, :, :, :] b, float[:, :, :, :] dst, str fn) except *:
     cdef int k
     if op < 0 or op >= _NBIN:
         raise ShapeError(f"{fn}: unknown binary op code {op}; expected 0..{_NBIN - 1}")
     j.kind = _K_BIN
     j.op = op
-    j.uop = uop
     arr4_set(&j.x, a)
     arr4_set(&j.y, b)
     arr4_set(&j.d, dst)
@@ -466,19 +379,9 @@ def binary(int op, const float[:, :, :, :] a, const float[:, :, :, :] b,
     every dim of b must divide a's. ``op`` is one of BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV.
     """
     cdef Job j
-    _prepare_binary(&j, op, _UN_NONE, a, b, dst, "binary")
+    _prepare_binary(&j, op, a, b, dst, "binary")
     with nogil:
         _drive(&j, 1, n_threads)
-
-
-def binary_unary(int op, int uop, const float[:, :, :, :] a, const float[:, :, :, :] b,
-                 float[:, :, :, :] dst, int n_threads):
-    """``dst = uop(a op b)`` in one pass (for example bias add fused with relu)."""
-    cdef Job j
-    _check_uop(uop, "binary_unary")
-    _prepare_binary(&j, op, uop, a, b, dst, "binary_unary")
-    with nogil:
-        _drive(&j, 1 + _uop_cost(uop), n_threads)
 
 
 def unary(int uop, const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threads):
@@ -489,14 +392,8 @@ def unary(int uop, const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threa
     """
     cdef Job j
     _check_uop(uop, "unary")
-    j.kind = _K_UN
     j.uop = uop
-    arr4_set(&j.x, a)
-    arr4_set(&j.d, dst)
-    _check_same(&j.x, &j.d, "unary", "a", "dst")
-    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
-        arr4_flatten(&j.x)
-        arr4_flatten(&j.d)
+    _prepare_one(&j, _K_UN, a, dst, "unary")
     with nogil:
         _drive(&j, _uop_cost(uop), n_threads)
 
@@ -530,26 +427,9 @@ def scale(const float[:, :, :, :] a, float[:, :, :, :] dst, float s, float bias,
           int n_threads):
     """``dst = s*a + bias`` (ggml_scale / ggml_scale_bias)."""
     cdef Job j
-    j.kind = _K_SCALE
     j.s = s
     j.bias = bias
-    arr4_set(&j.x, a)
-    arr4_set(&j.d, dst)
-    _check_same(&j.x, &j.d, "scale", "a", "dst")
-    if arr4_c_contig(&j.x) and arr4_c_contig(&j.d):
-        arr4_flatten(&j.x)
-        arr4_flatten(&j.d)
+    _prepare_one(&j, _K_SCALE, a, dst, "scale")
     with nogil:
         _drive(&j, 1, n_threads)
 
-
-def fill(float[:, :, :, :] dst, float value, int n_threads):
-    """Set every element of ``dst`` to ``value`` (ggml_set_f32 / ggml_fill)."""
-    cdef Job j
-    j.kind = _K_FILL
-    j.s = value
-    arr4_set(&j.d, dst)
-    if arr4_c_contig(&j.d):
-        arr4_flatten(&j.d)
-    with nogil:
-        _drive(&j, 1, n_threads)

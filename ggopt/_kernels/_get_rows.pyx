@@ -8,8 +8,10 @@ from cython.parallel cimport prange
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
+
 # Below this many copied elements a kernel runs on the calling thread only.
-cdef Py_ssize_t MIN_PARALLEL_WORK = 1 << 15
+cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 12)
 # Column blocks of get_rows_back are multiples of this many floats (a 64-byte cache line), to
 # limit false sharing between the threads that write neighbouring blocks of a dst row.
 cdef Py_ssize_t COL_ALIGN = 16

@@ -19,29 +19,20 @@ cdef Py_ssize_t _CHUNK = 1 << 14
 
 cdef extern from *:
     """
-    /* ggml_compute_forward_opt_step_adamw_f32 over n contiguous parameters, in float32 in
-       ggml's order of operations. keep = 1 - alpha*wd. */
+    /* ggml_compute_forward_opt_step_adamw_f32 over n contiguous parameters (the update of one
+       element is ggopt_adamw1 of scalar_math.h). keep = 1 - alpha*wd. */
     GGOPT_MULTIVERSION
     static void ggopt_adamw(float *w, const float *g, float *m, float *v, Py_ssize_t n,
                             float alpha, float b1, float b2, float eps, float keep, float b1h,
                             float b2h) {
-        const float omb1 = 1.0f - b1, omb2 = 1.0f - b2;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float gi = g[i];
-            float mi = m[i] * b1 + gi * omb1;
-            float vi = v[i] * b2 + gi * gi * omb2;
-            m[i] = mi;
-            v[i] = vi;
-            float mh = mi * b1h;
-            float vh = sqrtf(vi * b2h) + eps;
-            w[i] = w[i] * keep - alpha * mh / vh;
-        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            w[i] = ggopt_adamw1(w[i], g[i], &m[i], &v[i], alpha, b1, b2, eps, keep, b1h, b2h);
     }
 
-    /* ggml_compute_forward_opt_step_sgd_f32: w = w*keep - alpha*g, keep = 1 - alpha*wd */
+    /* ggml_compute_forward_opt_step_sgd_f32 (ggopt_sgd1 per element) */
     GGOPT_MULTIVERSION
     static void ggopt_sgd(float *w, const float *g, Py_ssize_t n, float alpha, float keep) {
-        for (Py_ssize_t i = 0; i < n; i++) w[i] = w[i] * keep - alpha * g[i];
+        for (Py_ssize_t i = 0; i < n; i++) w[i] = ggopt_sgd1(w[i], g[i], alpha, keep);
     }
     """
     void _adamw_chunk "ggopt_adamw"(float *w, const float *g, float *m, float *v, Py_ssize_t n,

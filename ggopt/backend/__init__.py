@@ -8,19 +8,24 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import numpy.typing as npt
 
-from ..context import Context
+from ..context import Context, set_host_allocator
 from ..errors import DTypeError
 from ..tensor import Tensor
 from .base import Backend, _check_transfer
-from .buffer import Buffer, align, init_view
-from .cpu import CPUBackend, cpu_init
+from .buffer import Buffer, align, buffer_of, init_view
+from .cpu import CPUBackend, cpu_init, host_backend
 from .sched import Scheduler
 
 __all__ = [
     "Backend", "Buffer", "CPUBackend", "Scheduler", "cpu_init", "cupy_init",
     "alloc_ctx_tensors", "tensor_set", "tensor_get",
 ]
+
+
+# Contexts created with no_alloc=False take their memory from the shared host backend.
+set_host_allocator(lambda nbytes: host_backend().alloc_buffer(nbytes))
 
 
 def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
@@ -47,18 +52,18 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     return buf
 
 
-def _compute_lock(t: Tensor):
+def _compute_lock(t: Tensor) -> contextlib.AbstractContextManager[object]:
     """The lock of the scheduler whose compute memory holds ``t``, or a no-op."""
-    lock = t.buffer.lock
+    lock = buffer_of(t).lock
     return lock if lock is not None else contextlib.nullcontext()
 
 
-def tensor_set(t: Tensor, array) -> None:
+def tensor_set(t: Tensor, array: npt.ArrayLike) -> None:
     """Copy ``array`` (same element count and dtype) into ``t`` (ggml_backend_tensor_set)."""
     _check_transfer(t)
     with _compute_lock(t):
         _check_transfer(t)  # again: another thread may have reset the scheduler meanwhile
-        t.buffer.backend.tensor_set(t, array)
+        buffer_of(t).backend.tensor_set(t, array)
 
 
 def tensor_get(t: Tensor) -> np.ndarray:
@@ -66,7 +71,7 @@ def tensor_get(t: Tensor) -> np.ndarray:
     _check_transfer(t)
     with _compute_lock(t):
         _check_transfer(t)
-        return t.buffer.backend.tensor_get(t)
+        return buffer_of(t).backend.tensor_get(t)
 
 
 def cupy_init(device: int = 0) -> Backend:

@@ -2,18 +2,58 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
-from .buffer import Buffer
+from .buffer import Buffer, buffer_of
 
-__all__ = ["Backend", "Step", "check_row_indices"]
+__all__ = ["Backend", "Placement", "Step", "check_row_indices"]
 
 #: A compiled node: a zero-argument callable that computes it into its memory.
 Step = Callable[[], None]
+
+
+class Placement:
+    """Where tensors' memory is while a graph is compiled: the scheduler's map from tensor to
+    ``(buffer, byte offset)``; tensors outside the map use the memory they already have, views
+    their source's.
+
+    Compilers read arrays through it (``mem(t)``), so compiling never writes ``t.buffer``.
+    """
+
+    __slots__ = ("_at",)
+
+    def __init__(self, at: Mapping[Tensor, tuple[Buffer, int]] | None = None) -> None:
+        self._at = at if at is not None else {}
+
+    def at(self, t: Tensor) -> tuple[Buffer, int]:
+        """``(buffer, byte offset)`` of ``t``; StateError when it has no memory."""
+        loc = self._at.get(t)
+        if loc is not None:
+            return loc
+        if t.buffer is not None:
+            return buffer_of(t), t.offset
+        if t.view_src is not None:
+            buf, off = self.at(t.view_src)
+            return buf, off + t.view_offs
+        raise StateError(f"tensor '{t.name}' has no memory in this graph's plan")
+
+    def has_memory(self, t: Tensor) -> bool:
+        try:
+            self.at(t)
+        except StateError:
+            return False
+        return True
+
+    def __call__(self, t: Tensor) -> Any:
+        """The 4-D backend array (NumPy order) of ``t``."""
+        buf, off = self.at(t)
+        return buf.backend.array_at(buf, off, t)
 
 
 class Backend:
@@ -28,12 +68,13 @@ class Backend:
     is_host = False
 
     # --- hooks --------------------------------------------------------------------------------
-    def _alloc(self, nbytes: int):
+    def _alloc(self, nbytes: int) -> Any:
         raise NotImplementedError("need _alloc")
 
-    def array_view(self, buf: Buffer, t: Tensor):
-        """The 4-D array (NumPy order) of ``t`` in ``buf``."""
-        raise NotImplementedError("need array_view")
+    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
+        """The 4-D array (NumPy order) of ``t``'s shape and strides in ``buf`` from byte
+        ``offset``."""
+        raise NotImplementedError("need array_at")
 
     def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
         raise NotImplementedError("need _copy_in")
@@ -52,24 +93,17 @@ class Backend:
         """True when kernels of this backend can read tensors that live in ``buf`` directly."""
         return buf.backend is self
 
-    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...], mem: Placement) -> Step | None:
         """A callable that computes ``node`` from ``srcs`` (its sources, or copies of them on
-        this backend); None for ops that compute nothing."""
+        this backend), their memory given by ``mem``; None for ops that compute nothing."""
         raise NotImplementedError("need compile_node")
 
-    def copy_step(self, src: Tensor, dst: Tensor) -> Step:
+    def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
         """A callable that copies ``src`` (on any backend) into ``dst`` (on this backend)."""
         raise NotImplementedError("need copy_step")
 
     def synchronize(self) -> None:
         """Wait for queued work to finish (a no-op on the CPU)."""
-
-    def begin_compute(self) -> object:
-        """Called before a graph compute runs its steps; returns what :meth:`end_compute` needs."""
-        return None
-
-    def end_compute(self, token: object) -> None:
-        """Called after a graph compute, also when a step raised."""
 
     # --- public, validated ----------------------------------------------------------------
     def alloc_buffer(self, nbytes: int) -> Buffer:
@@ -83,7 +117,7 @@ class Backend:
                                    f"{int(nbytes)} bytes ({type(exc).__name__}: {exc})") from None
         return Buffer(self, int(nbytes), data)
 
-    def tensor_set(self, t: Tensor, array) -> None:
+    def tensor_set(self, t: Tensor, array: npt.ArrayLike) -> None:
         _check_transfer(t)
         arr = np.asarray(array)
         if arr.dtype != t.type.dtype:
@@ -109,7 +143,7 @@ def _check_transfer(t: Tensor) -> None:
         raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
 
 
-def check_row_indices(fn: str, idx, nrows: int) -> None:
+def check_row_indices(fn: str, idx: Any, nrows: int) -> None:
     """Raise ShapeError unless every index in ``idx`` (any array module) is in ``[0, nrows)``."""
     if idx.size and bool(((idx < 0) | (idx >= nrows)).any()):
         raise ShapeError(f"ggml_{fn}: row index out of range: indices span "

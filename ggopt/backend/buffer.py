@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Any
 
+from ..errors import StateError
 from ..tensor import Tensor
 
 if TYPE_CHECKING:
     from .base import Backend
 
-__all__ = ["Buffer", "ALIGNMENT", "align", "fill_tensor", "init_view"]
+__all__ = ["Buffer", "ALIGNMENT", "align", "buffer_of", "fill_tensor", "init_view"]
 
 #: Byte alignment of every tensor placed in a buffer (a cache line; enough for AVX-512).
 ALIGNMENT = 64
@@ -30,28 +32,45 @@ class Buffer:
 
     __slots__ = ("backend", "size", "data", "is_host", "lock", "__weakref__")
 
-    def __init__(self, backend: Backend, size: int, data) -> None:
+    def __init__(self, backend: Backend, size: int, data: Any) -> None:
         self.backend = backend
         self.size = size
         self.data = data
         self.is_host = backend.is_host
-        self.lock = None
+        self.lock: contextlib.AbstractContextManager[Any] | None = None
 
-    def view(self, t: Tensor):
+    def view(self, t: Tensor) -> Any:
         """The 4-D array (NumPy order) of tensor ``t``, which must point into this buffer."""
-        return self.backend.array_view(self, t)
+        return self.backend.array_at(self, t.offset, t)
+
+    def fill(self, t: Tensor, value: float) -> None:
+        """Set every element of ``t`` (which points into this buffer) to ``value``."""
+        self.backend.fill(t, value)
 
     def __repr__(self) -> str:
         return f"Buffer({self.backend.name}, {self.size} bytes)"
 
 
+def buffer_of(t: Tensor) -> Buffer:
+    """The buffer ``t`` points into (the core sees it as :class:`ggopt.tensor.Memory`)."""
+    buf = t.buffer
+    if buf is None:
+        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
+    if not isinstance(buf, Buffer):
+        raise StateError(f"tensor '{t.name}' points into {type(buf).__name__}, not a Buffer")
+    return buf
+
+
 def init_view(t: Tensor) -> None:
     """Point a view at its source's memory (ggml_backend_view_init)."""
     src = t.view_src
-    t.buffer = src.buffer
-    t.offset = src.offset + t.view_offs
+    if src is not None:
+        t.buffer = src.buffer
+        t.offset = src.offset + t.view_offs
 
 
 def fill_tensor(t: Tensor, value: float) -> None:
     """Set every element of ``t`` to ``value`` on whatever backend holds it."""
-    t.buffer.backend.fill(t, value)
+    if t.buffer is None:
+        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
+    t.buffer.fill(t, value)

@@ -6,11 +6,13 @@ same thread count as the kernels); everything else is a ``ggopt._kernels`` funct
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import _threads
 from ..tensor import VIEW_OPS, Tensor
-from .base import Backend, Step
+from .base import Backend, Placement, Step
 from .buffer import ALIGNMENT, Buffer
 from .cpu_ops import COMPILERS
 
@@ -27,9 +29,7 @@ class CPUBackend(Backend):
     is_host = True
 
     def __init__(self, n_threads: int | None = None) -> None:
-        if n_threads is not None:
-            n_threads = _threads.check_n_threads(n_threads, "ggml_backend_cpu_init")
-        self._n_threads = n_threads
+        self._n_threads = _check_n_threads("ggml_backend_cpu_init", n_threads)
 
     @property
     def n_threads(self) -> int:
@@ -37,7 +37,7 @@ class CPUBackend(Backend):
 
     def set_n_threads(self, n_threads: int | None) -> None:
         """Pin this backend's thread count (None: follow the process-wide setting)."""
-        self.__init__(n_threads)
+        self._n_threads = _check_n_threads("ggml_backend_cpu_set_n_threads", n_threads)
 
     # --- memory -------------------------------------------------------------------------------
     def _alloc(self, nbytes: int) -> np.ndarray:
@@ -45,7 +45,7 @@ class CPUBackend(Backend):
         start = (-raw.ctypes.data) % ALIGNMENT
         return raw[start:start + nbytes]
 
-    def array_view(self, buf: Buffer, t: Tensor) -> np.ndarray:
+    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
         ne, nb = t.ne, t.nb
         if 0 in ne:
             return np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=t.type.dtype)
@@ -53,7 +53,7 @@ class CPUBackend(Backend):
             (ne[3], ne[2], ne[1], ne[0]),
             dtype=t.type.dtype,
             buffer=buf.data,
-            offset=t.offset,
+            offset=offset,
             strides=(nb[3], nb[2], nb[1], nb[0]),
         )
 
@@ -71,29 +71,27 @@ class CPUBackend(Backend):
         return buf.is_host
 
     # --- compute ------------------------------------------------------------------------------
-    def begin_compute(self) -> object:
-        # products run single-threaded BLAS over fixed slices (see cpu_ops._matmul_step)
-        return _threads.blas_serial_begin()
-
-    def end_compute(self, token: object) -> None:
-        _threads.blas_serial_end(token)
-
     def supports_op(self, node: Tensor) -> bool:
         return node.op in VIEW_OPS or node.op in COMPILERS
 
-    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...], mem: Placement) -> Step | None:
         if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
-        return COMPILERS[node.op](self, node, srcs)
+        return COMPILERS[node.op](self, node, srcs, mem)
 
-    def copy_step(self, src: Tensor, dst: Tensor) -> Step:
-        backend = src.data_owner().buffer.backend
-        out = dst.array4d()
+    def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
+        backend = mem.at(src.data_owner())[0].backend
+        out = mem(dst)
 
         def step() -> None:
             np.copyto(out, backend.tensor_get(src).reshape(out.shape))
 
         return step
+
+
+def _check_n_threads(fn: str, n: object) -> int | None:
+    """None (follow the process-wide setting) or a count in ``[1, MAX_N_THREADS]``."""
+    return None if n is None else _threads.check_n_threads(n, fn)
 
 
 _HOST: CPUBackend | None = None

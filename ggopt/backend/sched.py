@@ -19,8 +19,9 @@ from ..graph import Graph
 from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import TensorFlag
 from .alloc import plan_memory
-from .base import Backend, Step
-from .buffer import Buffer
+from .base import Backend, Placement, Step
+from .blas import SerialBlas
+from .buffer import Buffer, buffer_of, init_view
 
 __all__ = ["Scheduler"]
 
@@ -86,6 +87,7 @@ class Scheduler:
         self._current: _Compiled | None = None
         self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
+        self._blas = SerialBlas()  # BLAS on one thread during computes (see blas.py)
         self._lock = threading.RLock()
 
     def __enter__(self) -> Scheduler:
@@ -148,9 +150,7 @@ class Scheduler:
             t.buffer = comp.buffers[backend]
             t.offset = off
         for t in comp.views:
-            src = t.view_src
-            t.buffer = src.buffer
-            t.offset = src.offset + t.view_offs
+            init_view(t)
         self._current = comp
         self._graph = g
         return True
@@ -181,15 +181,12 @@ class Scheduler:
             self._compute()
 
     def _compute(self) -> None:
-        tokens = [b.begin_compute() for b in self.backends]
-        try:
+        assert self._current is not None
+        with self._blas:
             for step in self._current.steps:
                 step()
             for b in self.backends:
                 b.synchronize()
-        finally:
-            for b, token in zip(self.backends, tokens):
-                b.end_compute(token)
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""
@@ -205,8 +202,7 @@ class Scheduler:
 
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend whose memory holds ``t``, or None."""
-        owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return self._memory_backend(t)
 
     # --- compilation --------------------------------------------------------------------------
     def _still_valid(self, g: Graph, comp: _Compiled) -> bool:
@@ -225,7 +221,7 @@ class Scheduler:
 
     def _memory_backend(self, t: Tensor) -> Backend | None:
         owner = t.data_owner()
-        return owner.buffer.backend if owner.buffer is not None else None
+        return buffer_of(owner).backend if owner.buffer is not None else None
 
     def _assign(self, g: Graph) -> dict[Tensor, Backend]:
         cpu = self.backends[-1]
@@ -294,18 +290,17 @@ class Scheduler:
         self._ctx.tensors.clear()  # the scheduler keeps the copies alive through its splits
 
         # Memory: one plan and one buffer per backend.
-        fixed = {}
+        fixed: dict[Tensor, tuple[Buffer, int]] = {}
         for t in list(g.leafs) + g.nodes:
             if t.buffer is not None:
-                fixed[t] = (t.buffer, t.offset)
+                fixed[t] = (buffer_of(t), t.offset)
         for b in self.backends:
             nodes_b = [n for n in g.nodes if where.get(n) is b]
             leafs_b = [t for t in g.leafs if where.get(t) is b]
-            plan = plan_memory(
-                nodes_b, leafs_b, copies[b],
-                owns=lambda t, b=b: t.buffer is None and where.get(t, b) is b,
-                keep=keep[b],
-            )
+            def owns(t: Tensor, b: Backend = b) -> bool:
+                return t.buffer is None and where.get(t, b) is b
+
+            plan = plan_memory(nodes_b, leafs_b, copies[b], owns=owns, keep=keep[b])
             comp.sizes[b] = plan.size
             buf = self._buffers.get(b)
             if plan.offsets and (buf is None or buf.size < plan.size):
@@ -319,31 +314,21 @@ class Scheduler:
                 comp.placed.append((t, b, off))
         comp.fixed = [(t, buf, off) for t, (buf, off) in fixed.items()]
 
-        # Point tensors at their memory so the steps can bind their arrays.
-        for t, b, off in comp.placed:
-            t.buffer = comp.buffers[b]
-            t.offset = off
+        # The placement map: the steps bind their arrays through it; alloc_graph applies it.
+        mem = Placement({t: (comp.buffers[b], off) for t, b, off in comp.placed})
         for t in list(g.leafs) + g.nodes:
             if t.view_src is not None and t not in fixed:
                 comp.views.append(t)
-                t.buffer = t.view_src.buffer
-                t.offset = t.view_src.offset + t.view_offs
-        for t in comp.views:
-            if t.buffer is None:
-                raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
-                                 f"'{t.view_src.name}', which has no memory")
+                if not mem.has_memory(t.view_src):
+                    raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
+                                     f"'{t.view_src.name}', which has no memory")
         for split in splits:
             for src, cp in split.copies:
-                split.steps.append(split.backend.copy_step(src, cp))
+                split.steps.append(split.backend.copy_step(src, cp, mem))
             for node in split.nodes:
-                step = split.backend.compile_node(node, srcs_of[node])
+                step = split.backend.compile_node(node, srcs_of[node], mem)
                 if step is not None:
                     split.steps.append(step)
             comp.steps.extend(split.steps)
         comp.splits = splits
-        # Leave the tensors unallocated: alloc_graph applies the plan.
-        for t, _, _ in comp.placed:
-            t.buffer = None
-        for t in comp.views:
-            t.buffer = None
         return comp

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
 from ..errors import DTypeError
 from ..tensor import VIEW_OPS, Op, Tensor
-from .base import Backend, Step
+from .base import Backend, Placement, Step
 from .buffer import ALIGNMENT, Buffer
 from .xp_ops import COMPILERS, Compiler
 
@@ -63,19 +64,19 @@ class ArrayBackend(Backend):
         start = (-raw.ctypes.data) % ALIGNMENT
         return raw[start:start + nbytes]
 
-    def _bytes_view(self, data, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
-                    dtype: np.dtype):
+    def _bytes_view(self, data: Any, offset: int, shape: tuple[int, ...],
+                    strides: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         return np.ndarray(shape, dtype=dtype, buffer=data, offset=offset, strides=strides)
 
-    def to_host(self, arr) -> np.ndarray:
+    def to_host(self, arr: Any) -> np.ndarray:
         """A host (NumPy) copy of the array ``arr`` of this backend."""
         return np.array(arr, copy=True)
 
-    def from_host(self, dst, host: np.ndarray) -> None:
+    def from_host(self, dst: Any, host: np.ndarray) -> None:
         """Write the host array ``host`` (``dst``'s element count) into ``dst``."""
         np.copyto(dst, host.reshape(dst.shape), casting="unsafe")
 
-    def scatter_add(self, dst, idx, src) -> None:
+    def scatter_add(self, dst: Any, idx: Any, src: Any) -> None:
         """``dst[idx[i]] += src[i]`` for every ``i``, repeated indices accumulating."""
         np.add.at(dst, idx, src)
 
@@ -88,15 +89,15 @@ class ArrayBackend(Backend):
 
     # --- memory -------------------------------------------------------------------------------
     def view_bytes(self, buf: Buffer, offset: int, shape: tuple[int, ...],
-                   strides: tuple[int, ...], dtype: np.dtype):
+                   strides: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
         """An ``xp`` array of ``shape``/``strides`` (bytes) over ``buf`` from byte ``offset``."""
         if 0 in shape:
             return self.xp.empty(shape, dtype=dtype)
         return self._bytes_view(buf.data, offset, shape, strides, dtype)
 
-    def array_view(self, buf: Buffer, t: Tensor):
+    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
         ne, nb = t.ne, t.nb
-        return self.view_bytes(buf, t.offset, (ne[3], ne[2], ne[1], ne[0]),
+        return self.view_bytes(buf, offset, (ne[3], ne[2], ne[1], ne[0]),
                                (nb[3], nb[2], nb[1], nb[0]), t.type.dtype)
 
     def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
@@ -118,19 +119,20 @@ class ArrayBackend(Backend):
             return True
         return node.op in self._compilers and (self.ops is None or node.op in self.ops)
 
-    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...]) -> Step | None:
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...], mem: Placement) -> Step | None:
         if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
-        return self._wrap(self._compilers[node.op](self, node, srcs))
+        return self._wrap(self._compilers[node.op](self, node, srcs, mem))
 
-    def copy_step(self, src: Tensor, dst: Tensor) -> Step:
-        out = dst.array4d()
-        backend = src.data_owner().buffer.backend
-        if src.buffer.is_host:
-            host = src.array4d()
+    def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
+        out = mem(dst)
+        src_buf = mem.at(src)[0]
+        backend = src_buf.backend
+        if src_buf.is_host:
+            host = mem(src)
             return self._wrap(lambda: self.from_host(out, host))
         if self._same_memory_space(backend):
-            arr = src.array4d()
+            arr = mem(src)
 
             def step() -> None:
                 out[...] = arr

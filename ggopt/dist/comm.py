@@ -15,11 +15,14 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
 from ..errors import DTypeError, GgoptError, ShapeError, StateError
+
+if TYPE_CHECKING:
+    from .faults import Watchdog
 
 __all__ = ["Communicator", "AllreduceStats", "launched_by_mpi"]
 
@@ -82,7 +85,7 @@ class Communicator:
         self._comm = mpi_comm
         self.check_every = check_every
         self.stats = AllreduceStats()
-        self._watchdog = None
+        self._watchdog: Watchdog | None = None
 
     @property
     def rank(self) -> int:
@@ -125,7 +128,7 @@ class Communicator:
         with self._waiting("a barrier"):
             self._comm.Barrier()
 
-    def _waiting(self, what: str):
+    def _waiting(self, what: str) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext() if self._watchdog is None else \
             self._watchdog.waiting(what)
 

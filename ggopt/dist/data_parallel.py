@@ -20,10 +20,11 @@ import numpy as np
 from .. import graph as _graph
 from .. import ops
 from ..backend import Scheduler, tensor_get, tensor_set
-from ..backend.buffer import align
+from ..backend.buffer import Buffer, align, buffer_of
 from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
 from ..opt.enums import BuildType
+from ..tensor import Tensor
 from ..types import TensorFlag
 from .comm import Communicator
 
@@ -45,7 +46,7 @@ class DataParallel:
         self.ready = False
         self._step_graph: _graph.Graph | None = None
         self._step_sched: Scheduler | None = None
-        self._span: tuple | None = None
+        self._span: tuple[Buffer, int, int, list[Tensor]] | None = None
         self._steps = 0
 
     @staticmethod
@@ -69,34 +70,37 @@ class DataParallel:
         of the number of ranks.
         """
         c = self._ctx
-        params = [n for n in c._gf.nodes if n.flags & TensorFlag.PARAM]
+        spec, built, persist = c._spec, c._b, c._persist
+        assert built is not None and persist is not None  # set up after the first build
+        assert c._inputs is not None and c._outputs is not None
+        params = [n for n in built.gf.nodes if n.flags & TensorFlag.PARAM]
         self.comm.agree(_FN, "the optimization", {
             "parameters (name, type, ne)": [(p.name, p.type.name, tuple(p.ne)) for p in params],
             "inputs ne": tuple(c._inputs.ne),
             "outputs ne": tuple(c._outputs.ne),
-            "loss_type": c._loss_type.name,
-            "build_type": c._build_type_alloc.name,
-            "optimizer": c._optimizer.name,
-            "opt_period": c._opt_period,
-            "static_graphs": c._static_graphs,
+            "loss_type": spec.loss_type.name,
+            "build_type": spec.build_type.name,
+            "optimizer": spec.optimizer.name,
+            "opt_period": spec.opt_period,
+            "static_graphs": spec.static_graphs,
         })
         size = self.comm.size
-        if c._build_type_alloc >= BuildType.GRAD:
-            if c._opt_period % size != 0:
+        if spec.build_type >= BuildType.GRAD:
+            if spec.opt_period % size != 0:
                 raise ShapeError(
-                    f"opt_period={c._opt_period} (physical batches per optimizer step, over "
+                    f"opt_period={spec.opt_period} (physical batches per optimizer step, over "
                     f"all ranks) must be a multiple of the {size} ranks ({_FN})"
                 )
-            self.local_period = c._opt_period // size
+            self.local_period = spec.opt_period // size
         for p in params:
             self._bcast_tensor(p)
-        if c._param_accs:
-            self._span = self._accumulator_span(list(c._param_accs.values()))
-        if c._build_type_alloc is BuildType.OPT:
+        if persist.param_accs:
+            self._span = self._accumulator_span(list(persist.param_accs.values()))
+        if spec.build_type is BuildType.OPT:
             self._build_step_graph()
         self.ready = True
 
-    def _bcast_tensor(self, t) -> None:
+    def _bcast_tensor(self, t: Tensor) -> None:
         if t.is_host and t.is_contiguous():
             self.comm.bcast_(t.numpy().reshape(-1))
             return
@@ -105,10 +109,11 @@ class DataParallel:
         tensor_set(t, arr)
 
     @staticmethod
-    def _accumulator_span(accs: list) -> tuple:
-        """(buffer, first byte, end byte) of the one block holding every accumulator."""
+    def _accumulator_span(accs: list[Tensor]) -> tuple[Buffer, int, int, list[Tensor]]:
+        """(buffer, first byte, end byte, accumulators by offset) of the one block holding
+        every accumulator."""
         accs = sorted(accs, key=lambda a: a.offset)
-        buf = accs[0].buffer
+        buf = buffer_of(accs[0])
         for prev, nxt in zip(accs, accs[1:]):
             if nxt.buffer is not buf or nxt.offset > align(prev.offset + prev.nbytes()):
                 raise StateError(
@@ -124,17 +129,20 @@ class DataParallel:
     def _build_step_graph(self) -> None:
         """The optimizer steps alone, reading the (summed) accumulators as gradients."""
         c = self._ctx
+        persist = c._persist
+        assert persist is not None
+        step_params = persist.step_params(c._spec)
         ctx = Context()
         g = _graph.new_graph_custom(ctx, _graph.GRAPH_DEFAULT_SIZE, False)
-        for param, acc in reversed(list(c._param_accs.items())):
-            if c._moments:
-                m, v = c._moments[param]
-                step = ops.opt_step_adamw(ctx, param, acc, m, v, c._opt_step_params)
+        for param, acc in reversed(list(persist.param_accs.items())):
+            if persist.moments:
+                m, v = persist.moments[param]
+                step = ops.opt_step_adamw(ctx, param, acc, m, v, step_params)
             else:
-                step = ops.opt_step_sgd(ctx, param, acc, c._opt_step_params)
+                step = ops.opt_step_sgd(ctx, param, acc, step_params)
             _graph.build_forward_expand(g, ops.set_name(step, f"step for {param.name}"))
         self._step_graph = g
-        self._step_sched = Scheduler(c._sched.backends)
+        self._step_sched = Scheduler(c._spec.sched.backends)
         self._step_sched.alloc_graph(g)
 
     # --- every period -------------------------------------------------------------------------
@@ -143,6 +151,7 @@ class DataParallel:
         self._allreduce_accumulators()
         if not step:
             return
+        assert self._step_sched is not None and self._step_graph is not None  # OPT contexts
         self._step_sched.graph_compute(self._step_graph)
         self._steps += 1
         every = self.comm.check_every
@@ -150,6 +159,7 @@ class DataParallel:
             self.check_consistency()
 
     def _allreduce_accumulators(self) -> None:
+        assert self._span is not None  # contexts with gradients have accumulators
         buf, start, end, accs = self._span
         if buf.is_host:
             self.comm.allreduce_sum_(buf.data[start:end].view(np.float32))
@@ -167,11 +177,13 @@ class DataParallel:
         """Collective: raise :class:`StateError` on every rank unless all ranks hold the same
         parameters, optimizer moments and step count (compared by a digest)."""
         c = self._ctx
+        persist = c._persist
+        assert persist is not None
         h = hashlib.blake2b(digest_size=16)
         h.update(str(c._iter).encode())
-        for param in c._param_accs:
+        for param in persist.param_accs:
             h.update(np.ascontiguousarray(tensor_get(param)).tobytes())
-            for moment in c._moments.get(param, ()):
+            for moment in persist.moments.get(param, ()):
                 h.update(np.ascontiguousarray(tensor_get(moment)).tobytes())
         digests = self.comm.allgather(h.hexdigest())
         differ = [r for r, d in enumerate(digests) if d != digests[0]]

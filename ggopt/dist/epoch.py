@@ -28,6 +28,10 @@ __all__ = ["epoch_data_parallel"]
 
 _FN = "ggml_opt_epoch (data-parallel)"
 
+#: ``ggopt.opt.training._epoch_batches``: (context, dataset, idata_split, fn) ->
+#: (ndata_batch, ibatch_split, nbatches)
+EpochBatches = Callable[["OptContext", "Dataset", int, str], tuple[int, int, int]]
+
 
 def _merge(target: Result, parts: list[list[Result]]) -> None:
     """Append the one-batch results ``parts`` (rank order, then batch order) to ``target``."""
@@ -40,8 +44,8 @@ def _merge(target: Result, parts: list[list[Result]]) -> None:
                              part._loss[0], pred, ncorrect)
 
 
-def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple, idata_split: int,
-           epoch_batches: Callable) -> tuple[int, int, int]:
+def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple[Result | None, Result | None],
+           idata_split: int, epoch_batches: EpochBatches) -> tuple[int, int, int]:
     """The local checks of :func:`ggopt.opt.epoch` plus the data-parallel ones."""
     ndata_batch, ibatch_split, nbatches = epoch_batches(opt_ctx, dataset, idata_split, _FN)
     period = opt_ctx.opt_period
@@ -54,12 +58,14 @@ def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple, idata_split: i
     if opt_ctx._opt_i != 0:
         raise StateError(f"the context is inside an optimizer period; a data-parallel epoch "
                          f"starts at the beginning of one ({_FN})")
+    built = opt_ctx._b
+    assert built is not None  # static graphs are built at construction
     for result in results:
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"results must be Result or None, got {type(result).__name__} "
                              f"({_FN})")
         if result is not None:
-            result._check_eval(opt_ctx._loss_per_datapoint, period, ndata_batch)
+            result._check_eval(built.loss_per_datapoint, period, ndata_batch)
     return ndata_batch, ibatch_split, nbatches
 
 
@@ -71,7 +77,7 @@ def epoch_data_parallel(
     idata_split: int,
     callback_train: EpochCallback | None,
     callback_eval: EpochCallback | None,
-    epoch_batches: Callable,
+    epoch_batches: EpochBatches,
 ) -> None:
     """:func:`ggopt.opt.epoch` for a data-parallel context; collective, same arguments.
 
@@ -82,6 +88,7 @@ def epoch_data_parallel(
     split, results passed or not) get the same :class:`ShapeError` on every rank.
     """
     comm = opt_ctx.comm
+    assert comm is not None  # called for data-parallel contexts only
     results = (result_train, result_eval)
     ndata_batch, ibatch_split, nbatches = comm.run_all(
         _FN, lambda: _check(opt_ctx, dataset, results, idata_split, epoch_batches)
@@ -98,6 +105,7 @@ def epoch_data_parallel(
         "results passed (train, eval)": tuple(r is not None for r in results),
     })
     inputs, labels_batch = opt_ctx.inputs, opt_ctx.labels
+    assert inputs is not None  # static graphs
     size, rank = comm.size, comm.rank
     period = opt_ctx.opt_period
     local = period // size

@@ -24,16 +24,20 @@ from collections.abc import Sequence
 import numpy as np
 
 from .. import dist, get_n_threads, set_n_threads
+from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
-from ..opt import Result
+from ..opt import Dataset, FitHistory, Result
+from ..opt.training import fit_split
 from . import mnist_data as data
 from . import mnist_model as model
+from . import training_cli
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
 
 FULL_EPOCHS = 30  # ggml's mnist-train
 SUBSET_EPOCHS = 20  # keeps the default run on the bundled 4000 images to seconds
+VAL_SPLIT = 0.05  # ggml's mnist-train
 _ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
 
 
@@ -91,6 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                          "started more than one process, 'mpi' always, 'none' never. Without "
                          "--threads each rank takes its share of the machine's cores")
     _common(tr)
+    training_cli.add_training_args(tr)
     tr.set_defaults(func=_train)
     ev = sub.add_parser(
         "eval", help="evaluate a GGUF model on the test set, as ggml's mnist-eval",
@@ -103,13 +108,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup(args: argparse.Namespace):
+def _setup(args: argparse.Namespace) -> Scheduler:
     if args.threads is not None:
         set_n_threads(args.threads)
     return model.make_scheduler(args.device)
 
 
-def _evaluate(m: model.MnistModel, ds) -> Result:
+def _evaluate(m: model.MnistModel, ds: Dataset) -> Result:
     t0 = time.perf_counter()
     result = model.evaluate(m, ds)
     dt = time.perf_counter() - t0
@@ -125,7 +130,7 @@ def _print_result(result: Result) -> None:
     print(f"main: test_acc={100 * acc:.2f}+-{100 * acc_unc:.2f}%")
 
 
-def _test_dataset(data_dir: str | None):
+def _test_dataset(data_dir: str | None) -> Dataset:
     images, labels = data.load_split(data_dir, "test")
     return data.make_dataset(images, labels, model.NBATCH_PHYSICAL, model.NBATCH_PHYSICAL)
 
@@ -181,7 +186,7 @@ def _train(args: argparse.Namespace) -> int:
 
     m = model.build_model(arch, sched, nbatch)
     model.init_params(m, args.seed, args.init)
-    history = model.train(m, ds_train, nepoch, comm=comm)
+    history = _fit(args, m, ds_train, nepoch, comm)
     print(f"mnist_model_save: saving model to '{out}'")
     model.save_gguf(m, out)
     _print_result(_evaluate(m, ds_test))
@@ -199,8 +204,18 @@ def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) 
     ds_train = data.make_dataset(images, labels, 10, model.NBATCH_LOGICAL, stream=io.StringIO())
     m = model.build_model(_ARCHS[args.arch], sched, nbatch)
     model.init_params(m, args.seed, args.init)
-    model.train(m, ds_train, nepoch, comm=comm)
+    _fit(args, m, ds_train, nepoch, comm)
     return 0
+
+
+def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoch: int,
+         comm: dist.Communicator | None) -> FitHistory:
+    """ggml's recipe with the schedule, checkpoint and resume options (every rank alike)."""
+    _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, m.nbatch_physical,
+                               VAL_SPLIT)
+    schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
+    return model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, comm=comm,
+                       get_opt_pars=schedule, checkpoint=args.checkpoint, resume=args.resume)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -223,10 +238,14 @@ def _eval(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     args.comm = None
+    if args.command == "train":
+        training_cli.check_training_args(parser, args)
     try:
-        return args.func(args)
+        rc: int = args.func(args)
+        return rc
     except BackendUnavailableError as exc:
         code, message = 2, f"mnist: device {args.device!r} unavailable: {exc}"
     except (GgoptError, OSError, ImportError) as exc:

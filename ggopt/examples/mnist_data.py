@@ -16,7 +16,7 @@ from typing import TextIO
 import numpy as np
 
 from .. import F32
-from ..errors import ShapeError
+from ..errors import InvalidValueError, ShapeError
 from ..io import idx
 from ..opt import Dataset
 
@@ -73,7 +73,8 @@ def _images(path: str | os.PathLike[str]) -> np.ndarray:
             f"MNIST images {os.fspath(path)!r}: expected uint8 of shape (n, {HW}, {HW}), got "
             f"{raw.dtype} {raw.shape} (ggml's mnist_image_load)"
         )
-    return raw.reshape(-1, NINPUT).astype(np.float32) / np.float32(255.0)
+    images: np.ndarray = raw.reshape(-1, NINPUT).astype(np.float32) / np.float32(255.0)
+    return images
 
 
 def _labels(path: str | os.PathLike[str]) -> np.ndarray:
@@ -88,10 +89,12 @@ def _labels(path: str | os.PathLike[str]) -> np.ndarray:
             f"MNIST labels {os.fspath(path)!r}: expected digits 0..{NCLASSES - 1}, got "
             f"{int(raw.max())} (ggml's mnist_label_load)"
         )
-    return np.eye(NCLASSES, dtype=np.float32)[raw]
+    one_hot: np.ndarray = np.eye(NCLASSES, dtype=np.float32)[raw]
+    return one_hot
 
 
-def _read_pair(images_path, labels_path, part: str) -> tuple[np.ndarray, np.ndarray]:
+def _read_pair(images_path: str | os.PathLike[str], labels_path: str | os.PathLike[str],
+               part: str) -> tuple[np.ndarray, np.ndarray]:
     images, labels = _images(images_path), _labels(labels_path)
     if len(images) != len(labels):
         raise ShapeError(
@@ -110,7 +113,7 @@ def load_split(
     ``data_dir`` as for :func:`load_mnist`; only that split's two files are needed.
     """
     if part not in ("train", "test"):
-        raise ShapeError(f"load_split: part: expected 'train' or 'test', got {part!r}")
+        raise InvalidValueError(f"load_split: part: expected 'train' or 'test', got {part!r}")
     names = FILES[f"{part}_images"], FILES[f"{part}_labels"]
     if data_dir is None:
         root = resources.files(__package__) / "data"
@@ -179,6 +182,7 @@ def make_dataset(
         out = sys.stderr if stream is None else stream
         out.write(f"note: using {ndata} of {len(images)} images (a multiple of {step})\n")
     ds = Dataset(F32, F32, NINPUT, NCLASSES, ndata, ndata_shard)
+    assert ds.labels is not None  # made with labels above
     ds.data.numpy()[:] = images[:ndata]
     ds.labels.numpy()[:] = labels[:ndata]
     return ds

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Literal, TextIO
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
 
 from .. import F32, Context, Tensor
 from .. import ops as g
 from ..backend import Scheduler, alloc_ctx_tensors, cpu_init, cupy_init, tensor_get, tensor_set
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..io import gguf
 from ..opt import (
     BuildType,
@@ -30,6 +30,7 @@ from ..opt import (
     FitHistory,
     LossType,
     OptContext,
+    OptimizerParams,
     OptimizerType,
     Result,
     default_params,
@@ -141,12 +142,12 @@ def make_scheduler(device: Literal["cpu", "cupy"] = "cpu") -> Scheduler:
         return Scheduler([cpu_init()])
     if device == "cupy":
         return Scheduler([cupy_init(), cpu_init()])
-    raise ShapeError(f"device: expected 'cpu' or 'cupy', got {device!r}")
+    raise InvalidValueError(f"device: expected 'cpu' or 'cupy', got {device!r}")
 
 
 def _check_arch(arch: object, where: str) -> str:
     if not isinstance(arch, str) or arch not in PARAM_SHAPES:
-        raise ShapeError(f"{where}: architecture ({ARCH_KEY}): expected one of "
+        raise InvalidValueError(f"{where}: architecture ({ARCH_KEY}): expected one of "
                          f"{', '.join(ARCHS)}, got {arch!r}")
     return arch
 
@@ -215,7 +216,7 @@ def init_params(model: MnistModel, seed: int = 0, scheme: str = "ggml") -> None:
     :data:`PARAM_SHAPES` order from ``np.random.default_rng(seed)``.
     """
     if scheme not in INIT_SCHEMES:
-        raise ShapeError(f"init_params: scheme must be one of {', '.join(INIT_SCHEMES)}, "
+        raise InvalidValueError(f"init_params: scheme must be one of {', '.join(INIT_SCHEMES)}, "
                          f"got {scheme!r}")
     rng = np.random.default_rng(seed)
     for name, shape in PARAM_SHAPES[model.arch].items():
@@ -289,8 +290,8 @@ def load_gguf(path: str | os.PathLike[str]) -> tuple[str, dict[str, np.ndarray]]
     metadata, tensors = gguf.load(path)
     where = f"load_gguf {os.fspath(path)!r} (mnist_model_init_from_file)"
     arch = metadata.get(ARCH_KEY)
-    check_params(arch, tensors, where)
-    return arch, tensors
+    check_params(arch, tensors, where)  # type: ignore[arg-type]  # checked there
+    return arch, tensors  # type: ignore[return-value]  # a str after check_params
 
 
 def train(
@@ -302,18 +303,24 @@ def train(
     silent: bool = False,
     *,
     stream: TextIO | None = None,
+    get_opt_pars: Callable[[Any], OptimizerParams] = get_default_optimizer_params,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
     comm: Communicator | None = None,
 ) -> FitHistory:
-    """Train with cross-entropy and default AdamW (ggml's ``mnist_model_train``).
+    """Train with cross-entropy and AdamW (ggml's ``mnist_model_train``).
 
     ``nbatch_logical`` datapoints per optimizer step, accumulated over physical batches of
     ``model.nbatch_physical``; ``val_split`` of the logical batches are held out. With
-    ``comm`` (several ranks) the training is data-parallel (:func:`ggopt.opt.fit`).
+    ``comm`` (several ranks) the training is data-parallel. ``get_opt_pars`` (ggml's defaults,
+    or a :mod:`ggopt.opt.schedule` schedule), ``checkpoint`` and ``resume`` go to
+    :func:`ggopt.opt.fit`.
     """
     return fit(
         model.sched, model.ctx_compute, model.images, model.logits, dataset,
-        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_default_optimizer_params,
+        LossType.CROSS_ENTROPY, OptimizerType.ADAMW, get_opt_pars,
         nepoch, nbatch_logical, val_split, silent, stream=stream, comm=comm,
+        checkpoint=checkpoint, resume=resume,
     )
 
 

@@ -29,12 +29,13 @@ _ARCH_KEY = "general.architecture"
 _ALIGNMENT_KEY = "general.alignment"
 _READER_KEYS = "GGUF."  # prefix of the bookkeeping fields GGUFReader adds
 _MAX_NAME = 64  # GGML_MAX_NAME: names must be shorter, counting the terminating NUL
-_TENSOR_TYPES = {
+_TENSOR_TYPES: dict[np.dtype[Any], GGMLQuantizationType] = {
     np.dtype(np.float32): GGMLQuantizationType.F32,
     np.dtype(np.float16): GGMLQuantizationType.F16,
     np.dtype(np.int32): GGMLQuantizationType.I32,
 }
-_TENSOR_DTYPES = {v: k for k, v in _TENSOR_TYPES.items()}
+_TENSOR_DTYPES: dict[GGMLQuantizationType, np.dtype[Any]] = {
+    v: k for k, v in _TENSOR_TYPES.items()}
 _INT32 = (-(1 << 31), 1 << 31)
 _INT64 = (-(1 << 63), 1 << 63)
 
@@ -133,7 +134,7 @@ def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, A
         types = {GGUFValueType.INT64}
     if None in types or len(types) != 1:
         raise DTypeError(f"{where}: expected {kinds} (one kind per list), got {value!r}")
-    return [t[1] for t in typed_items], GGUFValueType.ARRAY, types.pop()
+    return [t[1] for t in typed_items if t is not None], GGUFValueType.ARRAY, types.pop()
 
 
 def _tensor(path: str, name: object, array: object) -> np.ndarray:

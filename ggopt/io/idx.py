@@ -13,7 +13,7 @@ import math
 import os
 import sys
 import zlib
-from typing import BinaryIO
+from typing import IO, Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from .atomic import atomic_path
 __all__ = ["read", "write"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_TYPE_CODES = {
+_TYPE_CODES: dict[int, np.dtype[Any]] = {
     0x08: np.dtype(">u1"),
     0x09: np.dtype(">i1"),
     0x0B: np.dtype(">i2"),
@@ -46,7 +46,7 @@ def _fail(path: str | os.PathLike[str], field: str, expected: str, got: str) -> 
     )
 
 
-def _read_upto(stream: BinaryIO, n: int) -> bytes:
+def _read_upto(stream: IO[bytes], n: int) -> bytes:
     parts = []
     while n > 0:
         part = stream.read(min(n, _CHUNK))
@@ -57,7 +57,7 @@ def _read_upto(stream: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_payload(stream: BinaryIO, nbytes: int, size_left: int | None) -> tuple[bytearray, int]:
+def _read_payload(stream: IO[bytes], nbytes: int, size_left: int | None) -> tuple[bytearray, int]:
     """Read exactly ``nbytes``; return the buffer and how many bytes the stream really held.
 
     ``size_left`` (the bytes left in a raw file) lets a wrong length fail before any
@@ -78,7 +78,7 @@ def _read_payload(stream: BinaryIO, nbytes: int, size_left: int | None) -> tuple
     return buf, len(buf) + rest
 
 
-def _parse(path: str | os.PathLike[str], stream: BinaryIO, size: int | None) -> np.ndarray:
+def _parse(path: str | os.PathLike[str], stream: IO[bytes], size: int | None) -> np.ndarray:
     head = _read_upto(stream, 4)
     if len(head) < 4:
         raise _fail(path, "header", "4 bytes", f"{len(head)}")
@@ -138,7 +138,7 @@ def read(path: str | os.PathLike[str]) -> np.ndarray:
             return _parse(path, raw, os.fstat(raw.fileno()).st_size)
         try:
             with gzip.GzipFile(fileobj=raw, mode="rb") as stream:
-                return _parse(path, stream, None)
+                return _parse(path, stream, None)  # type: ignore[arg-type]  # binary stream
         except _GZIP_ERRORS as exc:
             raise _fail(path, "gzip stream", "a complete, valid gzip stream",
                         f"{type(exc).__name__}: {exc}") from exc
@@ -188,6 +188,6 @@ def write(path: str | os.PathLike[str], array: np.ndarray) -> None:
             _write_stream(raw, header, payload)
 
 
-def _write_stream(out: BinaryIO, header: bytes, payload: np.ndarray) -> None:
+def _write_stream(out: IO[bytes] | gzip.GzipFile, header: bytes, payload: np.ndarray) -> None:
     out.write(header)
     out.write(payload.data)

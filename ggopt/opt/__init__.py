@@ -19,6 +19,15 @@ from .params import (
 )
 from .progress import epoch_callback_progress_bar
 from .result import Result
+from .schedule import (
+    ConstantLR,
+    EpochDecayLR,
+    Schedule,
+    WarmupCosineLR,
+    constant,
+    epoch_decay,
+    warmup_cosine,
+)
 from .training import FitHistory, epoch, fit
 
 __all__ = [
@@ -40,4 +49,11 @@ __all__ = [
     "epoch_callback_progress_bar",
     "fit",
     "FitHistory",
+    "Schedule",
+    "ConstantLR",
+    "EpochDecayLR",
+    "WarmupCosineLR",
+    "constant",
+    "epoch_decay",
+    "warmup_cosine",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from .._kernels._gather import gather_shards
@@ -11,21 +13,23 @@ from ..context import Context
 from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
-from .context import OptContext
+from ._checks import check_int
+from .rng import Mt19937
 
 __all__ = ["Dataset"]
-
-
-def _int(value: object, name: str, fn: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise DTypeError(f"{name} must be an int, got {value!r} ({fn})")
-    return int(value)
 
 
 def _host_bytes(t: Tensor) -> np.ndarray:
     """The memory of a contiguous host tensor as a flat, writeable uint8 array."""
     return t.numpy().reshape(-1).view(np.uint8)
 
+
+
+class _HasRng(Protocol):
+    """What :meth:`Dataset.shuffle` accepts besides an engine: an owner of one (OptContext)."""
+
+    @property
+    def rng(self) -> Mt19937: ...
 
 class Dataset:
     """Datapoints (and optional labels) in host memory, cut into shards of ``ndata_shard``.
@@ -65,10 +69,10 @@ class Dataset:
     ) -> None:
         fn = "ggml_opt_dataset_init"
         type_data, type_label = as_type(type_data), as_type(type_label)
-        ne_datapoint = _int(ne_datapoint, "ne_datapoint", fn)
-        ne_label = _int(ne_label, "ne_label", fn)
-        ndata = _int(ndata, "ndata", fn)
-        ndata_shard = _int(ndata_shard, "ndata_shard", fn)
+        ne_datapoint = check_int(ne_datapoint, "ne_datapoint", fn)
+        ne_label = check_int(ne_label, "ne_label", fn)
+        ndata = check_int(ndata, "ndata", fn)
+        ndata_shard = check_int(ndata_shard, "ndata_shard", fn)
         for name, value, ok, bound in (
             ("ne_datapoint", ne_datapoint, ne_datapoint > 0, "> 0"),
             ("ne_label", ne_label, ne_label >= 0, ">= 0"),
@@ -126,16 +130,19 @@ class Dataset:
     @property
     def permutation(self) -> np.ndarray:
         """A copy of the current shard order."""
-        return self._permutation.copy()
+        perm: np.ndarray = self._permutation.copy()
+        return perm
 
     # --- shuffling ------------------------------------------------------------------------
-    def shuffle(self, opt_ctx: OptContext, idata: int = -1) -> None:
-        """Shuffle the shard order with ``opt_ctx``'s random engine.
+    def shuffle(self, rng: Mt19937 | _HasRng, idata: int = -1) -> None:
+        """Shuffle the shard order with the random engine ``rng``.
 
         Parameters
         ----------
-        opt_ctx : OptContext
-            Its ``std::mt19937`` (seed 5489 unless set in :class:`OptParams`) is advanced.
+        rng : Mt19937 or OptContext
+            The ``std::mt19937`` to advance, or anything with an ``rng`` attribute holding one:
+            ggml passes the optimization context (``OptContext.rng``, seed 5489 unless set in
+            :class:`OptParams`).
         idata : int
             Negative: shuffle every shard. Otherwise shuffle only the shards of the first
             ``idata`` datapoints (a multiple of ``ndata_shard``, at most ``ndata``) and keep the
@@ -144,24 +151,25 @@ class Dataset:
         ggml: ``ggml_opt_dataset_shuffle``.
         """
         fn = "ggml_opt_dataset_shuffle"
-        if not isinstance(opt_ctx, OptContext):
-            raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
-        rng = opt_ctx.rng
-        idata = _int(idata, "idata", fn)
+        engine = rng if isinstance(rng, Mt19937) else getattr(rng, "rng", None)
+        if not isinstance(engine, Mt19937):
+            raise DTypeError(f"rng must be a Mt19937 or an OptContext (which holds one), got "
+                             f"{type(rng).__name__} ({fn})")
+        idata = check_int(idata, "idata", fn)
         if idata > self._ndata:
             raise ShapeError(f"idata={idata} exceeds ndata={self._ndata} ({fn})")
         if idata < 0:
-            rng.shuffle(self._permutation)
+            engine.shuffle(self._permutation)
             return
         if idata % self._ndata_shard != 0:
             raise ShapeError(
                 f"idata={idata} is not a multiple of ndata_shard={self._ndata_shard} ({fn})"
             )
-        rng.shuffle(self._permutation[: idata // self._ndata_shard])
+        engine.shuffle(self._permutation[: idata // self._ndata_shard])
 
     # --- batches --------------------------------------------------------------------------
     def _check_ibatch(self, ibatch: object, shards_per_batch: int, fn: str) -> int:
-        ibatch = _int(ibatch, "ibatch", fn)
+        ibatch = check_int(ibatch, "ibatch", fn)
         nbatches = self.nshards // shards_per_batch if shards_per_batch else 0
         if ibatch < 0 or (ibatch + 1) * shards_per_batch > self.nshards:
             raise ShapeError(
@@ -184,7 +192,9 @@ class Dataset:
             )
         return nbytes // self._nbs_data
 
-    def _gather(self, src: Tensor, dst: np.ndarray, first: int, nshards: int, nbs: int) -> None:
+    def _gather(self, src: Tensor | None, dst: np.ndarray, first: int, nshards: int,
+                nbs: int) -> None:
+        assert src is not None  # labels are gathered only when the dataset has them
         gather_shards(
             _host_bytes(src), dst, self._permutation, first, nshards, nbs, get_n_threads()
         )
@@ -218,11 +228,11 @@ class Dataset:
             if not t.is_contiguous():
                 raise ShapeError(f"{name} '{t.name}' must be contiguous ({fn})")
         self._check_labels_presence(labels_batch is not None, fn)
-        for name, t, ref in (("data_batch", data_batch, self._data),
-                             ("labels_batch", labels_batch, self._labels)):
-            if t is not None and t.type != ref.type:
+        for name, given, ref in (("data_batch", data_batch, self._data),
+                                 ("labels_batch", labels_batch, self._labels)):
+            if given is not None and ref is not None and given.type != ref.type:
                 raise DTypeError(
-                    f"{name} '{t.name}' is {t.type.name}, the dataset's {name[:-6]} are "
+                    f"{name} '{given.name}' is {given.type.name}, the dataset's {name[:-6]} are "
                     f"{ref.type.name} ({fn})"
                 )
         spb = self._shards_per_batch(data_batch.nbytes(), fn)
@@ -237,16 +247,16 @@ class Dataset:
                 raise StateError(f"{name} '{t.name}' has no memory; allocate it first ({fn})")
 
         first = ibatch * spb
-        for t, src, nbs in ((data_batch, self._data, self._nbs_data),
-                            (labels_batch, self._labels, self._nbs_labels)):
-            if t is None:
+        for dst, src, nbs in ((data_batch, self._data, self._nbs_data),
+                              (labels_batch, self._labels, self._nbs_labels)):
+            if dst is None:
                 continue
-            if t.is_host:
-                self._gather(src, _host_bytes(t), first, spb, nbs)
+            if dst.is_host:
+                self._gather(src, _host_bytes(dst), first, spb, nbs)
             else:
-                staging = np.empty(t.nbytes(), dtype=np.uint8)
+                staging = np.empty(dst.nbytes(), dtype=np.uint8)
                 self._gather(src, staging, first, spb, nbs)
-                tensor_set(t, staging.view(t.type.dtype))
+                tensor_set(dst, staging.view(dst.type.dtype))
 
     def get_batch_host(
         self, data_arr: np.ndarray, labels_arr: np.ndarray | None, ibatch: int
@@ -258,7 +268,7 @@ class Dataset:
         hold exactly the matching label bytes.
         """
         fn = "ggml_opt_dataset_get_batch_host"
-        arrays = [("data_arr", data_arr, self._data)]
+        arrays: list[tuple[str, np.ndarray, Tensor | None]] = [("data_arr", data_arr, self._data)]
         if labels_arr is not None:
             arrays.append(("labels_arr", labels_arr, self._labels))
         for name, arr, _ in arrays:
@@ -268,7 +278,7 @@ class Dataset:
                 raise ShapeError(f"{name} must be C-contiguous and writeable ({fn})")
         self._check_labels_presence(labels_arr is not None, fn)
         for name, arr, ref in arrays:
-            if arr.dtype != ref.type.dtype:
+            if ref is not None and arr.dtype != ref.type.dtype:
                 raise DTypeError(
                     f"{name} has dtype {arr.dtype}, the dataset stores {ref.type.dtype} ({fn})"
                 )

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
-from ..errors import ShapeError
+from ..errors import InvalidValueError
 
 __all__ = ["LossType", "BuildType", "OptimizerType", "optimizer_name"]
+
+
+_E = TypeVar("_E", bound="_Coercible")
 
 
 class _Coercible(enum.IntEnum):
     """IntEnum that also accepts a member name, in any case, wherever a member is expected."""
 
     @classmethod
-    def coerce(cls, value: object, where: str):
-        """Return ``value`` as a member of ``cls`` or raise :class:`ShapeError`.
+    def coerce(cls: type[_E], value: object, where: str) -> _E:
+        """Return ``value`` as a member of ``cls`` or raise :class:`InvalidValueError`.
 
         Accepts a member, its integer value or its name (case-insensitive).
         """
@@ -28,7 +32,8 @@ class _Coercible(enum.IntEnum):
             except ValueError:
                 pass
         valid = ", ".join(f"{m.name}={m.value}" for m in cls)
-        raise ShapeError(f"unknown {cls.__name__} {value!r}; expected one of {valid} ({where})")
+        raise InvalidValueError(f"unknown {cls.__name__} {value!r}; expected one of {valid} "
+                                f"({where})")
 
 
 class LossType(_Coercible):

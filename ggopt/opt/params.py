@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError
 from .enums import BuildType, LossType, OptimizerType
 
 __all__ = [
@@ -140,15 +140,16 @@ def _f32(value: Any, name: str) -> np.float32:
             f"optimizer parameter {name} must be a real number, got {value!r} (ggml_opt_eval)"
         )
     try:
-        return np.float32(value)
+        out: np.float32 = np.float32(value)
     except OverflowError:
-        raise ShapeError(f"optimizer parameter {name}={value} out of bounds, expected a value "
-                         "that fits in a float (ggml_opt_eval)") from None
+        raise InvalidValueError(f"optimizer parameter {name}={value} out of bounds, expected a "
+                                "value that fits in a float (ggml_opt_eval)") from None
+    return out
 
 
-def _check(ok: bool, name: str, value: np.float32, bound: str) -> None:
+def _check(ok: bool | np.bool_, name: str, value: np.float32, bound: str) -> None:
     if not ok:
-        raise ShapeError(
+        raise InvalidValueError(
             f"optimizer parameter {name}={float(value)!r} out of bounds, expected {bound} "
             "(ggml_opt_eval)"
         )
@@ -166,7 +167,7 @@ def optimizer_step_values(
     ------
     DTypeError
         ``pars`` is not an :class:`OptimizerParams` or a value is not a number.
-    ShapeError
+    InvalidValueError
         A value is outside ggml's bounds: ``alpha > 0``, ``0 <= beta <= 1``, ``eps >= 0``,
         ``0 <= wd <= 1`` (NaN fails every bound).
 
@@ -195,8 +196,8 @@ def optimizer_step_values(
             beta1h = one / (one - beta1**t)
             beta2h = one / (one - beta2**t)
         return np.array([alpha, beta1, beta2, eps, wd, beta1h, beta2h], dtype=np.float32)
-    p = pars.sgd
-    alpha, wd = _f32(p.alpha, "sgd.alpha"), _f32(p.wd, "sgd.wd")
+    sgd = pars.sgd
+    alpha, wd = _f32(sgd.alpha, "sgd.alpha"), _f32(sgd.wd, "sgd.wd")
     _check(alpha > 0, "sgd.alpha", alpha, "alpha > 0")
     _check(0 <= wd <= 1, "sgd.wd", wd, "0 <= wd <= 1")
     return np.array([alpha, wd], dtype=np.float32)

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 
 __all__ = ["Mt19937", "DEFAULT_SEED"]
 
@@ -35,7 +35,7 @@ class Mt19937:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise DTypeError(f"mt19937 seed must be an int, got {type(seed).__name__}")
         if not 0 <= seed < _U32:
-            raise ShapeError(f"mt19937 seed must be in [0, 2**32), got {seed}")
+            raise InvalidValueError(f"mt19937 seed must be in [0, 2**32), got {seed}")
         legacy = np.random.RandomState(int(seed)).get_state(legacy=False)
         self._bitgen = np.random.MT19937()
         self._bitgen.state = {"bit_generator": "MT19937", "state": legacy["state"]}
@@ -50,6 +50,44 @@ class Mt19937:
         x = self._buf[self._pos]
         self._pos += 1
         return x
+
+    def get_state(self) -> np.ndarray:
+        """The engine's exact position as uint32 words, for checkpoints.
+
+        Layout: ``[pos, nbuffered, key[0..623], buffered outputs...]``, where ``key``/``pos``
+        are the twister's state and the buffered outputs were drawn from it but not yet used.
+        """
+        st = self._bitgen.state["state"]
+        rest = self._buf[self._pos:]
+        head = np.array([st["pos"], len(rest)], dtype=np.uint32)
+        return np.concatenate([head, st["key"].astype(np.uint32), np.array(rest, np.uint32)])
+
+    def set_state(self, state: np.ndarray) -> None:
+        """Restore a position from :meth:`get_state`; checks everything before changing anything.
+
+        Raises
+        ------
+        ShapeError
+            ``state`` is not a 1-D array of that layout.
+        """
+        words = np.asarray(state)
+        if words.ndim != 1 or words.dtype != np.uint32 or len(words) < 2 + _BLOCK:
+            raise ShapeError(
+                f"mt19937 state: expected 1-D uint32 [pos, nbuffered, 624 key words, buffered], "
+                f"got {words.dtype} shape {words.shape}"
+            )
+        pos, nbuf = int(words[0]), int(words[1])
+        if pos > _BLOCK or nbuf > _BLOCK or len(words) != 2 + _BLOCK + nbuf:
+            raise ShapeError(
+                f"mt19937 state: expected pos <= {_BLOCK} and {2 + _BLOCK} + nbuffered words "
+                f"with nbuffered <= {_BLOCK}, got pos={pos}, nbuffered={nbuf}, {len(words)} words"
+            )
+        bitgen = np.random.MT19937()
+        bitgen.state = {"bit_generator": "MT19937",
+                        "state": {"key": words[2:2 + _BLOCK].copy(), "pos": pos}}
+        self._bitgen = bitgen
+        self._buf = words[2 + _BLOCK:].tolist()
+        self._pos = 0
 
     def uniform_int(self, lo: int, hi: int) -> int:
         """Draw from ``std::uniform_int_distribution(lo, hi)`` (Lemire's method, 32 bits)."""
@@ -95,9 +133,9 @@ class Mt19937:
 
     def canonical_f32(self) -> np.float32:
         """Draw ``std::generate_canonical<float, 24>``: a float32 in ``[0, 1)``."""
-        u = np.float32(self()) / np.float32(_U32)
+        u: np.float32 = np.float32(self()) / np.float32(_U32)
         if u >= 1:
-            return np.nextafter(np.float32(1), np.float32(0))
+            u = np.nextafter(np.float32(1), np.float32(0))
         return u
 
     def normal_f32(self, n: int, mean: float = 0.0, sd: float = 1.0) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -15,25 +16,21 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
+from ._checks import check_int
 from .context import OptContext
 from .dataset import Dataset
 from .enums import LossType, OptimizerType
 from .params import OptimizerParams, default_params, get_default_optimizer_params
 from .progress import epoch_callback_progress_bar, format_hms, time_us
 from .result import Result
+from .schedule import Schedule
 
 __all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
 
 #: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
-EpochCallback = Callable[[bool, OptContext, Dataset, Result, int, int, int], None]
-
-
-def _int(value: object, name: str, fn: str) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise DTypeError(f"{name} must be an int, got {value!r} ({fn})")
-    return int(value)
+EpochCallback = Callable[[bool, OptContext, Dataset, Result | None, int, int, int], None]
 
 
 def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: str) -> None:
@@ -60,6 +57,7 @@ def _epoch_batches(
     if not opt_ctx.static_graphs:
         raise StateError(f"ggml_opt_epoch requires static graphs ({fn})")
     inputs, data = opt_ctx.inputs, dataset.data
+    assert inputs is not None  # static graphs have their inputs from the start
     _check_dataset(dataset, inputs, opt_ctx.loss_type, fn)
     ndata = data.ne[1]
     ndata_batch = inputs.ne[1]
@@ -68,7 +66,7 @@ def _epoch_batches(
             f"ndata={ndata} is not a multiple of the batch size inputs.ne[1]={ndata_batch} ({fn})"
         )
     nbatches = ndata // ndata_batch
-    idata_split = _int(idata_split, "idata_split", fn)
+    idata_split = check_int(idata_split, "idata_split", fn)
     if idata_split < 0:
         idata_split = ndata
     if idata_split % ndata_batch != 0 or idata_split > ndata:
@@ -120,7 +118,7 @@ def epoch(
         raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
     # Hold the scheduler and the context for the whole epoch (other threads wait), and never
     # leave an alloc waiting for an eval that an exception or interrupt cut short.
-    with opt_ctx._sched, opt_ctx._lock:
+    with opt_ctx._spec.sched, opt_ctx._lock:
         try:
             if opt_ctx.comm is not None:
                 from ..dist.epoch import epoch_data_parallel
@@ -141,6 +139,7 @@ def _run_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | Non
                result_eval: Result | None, ibatch_split: int, nbatches: int,
                callback_train: EpochCallback | None, callback_eval: EpochCallback | None) -> None:
     inputs, labels = opt_ctx.inputs, opt_ctx.labels
+    assert inputs is not None  # static graphs have their inputs from the start
     t_start = time_us()
     for ibatch in range(ibatch_split):
         dataset.get_batch(inputs, labels, ibatch)
@@ -193,9 +192,9 @@ def fit_split(
     except (TypeError, ValueError):
         raise DTypeError(f"val_split must be a float, got {val_split!r} ({fn})") from None
     except OverflowError:
-        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})") from None
+        raise InvalidValueError(f"val_split must be in [0, 1), got {val_split} ({fn})") from None
     if not 0.0 <= vs < 1.0:
-        raise ShapeError(f"val_split must be in [0, 1), got {val_split} ({fn})")
+        raise InvalidValueError(f"val_split must be in [0, 1), got {val_split} ({fn})")
     opt_period = nbatch_logical // nbatch_physical
     nbatches_logical = ndata // nbatch_logical
     train_logical = int(np.float32((np.float32(1.0) - vs) * np.float32(nbatches_logical)))
@@ -250,6 +249,8 @@ def fit(
     *,
     stream: TextIO | None = None,
     comm: Any = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    resume: bool = False,
 ) -> FitHistory:
     """Train a model with static graphs for ``nepoch`` epochs.
 
@@ -265,7 +266,8 @@ def fit(
     optimizer : OptimizerType
     get_opt_pars : callable
         ``get_opt_pars(epoch) -> OptimizerParams``, called once per optimizer step with the
-        current 1-based epoch (for learning-rate schedules).
+        current 1-based epoch; a :class:`~ggopt.opt.schedule.Schedule` (for example
+        :func:`~ggopt.opt.schedule.warmup_cosine`) also goes into the checkpoints.
     nepoch : int
     nbatch_logical : int
         Datapoints per optimizer step (torch: effective batch size); a multiple of the
@@ -280,11 +282,20 @@ def fit(
         Not in ggml: train data-parallel over its ranks (``docs/distributed.md``). Every rank
         calls ``fit`` with the same arguments; only rank 0 prints; every rank returns the same
         history (and holds the same weights).
+    checkpoint : path, optional
+        Save the whole state there (:meth:`OptContext.save_state`, with the dataset's shard
+        order and, when ``get_opt_pars`` is a :class:`Schedule`, its position) after every
+        epoch.
+    resume : bool
+        Load ``checkpoint`` first and continue after the epoch it holds (``nepoch`` counts
+        all epochs, those before the checkpoint included); the result is bit for bit the
+        one of an uninterrupted run.
 
     Returns
     -------
     FitHistory
-        Train and validation loss/accuracy with uncertainties and seconds, per epoch.
+        Train and validation loss/accuracy with uncertainties and seconds, per epoch run by
+        this call (after a resume: the epochs after the checkpoint's).
 
     ggml: ``ggml_opt_fit`` (which returns nothing).
     """
@@ -295,14 +306,17 @@ def fit(
         raise DTypeError(f"inputs must be a Tensor, got {type(inputs).__name__} ({fn})")
     if not callable(get_opt_pars):
         raise DTypeError(f"get_opt_pars must be callable ({fn})")
-    nepoch = _int(nepoch, "nepoch", fn)
+    nepoch = check_int(nepoch, "nepoch", fn)
     if nepoch < 0:
-        raise ShapeError(f"nepoch must be >= 0, got {nepoch} ({fn})")
-    nbatch_logical = _int(nbatch_logical, "nbatch_logical", fn)
+        raise InvalidValueError(f"nepoch must be >= 0, got {nepoch} ({fn})")
+    nbatch_logical = check_int(nbatch_logical, "nbatch_logical", fn)
     loss_type = LossType.coerce(loss_type, fn)
     _check_dataset(dataset, inputs, loss_type, fn)
     ndata = dataset.data.ne[1]
     opt_period, idata_split = fit_split(ndata, nbatch_logical, inputs.ne[1], val_split)
+    if resume and checkpoint is None:
+        raise StateError(f"resume=True needs a checkpoint path ({fn})")
+    schedule = get_opt_pars if isinstance(get_opt_pars, Schedule) else None
 
     t_start = time.perf_counter()
     iepoch = 1
@@ -317,10 +331,16 @@ def fit(
     callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
     history = FitHistory()
     with OptContext(params) as opt_ctx:
-        if nbatch_logical < ndata:
+        first_epoch = 1
+        if resume and checkpoint is not None:
+            first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule) + 1
+            if not silent:
+                out.write(f"{fn}: resuming from '{os.fspath(checkpoint)}' after epoch "
+                          f"{first_epoch - 1}\n")
+        elif nbatch_logical < ndata:
             dataset.shuffle(opt_ctx, -1)
         result_train, result_val = Result(), Result()
-        for iepoch in range(1, nepoch + 1):
+        for iepoch in range(first_epoch, nepoch + 1):
             t_epoch = time.perf_counter()
             if nbatch_logical < idata_split:
                 dataset.shuffle(opt_ctx, idata_split)
@@ -332,6 +352,8 @@ def fit(
             if not silent:
                 out.write("\n")
             history._record(result_train, result_val, time.perf_counter() - t_epoch)
+            if checkpoint is not None:
+                opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch)
     if not silent:
         out.write(f"{fn}: training took {format_hms(int((time.perf_counter() - t_start) * 1e6))}\n")
         out.flush()

@@ -1,0 +1,115 @@
+"""Matrix-product compilers: NumPy's BLAS on one thread per call, over slices whose bounds
+depend only on the shapes, spread over ``n_threads`` threads (bit-identical for any count)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ... import _threads
+from ...tensor import Op, Tensor
+from ..base import Placement, Step
+from ._base import COMPILERS, Srcs
+
+if TYPE_CHECKING:
+    from ..cpu import CPUBackend
+
+#: ``(x, y, out)``: one product ``out = x @ y`` of 2-D slices
+Product = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _matmul_pairs(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> list[Product]:
+    """(a_slice, b_slice, c_slice) per (i3, i2) with ggml's dim-2/3 broadcast of ``a``."""
+    r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
+    return [(a[i3 // r3, i2 // r2], b[i3, i2], c[i3, i2])
+            for i3 in range(b.shape[0]) for i2 in range(b.shape[1])]
+
+
+#: Products below this many multiply-adds run as one BLAS call.
+_SPLIT_MIN_MACS = 1 << 22
+#: A dimension is cut in two when it has at least this many rows / columns.
+_SPLIT_MIN_DIM = 128
+#: The reduction dimension is cut in two when the output is small and it is at least this long.
+_SPLIT_MIN_INNER = 1 << 14
+
+
+def _halves(n: int) -> list[tuple[int, int]]:
+    return [(0, n // 2), (n // 2, n)]
+
+
+def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
+            ) -> tuple[list[Product], list[tuple[np.ndarray, np.ndarray]]]:
+    """``out = x @ y`` as (x, y, out) products whose bounds depend only on the shapes.
+
+    Returns the products and the (out, scratch) pairs to add once they are all done: a long
+    reduction with a small output is cut in two along it, the second half into a scratch array.
+    """
+    rows, inner, cols = x.shape[0], x.shape[1], y.shape[1]
+    if rows * inner * cols < _SPLIT_MIN_MACS:
+        return [(x, y, out)], []
+    if rows >= _SPLIT_MIN_DIM:
+        return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in _halves(rows)], []
+    if cols >= _SPLIT_MIN_DIM:
+        return [(x, y[:, c0:c1], out[:, c0:c1]) for c0, c1 in _halves(cols)], []
+    if inner >= _SPLIT_MIN_INNER:
+        (k0, k1), (k2, k3) = _halves(inner)
+        scratch = np.empty_like(out)  # owned by the step, made once at compile time
+        return [(x[:, k0:k1], y[k0:k1], out), (x[:, k2:k3], y[k2:k3], scratch)], [(out, scratch)]
+    return [(x, y, out)], []
+
+
+def _matmul_step(be: CPUBackend, pairs: list[Product]) -> Step:
+    """``np.matmul(x, y, out=out)`` per (x, y, out) slice, on single-threaded BLAS.
+
+    Each product is cut into pieces by its shape alone and the pieces are spread over
+    ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
+    result does not depend on the thread count.
+    """
+    parts: list[Product] = []
+    sums: list[tuple[np.ndarray, np.ndarray]] = []
+    for x, y, out in pairs:
+        p, s = _slices(x, y, out)
+        parts += p
+        sums += s
+    if len(parts) == 1:
+        x, y, out = parts[0]
+
+        def product() -> None:
+            np.matmul(x, y, out=out)
+
+        return product
+
+    def run(group: list[Product]) -> Step:
+        def task() -> None:
+            for x, y, out in group:
+                np.matmul(x, y, out=out)
+
+        return task
+
+    plans: dict[int, list[Step]] = {}
+
+    def step() -> None:
+        nt = min(be.n_threads, len(parts))
+        tasks = plans.get(nt)
+        if tasks is None:
+            tasks = plans[nt] = [run(parts[i::nt]) for i in range(nt)]
+        _threads.run_concurrently(tasks)
+        for out, scratch in sums:
+            np.add(out, scratch, out=out)
+
+    return step
+
+
+@COMPILERS.register(Op.MUL_MAT)
+def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # NumPy terms per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
+    return _matmul_step(be, [(b2, a2.T, c2) for a2, b2, c2 in
+                         _matmul_pairs(mem(srcs[0]), mem(srcs[1]), mem(node))])
+
+
+@COMPILERS.register(Op.OUT_PROD)
+def _out_prod(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # NumPy terms per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
+    return _matmul_step(be, [(b2.T, a2, c2) for a2, b2, c2 in
+                         _matmul_pairs(mem(srcs[0]), mem(srcs[1]), mem(node))])

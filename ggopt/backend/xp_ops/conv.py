@@ -1,0 +1,185 @@
+"""Convolution and pooling array compilers: shifted strided windows, no Python loops per pixel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...ops._base import params_of
+from ...ops.conv import OP_POOL_MAX, Im2ColParams, PoolParams
+from ...tensor import Op, Tensor
+from ..base import Placement, Step
+from ._base import COMPILERS, F32, Srcs, split_axes
+
+if TYPE_CHECKING:
+    from ..xp import ArrayBackend
+
+
+FLT_MAX = F32(np.finfo(np.float32).max)
+
+
+def _padded_source(xp: Any, x: Any, p1: int, p0: int, need_h: int, need_w: int,
+                   fill: float) -> tuple[Any, Step | None]:
+    """``(src, load)``: ``x`` (N, C, H, W) placed at ``(p1, p0)`` in a persistent array filled
+    with ``fill`` that covers ``need_h`` x ``need_w``, and the step refreshing it; ``(x, None)``
+    when ``x`` covers every window without padding."""
+    n, c, h, w = x.shape
+    if p0 == 0 and p1 == 0 and need_h <= h and need_w <= w:
+        return x, None
+    buf = xp.full((n, c, max(need_h, h + p1), max(need_w, w + p0)), fill, dtype=xp.float32)
+    inner = buf[:, :, p1:p1 + h, p0:p0 + w]
+
+    def load() -> None:
+        inner[...] = x
+
+    return buf, load
+
+
+def _window(src: Any, y0: int, x0: int, oh: int, ow: int, s1: int, s0: int) -> Any:
+    """The (N, C, oh, ow) view of ``src`` read by window offset ``(y0, x0)`` at stride ``s``."""
+    return src[:, :, y0:y0 + (oh - 1) * s1 + 1:s1, x0:x0 + (ow - 1) * s0 + 1:s0]
+
+
+@COMPILERS.register(Op.IM2COL)
+def _im2col(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # d[n, oh, ow, (ic*KH + kh)*KW + kw] = x[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]
+    xp = be.xp
+    k, x, d = srcs[0], mem(srcs[1]), mem(node)
+    kw_, kh_ = k.ne[0], k.ne[1]
+    s0, s1, p0, p1, d0, d1 = _geometry(params_of(node, Im2ColParams))
+    n, ic, _, _ = x.shape
+    _, oh, ow, _ = d.shape
+    d6 = split_axes(xp, d, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+    src, load = _padded_source(xp, x, p1, p0, (oh - 1) * s1 + (kh_ - 1) * d1 + 1,
+                               (ow - 1) * s0 + (kw_ - 1) * d0 + 1, 0.0)
+    pairs = [(d6[:, :, :, :, kh, kw],
+              _window(src, kh * d1, kw * d0, oh, ow, s1, s0).transpose(0, 2, 3, 1))
+             for kh in range(kh_) for kw in range(kw_)]
+
+    def step() -> None:
+        if load is not None:
+            load()
+        for out, win in pairs:
+            out[...] = win
+
+    return step
+
+
+@COMPILERS.register(Op.IM2COL_BACK)
+def _im2col_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # every input pixel receives the sum of the g entries im2col read it into
+    xp = be.xp
+    g, k, d = mem(srcs[0]), srcs[1], mem(node)
+    kw_, kh_ = k.ne[0], k.ne[1]
+    s0, s1, p0, p1, d0, d1 = _geometry(params_of(node, Im2ColParams))
+    n, ic, ih, iw = d.shape
+    _, oh, ow, _ = g.shape
+    g6 = split_axes(xp, g, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+    need_h = (oh - 1) * s1 + (kh_ - 1) * d1 + 1
+    need_w = (ow - 1) * s0 + (kw_ - 1) * d0 + 1
+    direct = p0 == 0 and p1 == 0 and need_h <= ih and need_w <= iw
+    acc = d if direct else xp.zeros((n, ic, max(need_h, ih + p1), max(need_w, iw + p0)),
+                                    dtype=xp.float32)
+    inner = acc[:, :, p1:p1 + ih, p0:p0 + iw]
+    pairs = [(_window(acc, kh * d1, kw * d0, oh, ow, s1, s0),
+              g6[:, :, :, :, kh, kw].transpose(0, 3, 1, 2))
+             for kh in range(kh_) for kw in range(kw_)]
+
+    def step() -> None:
+        acc[...] = 0
+        for win, part in pairs:
+            xp.add(win, part, out=win)
+        if not direct:
+            d[...] = inner
+
+    return step
+
+
+def _pool_geometry(node: Tensor, out_shape: tuple[int, ...]) -> tuple[
+        int, int, list[tuple[int, int]], tuple[int, int, int, int], int, int]:
+    p = params_of(node, PoolParams)
+    oh, ow = out_shape[2], out_shape[3]
+    offsets = [(ky, kx) for ky in range(p.k1) for kx in range(p.k0)]
+    return (p.op, p.k0 * p.k1, offsets, (p.s0, p.s1, p.p0, p.p1), (oh - 1) * p.s1 + p.k1,
+            (ow - 1) * p.s0 + p.k0)
+
+
+@COMPILERS.register(Op.POOL_2D)
+def _pool_2d(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    xp = be.xp
+    x, d = mem(srcs[0]), mem(node)
+    op, area, offsets, (s0, s1, p0, p1), need_h, need_w = _pool_geometry(node, d.shape)
+    oh, ow = d.shape[2], d.shape[3]
+    is_max = op == OP_POOL_MAX
+    # MAX starts at -FLT_MAX and skips padding (the fill never wins); NaN never wins (fmax)
+    src, load = _padded_source(xp, x, p1, p0, need_h, need_w, -FLT_MAX if is_max else 0.0)
+    wins = [_window(src, ky, kx, oh, ow, s1, s0) for ky, kx in offsets]
+    area = F32(area)
+
+    def step() -> None:
+        if load is not None:
+            load()
+        if is_max:
+            d[...] = -FLT_MAX
+            for win in wins:
+                xp.fmax(d, win, out=d)
+        else:
+            d[...] = 0  # AVG always divides by k0*k1, padding included
+            for win in wins:
+                xp.add(d, win, out=d)
+            xp.divide(d, area, out=d)
+
+    return step
+
+
+@COMPILERS.register(Op.POOL_2D_BACK)
+def _pool_2d_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    xp = be.xp
+    g, x, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    op, area, offsets, (s0, s1, p0, p1), need_h, need_w = _pool_geometry(node, g.shape)
+    n, c, ih, iw = d.shape
+    oh, ow = g.shape[2], g.shape[3]
+    acc = xp.zeros((n, c, max(need_h, ih + p1), max(need_w, iw + p0)), dtype=xp.float32)
+    inner = acc[:, :, p1:p1 + ih, p0:p0 + iw]
+    acc_wins = [_window(acc, ky, kx, oh, ow, s1, s0) for ky, kx in offsets]
+
+    if op != OP_POOL_MAX:
+        gk = xp.empty(g.shape, dtype=xp.float32)
+        area = F32(area)
+
+        def avg_step() -> None:
+            xp.divide(g, area, out=gk)
+            acc[...] = 0
+            for win in acc_wins:
+                xp.add(win, gk, out=win)
+            d[...] = inner
+
+        return avg_step
+
+    src, load = _padded_source(xp, x, p1, p0, need_h, need_w, -FLT_MAX)
+    x_wins = [_window(src, ky, kx, oh, ow, s1, s0) for ky, kx in offsets]
+    best = xp.empty(g.shape, dtype=xp.float32)
+    arg = xp.empty(g.shape, dtype=xp.int32)
+    take = xp.empty(g.shape, dtype=xp.bool_)
+
+    def step() -> None:
+        if load is not None:
+            load()
+        # the first strict maximum in scan order (ky outer, kx inner); -1: none beat -FLT_MAX
+        best[...] = -FLT_MAX
+        arg[...] = -1
+        for j, win in enumerate(x_wins):
+            xp.greater(win, best, out=take)
+            xp.copyto(best, win, where=take)
+            xp.copyto(arg, np.int32(j), where=take)
+        acc[...] = 0
+        for j, win in enumerate(acc_wins):
+            xp.add(win, xp.where(arg == j, g, F32(0)), out=win)
+        d[...] = inner
+
+    return step
+
+
+def _geometry(p: Im2ColParams) -> tuple[int, int, int, int, int, int]:
+    return p.s0, p.s1, p.p0, p.p1, p.d0, p.d1

@@ -1,0 +1,89 @@
+"""Matrix products: mul_mat and out_prod (BLAS on the CPU; no parameters).
+
+Compilers: ``backend/*_ops/linalg.py``.
+"""
+
+from __future__ import annotations
+
+from ..context import Context
+from ..errors import ShapeError
+from ..tensor import Op, Tensor
+from ..types import F32
+from ._base import GradSink, backward, check_ctx, check_f32, ne_str
+from .reduce import repeat_back
+from .views import cont, reshape_4d, transpose, view_4d
+
+__all__ = ["mul_mat", "out_prod"]
+
+
+def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """``a=[K, M, A2, A3]`` times ``b=[K, N, B2, B3]`` gives ``[M, N, B2, B3]`` (ggml_mul_mat).
+
+    In NumPy terms ``C = B @ A.T``; ``a`` is broadcast over dims 2 and 3.
+    """
+    check_ctx("mul_mat", ctx)
+    check_f32("mul_mat", a=a, b=b)
+    if a.ne[0] != b.ne[0]:
+        raise ShapeError(f"ggml_mul_mat: a.ne[0]={a.ne[0]} must equal b.ne[0]={b.ne[0]} "
+                         f"(a {ne_str(a)}, b {ne_str(b)})")
+    if a.ne[2] == 0 or a.ne[3] == 0 or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        raise ShapeError(f"ggml_mul_mat: a {ne_str(a)} cannot be broadcast over b {ne_str(b)} "
+                         "in dims 2 and 3")
+    if a.is_transposed():
+        raise ShapeError("ggml_mul_mat: a must not be transposed (use cont first)")
+    return ctx.new_op(F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), Op.MUL_MAT, (a, b))
+
+
+def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+    """``a=[n0, K]`` and ``b=[n1, K]`` give ``[n0, n1]``: ``B.T @ A`` in NumPy terms.
+
+    ggml: ``ggml_out_prod``.
+    """
+    check_ctx("out_prod", ctx)
+    check_f32("out_prod", a=a, b=b)
+    if a.ne[1] != b.ne[1]:
+        raise ShapeError(f"ggml_out_prod: a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]}")
+    if a.ne[2] == 0 or a.ne[3] == 0 or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
+        raise ShapeError(f"ggml_out_prod: a {ne_str(a)} cannot be broadcast over b {ne_str(b)} "
+                         "in dims 2 and 3")
+    return ctx.new_op(F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]), Op.OUT_PROD, (a, b))
+
+
+def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
+    """``t=[K, M, B2, B3]`` summed over the blocks that mul_mat's broadcast of ``a=[K, M, A2, A3]``
+    maps to one slice of ``a`` (slice ``i`` of ``a`` serves slices ``i*r .. i*r + r-1``)."""
+    K, M, B2, B3 = t.ne
+    A2, A3 = a.ne[2], a.ne[3]
+    r2, r3 = B2 // A2, B3 // A3
+    if r2 > 1:  # rows of K*M floats: [K*M, r2, A2, B3] with the block index j in dim 1
+        v = view_4d(ctx, t, K * M, r2, A2, B3, t.nb[2], t.nb[2] * r2, t.nb[3], 0)
+        t = reshape_4d(ctx, repeat_back(ctx, v, ctx.new_tensor(F32, (K * M, 1, A2, B3))),
+                       K, M, A2, B3)
+    if r3 > 1:
+        v = view_4d(ctx, t, K * M * A2, r3, 1, A3, t.nb[3], t.nb[3], t.nb[3] * r3, 0)
+        t = reshape_4d(ctx, repeat_back(ctx, v, ctx.new_tensor(F32, (K * M * A2, 1, 1, A3))),
+                       K, M, A2, A3)
+    return t
+
+
+@backward(Op.MUL_MAT)
+def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
+    a, b = node.src
+    if sink.needs(0):
+        sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
+    if sink.needs(1):
+        sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
+
+
+@backward(Op.OUT_PROD)
+def _out_prod_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
+    # NumPy terms per slice: R = B^T A, so dA = B G (summed over the slices that share a slice
+    # of a) and dB = A G^T, i.e. (G A^T)^T = mul_mat(a, g) transposed when a is broadcast.
+    a, b = node.src
+    if sink.needs(0):
+        sink.add(0, _sum_blocks(ctx, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b), a))
+    if sink.needs(1):
+        if a.ne[2:] == b.ne[2:]:
+            sink.add(1, mul_mat(ctx, g, a))
+        else:
+            sink.add(1, cont(ctx, transpose(ctx, mul_mat(ctx, a, g))))

@@ -1,0 +1,254 @@
+"""Graph building for the optimization context (ggml: ``ggml_opt_build``).
+
+:func:`build` adds the loss (and the backward pass and the optimizer steps) to a forward graph
+and returns one :class:`_Build`; the :class:`Persistent` tensors (gradient accumulators,
+AdamW moments, optimizer-step parameters) are created by the first build that needs them and
+shared by every later one. The state machine that picks and runs the graphs is
+:class:`ggopt.opt.OptContext`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import graph as _graph
+from .. import ops
+from ..backend import Scheduler, alloc_ctx_tensors, tensor_set
+from ..context import Context
+from ..errors import ShapeError, StateError
+from ..tensor import Tensor
+from ..types import F32, TensorFlag
+from .enums import BuildType, LossType, OptimizerType, optimizer_name
+
+__all__ = ["Spec", "Persistent", "build"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """What an optimization context builds: fixed at ``ggml_opt_init``."""
+
+    sched: Scheduler
+    loss_type: LossType
+    build_type: BuildType  # the largest graph the context builds
+    optimizer: OptimizerType
+    opt_period: int
+    static_graphs: bool
+
+
+@dataclasses.dataclass
+class _Build:
+    """Everything one graph build produces, committed to the context only when complete."""
+
+    gf: _graph.Graph
+    labels: Tensor | None
+    loss: Tensor
+    pred: Tensor | None
+    ncorrect: Tensor | None
+    loss_per_datapoint: bool
+    gb_grad: _graph.Graph | None = None
+    gb_opt: _graph.Graph | None = None
+    acc_by_node: dict[Tensor, Tensor] | None = None
+
+    def graph(self, build_type: BuildType) -> _graph.Graph | None:
+        """The graph computing up to ``build_type``."""
+        return {BuildType.FORWARD: self.gf, BuildType.GRAD: self.gb_grad,
+                BuildType.OPT: self.gb_opt}[build_type]
+
+
+class Persistent:
+    """Tensors that outlive every graph: accumulators, moments, step parameters (and, for
+    static graphs, the loss tensors), with memory on the scheduler's backends."""
+
+    def __init__(self) -> None:
+        self.ctx_static = Context()
+        self.allocated = False
+        self.param_accs: dict[Tensor, Tensor] = {}
+        self.loss_acc: Tensor | None = None
+        self.moments: dict[Tensor, tuple[Tensor, Tensor]] = {}
+        self.opt_step_params: Tensor | None = None
+
+    def alloc(self, sched: Scheduler) -> None:
+        """Give the accumulators, moments (and static loss tensors) memory on backend 0."""
+        if len(self.ctx_static) > 0:
+            alloc_ctx_tensors(self.ctx_static, sched.backends[0])
+        self.allocated = True
+
+    def reset_grads(self, momenta: bool) -> None:
+        """Zero the accumulators (the loss's holds the seed 1) and optionally the moments."""
+        for acc in self.param_accs.values():
+            tensor_set(acc, np.zeros(acc.nelements(), dtype=np.float32))
+        if self.loss_acc is not None:
+            tensor_set(self.loss_acc, np.ones(1, dtype=np.float32))
+        if momenta:
+            for m, v in self.moments.values():
+                tensor_set(m, np.zeros(m.nelements(), dtype=np.float32))
+                tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
+
+    def step_params(self, spec: Spec) -> Tensor:
+        """The host tensor of the optimizer's per-step values, made on first use."""
+        if self.opt_step_params is None:
+            n = 7 if spec.optimizer is OptimizerType.ADAMW else 2
+            ctx_cpu = Context()
+            t = ctx_cpu.new_tensor_1d(F32, n)
+            ops.set_name(t, f"{optimizer_name(spec.optimizer)}_params")
+            ops.set_input(t)
+            alloc_ctx_tensors(ctx_cpu, spec.sched.backends[-1])
+            self.opt_step_params = t
+        return self.opt_step_params
+
+    def create(self, spec: Spec, gf: _graph.Graph, accumulate: bool) -> tuple[
+            dict[Tensor, Tensor], dict[Tensor, tuple[Tensor, Tensor]], Tensor]:
+        """New (memory-less, uncommitted) accumulators, AdamW moments and loss accumulator."""
+        param_accs: dict[Tensor, Tensor] = {}
+        moments: dict[Tensor, tuple[Tensor, Tensor]] = {}
+        need_moments = spec.build_type is BuildType.OPT and (
+            spec.optimizer is OptimizerType.ADAMW
+        )
+        new = self.ctx_static.new_tensor
+        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
+            param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
+        for node in params:
+            if need_moments:
+                moments[node] = (
+                    ops.set_name(new(F32, node.ne), f"AdamW m for {node.name}"),
+                    ops.set_name(new(F32, node.ne), f"AdamW v for {node.name}"),
+                )
+        return param_accs, moments, ops.set_name(new(F32, (1,)), "loss (grad acc)")
+
+
+def _build_loss(spec: Spec, ctx: Context, outputs: Tensor) -> tuple[
+        Tensor | None, Tensor, Tensor | None, Tensor | None, bool]:
+    """Construct the loss (and for CE the prediction) tensors; flags are set later."""
+    fn = "ggml_opt_build"
+    labels = pred = ncorrect = None
+    scale = float(np.float32(1.0) / np.float32(spec.opt_period * outputs.nelements()))
+    lt = spec.loss_type
+    if lt is LossType.MEAN:
+        loss = ops.set_name(ops.sum(ctx, outputs), "loss_sum")
+        loss = ops.set_name(ops.scale(ctx, loss, scale), "loss_mean")
+    elif lt is LossType.SUM:
+        loss = ops.set_name(ops.sum(ctx, outputs), "loss_sum")
+    elif lt is LossType.CROSS_ENTROPY:
+        if not outputs.is_matrix():
+            raise ShapeError(
+                f"CROSS_ENTROPY needs matrix outputs [nclasses, ndata], got ne="
+                f"{list(outputs.ne)} ({fn})"
+            )
+        labels = ops.set_name(ctx.dup_tensor(outputs), "labels")
+        loss = ops.set_name(ops.cross_entropy_loss(ctx, outputs, labels), "loss_cross_entropy")
+        if spec.opt_period > 1:
+            loss = ops.scale(ctx, loss, float(np.float32(1.0) / np.float32(spec.opt_period)))
+            ops.set_name(loss, "loss_cross_entropy_scaled")
+        pred = ops.set_name(ops.argmax(ctx, outputs), "pred")
+        ncorrect = ops.count_equal(ctx, pred, ops.argmax(ctx, labels))
+        ops.set_name(ncorrect, "ncorrect")
+    else:
+        labels = ops.set_name(ctx.dup_tensor(outputs), "labels")
+        err = ops.set_name(ops.sub(ctx, outputs, labels), "loss_error")
+        err = ops.set_name(ops.sqr(ctx, err), "loss_squared_error")
+        loss = ops.set_name(ops.sum(ctx, err), "loss_sum_squared_error")
+        loss = ops.set_name(ops.scale(ctx, loss, scale), "loss_mean_squared_error")
+    return labels, loss, pred, ncorrect, lt is not LossType.SUM
+
+
+def build(spec: Spec, persist: Persistent, ctx_compute: Context, gf: _graph.Graph,
+          inputs: Tensor, outputs: Tensor, build_type: BuildType) -> _Build:
+    """Add loss (and backward and optimizer) parts to ``gf``; ggml: ``ggml_opt_build``.
+
+    Validates first; the only state touched before the last check are the new tensors.
+    """
+    fn = "ggml_opt_build"
+    if spec.static_graphs and inputs.buffer is None:
+        raise StateError(
+            f"inputs '{inputs.name}' must be allocated statically: allocate its context "
+            f"(ggopt.backend.alloc_ctx_tensors) before creating the context ({fn})"
+        )
+    if any(node.flags & TensorFlag.LOSS for node in gf.nodes):
+        raise StateError(f"support for extra loss terms not implemented: the forward graph "
+                         f"already has a LOSS node ({fn})")
+    need_grads = not persist.allocated or build_type >= BuildType.GRAD
+    need_grads = need_grads and spec.build_type >= BuildType.GRAD
+    accumulate = spec.build_type >= BuildType.GRAD and not (
+        spec.static_graphs and spec.build_type is BuildType.OPT and spec.opt_period == 1
+    )
+    if need_grads and not any(node.flags & TensorFlag.PARAM for node in gf.nodes):
+        raise ShapeError(
+            f"the forward graph has no parameter; did you forget to call set_param? ({fn})"
+        )
+    if need_grads and persist.allocated and accumulate:
+        for node in gf.nodes:
+            if node.flags & TensorFlag.PARAM and node not in persist.param_accs:
+                raise ShapeError(
+                    f"parameter '{node.name}' was not in the first graph; dynamic graphs "
+                    f"must keep the parameters of the first build ({fn})"
+                )
+
+    ctx_results = persist.ctx_static if spec.static_graphs else ctx_compute
+    labels, loss, pred, ncorrect, per_datapoint = _build_loss(spec, ctx_results, outputs)
+    ops.set_loss(loss)
+    ops.set_input(inputs)
+    ops.set_output(outputs)
+    if labels is not None:
+        ops.set_input(labels)
+    ops.set_output(loss)
+    _graph.build_forward_expand(gf, loss)
+    for t in (pred, ncorrect):
+        if t is not None:
+            ops.set_output(t)
+            _graph.build_forward_expand(gf, t)
+    out = _Build(gf, labels, loss, pred, ncorrect, per_datapoint)
+    if not need_grads:
+        if not persist.allocated:
+            persist.alloc(spec.sched)
+        return out
+
+    first = not persist.allocated
+    if first:
+        param_accs, moments, loss_acc = persist.create(spec, gf, accumulate)
+    else:
+        param_accs, moments = persist.param_accs, persist.moments
+        assert persist.loss_acc is not None  # made with the accumulators
+        loss_acc = persist.loss_acc
+    grad_accs: list[Tensor | None] = []
+    for node in gf.nodes:
+        if node.flags & TensorFlag.LOSS:
+            grad_accs.append(loss_acc)
+        elif node.flags & TensorFlag.PARAM:
+            grad_accs.append(param_accs.get(node))
+        else:
+            grad_accs.append(None)
+    out.gb_grad = _graph.graph_dup(ctx_compute, gf, True)
+    _graph.build_backward_expand(ctx_compute, out.gb_grad, grad_accs)
+    out.acc_by_node = {n: a for n, a in zip(gf.nodes, grad_accs, strict=True) if a is not None}
+    if spec.build_type is BuildType.OPT and (first or build_type is BuildType.OPT):
+        out.gb_opt = _build_opt(spec, persist, moments, ctx_compute, gf, out.gb_grad)
+    if first:
+        persist.param_accs, persist.moments, persist.loss_acc = param_accs, moments, loss_acc
+        persist.alloc(spec.sched)
+        persist.reset_grads(momenta=True)
+    return out
+
+
+def _build_opt(spec: Spec, persist: Persistent, moments: dict[Tensor, tuple[Tensor, Tensor]],
+               ctx_compute: Context, gf: _graph.Graph, gb_grad: _graph.Graph) -> _graph.Graph:
+    """``gb_grad`` plus one optimizer step per parameter, in reverse forward order."""
+    gb_opt = _graph.graph_dup(ctx_compute, gb_grad, True)
+    step_params = persist.step_params(spec)
+    name = optimizer_name(spec.optimizer)
+    for node in reversed(gf.nodes):
+        if not node.flags & TensorFlag.PARAM:
+            continue
+        grad = _graph.graph_get_grad(gb_opt, node)
+        if grad is None:
+            continue
+        if spec.optimizer is OptimizerType.ADAMW:
+            m, v = moments[node]
+            step = ops.opt_step_adamw(ctx_compute, node, grad, m, v, step_params)
+        else:
+            step = ops.opt_step_sgd(ctx_compute, node, grad, step_params)
+        ops.set_name(step, f"{name} step for {node.name}")
+        _graph.build_forward_expand(gb_opt, step)
+    return gb_opt

@@ -1,0 +1,149 @@
+"""The layout's promises: a core that imports no backend, one registry type, typed op params,
+sub-packages visible without CuPy, small modules, and the shuffle that takes an RNG."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ggopt
+from ggopt import opt
+from ggopt._registry import Registry
+from ggopt.backend.cpu_ops import COMPILERS as CPU_COMPILERS
+from ggopt.backend.cupy_ops import FUSED_COMPILERS
+from ggopt.backend.xp_ops import COMPILERS as XP_COMPILERS
+from ggopt.ops import BACKWARD, OP_PARAMS
+from ggopt.opt.rng import Mt19937
+from ggopt.tensor import VIEW_OPS, Op
+
+ROOT = pathlib.Path(ggopt.__file__).parent
+CORE = ["tensor.py", "context.py", "graph.py", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "ops").glob("*.py"))]
+FAMILIES = ["elementwise", "reduce", "softmax", "linalg", "conv", "rows", "optim", "views",
+            "norm", "rope", "attention", "pointwise"]
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+    """Every module an import statement in ``path`` names, anywhere in the file, resolved
+    relative to the ggopt package."""
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    package = list(rel.parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]
+    return out
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_core_imports_no_backend(module):
+    bad = [m for m in _imports(ROOT / module) if m.startswith("ggopt.backend")]
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_import_ggopt_shows_subpackages_and_never_imports_cupy_or_mpi4py():
+    code = ("import sys, ggopt; print('cupy' in sys.modules or 'mpi4py' in sys.modules, "
+            "all(n in dir(ggopt) for n in ('backend', 'opt', 'dist', 'io')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT.parent)
+    assert out.stdout.split() == ["False", "True"]
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long
+
+
+def test_every_family_has_a_column():
+    for fam in FAMILIES:
+        assert (ROOT / "ops" / f"{fam}.py").exists()
+        assert (ROOT / "backend" / "cpu_ops" / f"{fam}.py").exists()
+        assert (ROOT / "backend" / "xp_ops" / f"{fam}.py").exists()
+
+
+def test_one_registry_type_everywhere():
+    for table in (BACKWARD, CPU_COMPILERS, XP_COMPILERS, FUSED_COMPILERS):
+        assert isinstance(table, Registry)
+    computing = set(Op) - VIEW_OPS
+    assert set(CPU_COMPILERS) == computing
+    assert set(XP_COMPILERS) == computing
+    assert set(FUSED_COMPILERS) <= computing
+
+
+def test_registry_refuses_a_second_entry():
+    table: Registry[str, object] = Registry("test")
+    table.register("a")(len)
+    with pytest.raises(KeyError, match="twice"):
+        table.register("a")(len)
+
+
+def test_op_params_are_frozen_and_named():
+    ctx = ggopt.Context()
+    x = ctx.new_tensor_4d(ggopt.F32, 6, 6, 2, 1)
+    k = ctx.new_tensor_4d(ggopt.F32, 3, 3, 2, 4)
+    pos = ctx.new_tensor_1d(ggopt.I32, 2)
+    nodes = [ggopt.scale(ctx, x, 2.0), ggopt.soft_max_ext(ctx, x, None, 0.5, 0.0),
+             ggopt.im2col(ctx, k, x, 1, 1, 0, 0, 1, 1),
+             ggopt.pool_2d(ctx, x, ggopt.OP_POOL_AVG, 2, 2, 2, 2, 0, 0),
+             ggopt.view_1d(ctx, x, 4, 8), ggopt.permute(ctx, x, 1, 0, 2, 3),
+             ggopt.acc(ctx, x, ggopt.view_1d(ctx, x, 2, 0), x.nb[1], x.nb[2], x.nb[3], 4),
+             ggopt.rms_norm(ctx, x, 1e-5), ggopt.rope(ctx, x, pos, 4, ggopt.ROPE_TYPE_NORMAL),
+             ggopt.diag_mask_inf(ctx, x, 0), ggopt.swiglu(ctx, x), ggopt.concat(ctx, x, x, 2)]
+    kinds = {type(n.op_params) for n in nodes}
+    assert kinds == set(OP_PARAMS)
+    assert nodes[0].op_params.s == 2.0 and nodes[2].op_params.s0 == 1
+    assert nodes[3].op_params.op == ggopt.OP_POOL_AVG and nodes[4].op_params.offset == 8
+    with pytest.raises(AttributeError):
+        nodes[0].op_params.s = 3.0
+
+
+def test_shuffle_takes_an_rng_or_its_owner():
+    def perm(source) -> list[int]:
+        ds = opt.Dataset(ggopt.F32, ggopt.F32, 1, 1, 8, 1)
+        ds.shuffle(source, -1)
+        return ds.permutation.tolist()
+
+    class Owner:
+        rng = Mt19937(7)
+
+    assert perm(Mt19937(7)) == perm(Owner()) != list(range(8))
+    with pytest.raises(ggopt.DTypeError, match="Mt19937"):
+        perm(np.random.default_rng(0))
+
+
+def test_cuda_preamble_and_kernel_sources_compile_as_c(tmp_path):
+    # No GPU here: compile the CuPy kernels' bodies with the C compiler instead, with the
+    # CUDA qualifiers defined away, so that a name or syntax error in the shared header or in
+    # a kernel source fails on every machine.
+    import shutil
+
+    from ggopt.backend.cupy_ops import elementwise, optim
+    from ggopt.backend.cupy_ops._base import preamble
+
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ["#define __CUDACC_RTC__ 1", "#include <math.h>", "#define __device__",
+             "#define __forceinline__ static inline", preamble()]
+    for i, src in enumerate(elementwise._UNARY_SRC.values()):
+        lines.append(f"float f{i}(float x) {{ float y; {src}; return y; }}")
+    for i, src in enumerate(elementwise._UNARY_BACK_SRC.values()):
+        lines.append(f"float b{i}(float x, float g) {{ float y; {src}; return y; }}")
+    lines.append("float adamw(float w, float g, float m, float v, const float *p) "
+                 f"{{ {optim._ADAMW_SRC}; return w + m + v; }}")
+    lines.append(f"float sgd(float w, float g, const float *p) {{ {optim._SGD_SRC}; return w; }}")
+    src = tmp_path / "kernels.c"
+    src.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-Wno-unused-function",
+                          "-fsyntax-only", str(src)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
