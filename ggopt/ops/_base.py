@@ -93,6 +93,13 @@ def check_f32(fn: str, **tensors: Tensor) -> None:
         check_type(fn, name, t, F32)
 
 
+def unary_f32(fn: str, op: Op, ctx: Context, a: Tensor) -> Tensor:
+    """A new F32 node ``op(a)`` of ``a``'s shape, after checking ``ctx`` and ``a`` for ``fn``."""
+    check_ctx(fn, ctx)
+    check_f32(fn, a=a)
+    return ctx.new_op(F32, a.ne, op, (a,))
+
+
 def check_ctx(fn: str, ctx: object) -> Context:
     if not isinstance(ctx, Context):
         raise DTypeError(f"ggml_{fn}: ctx must be a ggopt.Context, got {type(ctx).__name__}")

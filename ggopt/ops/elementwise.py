@@ -22,6 +22,7 @@ from ._base import (
     ignore_sources,
     ne_str,
     params_of,
+    unary_f32,
 )
 
 __all__ = [
@@ -144,25 +145,19 @@ def _scale_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
         sink.add(0, scale(ctx, g, params_of(node, ScaleParams).s))
 
 
-def _simple(fn: str, op: Op, ctx: Context, a: Tensor) -> Tensor:
-    check_ctx(fn, ctx)
-    check_f32(fn, a=a)
-    return ctx.new_op(F32, a.ne, op, (a,))
-
-
 def sqr(ctx: Context, a: Tensor) -> Tensor:
     """``a * a`` (ggml_sqr)."""
-    return _simple("sqr", Op.SQR, ctx, a)
+    return unary_f32("sqr", Op.SQR, ctx, a)
 
 
 def sqrt(ctx: Context, a: Tensor) -> Tensor:
     """``sqrt(a)`` (ggml_sqrt)."""
-    return _simple("sqrt", Op.SQRT, ctx, a)
+    return unary_f32("sqrt", Op.SQRT, ctx, a)
 
 
 def log(ctx: Context, a: Tensor) -> Tensor:
     """``log(a)`` (ggml_log)."""
-    return _simple("log", Op.LOG, ctx, a)
+    return unary_f32("log", Op.LOG, ctx, a)
 
 
 @backward(Op.SQR)

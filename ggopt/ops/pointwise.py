@@ -12,7 +12,7 @@ from ..context import Context
 from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
 from ..types import F32
-from ._base import GradSink, backward, check_ctx, check_f32, ne_str, params_of
+from ._base import GradSink, backward, check_ctx, check_f32, ne_str, params_of, unary_f32
 from .elementwise import mul, silu
 from .reduce import sum as _sum
 from .views import concat, view_4d
@@ -96,20 +96,14 @@ def _glu_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
         sink.add(0, concat(ctx, du, dx, 0) if swapped else concat(ctx, dx, du, 0))
 
 
-def _trig(fn: str, op: Op, ctx: Context, a: Tensor) -> Tensor:
-    check_ctx(fn, ctx)
-    check_f32(fn, a=a)
-    return ctx.new_op(F32, a.ne, op, (a,))
-
-
 def sin(ctx: Context, a: Tensor) -> Tensor:
     """``sin(a)`` (ggml_sin)."""
-    return _trig("sin", Op.SIN, ctx, a)
+    return unary_f32("sin", Op.SIN, ctx, a)
 
 
 def cos(ctx: Context, a: Tensor) -> Tensor:
     """``cos(a)`` (ggml_cos)."""
-    return _trig("cos", Op.COS, ctx, a)
+    return unary_f32("cos", Op.COS, ctx, a)
 
 
 @backward(Op.SIN)
