@@ -1,6 +1,7 @@
 """The LLM example beside a PyTorch reference: same model, same init, same data order.
 
-``python -m bench.bench_llm`` (from the repository root) trains ``python -m ggopt.examples.llm train``'s default model
+``python -m bench.bench_llm`` (from the repository root) trains the default model of
+``python -m ggopt.examples.llm train``
 with ggopt (dynamic graphs, as the example) and then the same model in PyTorch (eager,
 ``torch.optim.AdamW`` with ggml's hyper-parameters), feeding PyTorch exactly the windows, in
 exactly the order, that ggopt's shuffles produced. It prints both validation-loss curves, their

@@ -250,3 +250,26 @@ def test_tiny_model_learns_below_unigram_entropy():
     history = trainer.fit(ds, 1, silent=True)
     h1_nats = llm_data.unigram_entropy_bits(tokens[:60000]) * math.log(2)
     assert history.val_loss[0] < h1_nats
+
+
+def test_cli_checkpoint_resume_is_bit_exact_with_a_schedule(tmp_path, capsys):
+    text = _write(tmp_path, "t.txt", _text(3000))
+    args = [a for a in TINY_ARGS if a not in ("--epochs", "1")]
+    common = ["train", "--text", text, *args, "--decay-epochs", "1", "--lr-min", "1e-4"]
+    straight = tmp_path / "straight.gguf"
+    assert llm.main([*common, "--epochs", "3", "--out", str(straight)]) == 0
+    ckpt, resumed = tmp_path / "ckpt.gguf", tmp_path / "resumed.gguf"
+    assert llm.main([*common, "--epochs", "1", "--out", str(resumed), "--checkpoint",
+                     str(ckpt)]) == 0
+    assert llm.main([*common, "--epochs", "3", "--out", str(resumed), "--checkpoint",
+                     str(ckpt), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 3:" in out.split("saved")[-2]  # the resumed run numbers its epochs 2, 3
+    a, b = llm_gguf.load(straight)[1], llm_gguf.load(resumed)[1]
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    before = resumed.read_bytes()
+    assert llm.main([*common, "--epochs", "3", "--out", str(resumed), "--checkpoint",
+                     str(ckpt), "--resume"]) == 1  # nothing left to train
+    assert "already holds 3 epochs" in capsys.readouterr().err
+    assert resumed.read_bytes() == before

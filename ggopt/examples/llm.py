@@ -26,8 +26,9 @@ import numpy as np
 from .. import set_n_threads
 from ..backend import Scheduler, cpu_init
 from ..errors import GgoptError, ShapeError
+from ..opt import OptimizerParams
 from . import llm_data as data
-from . import llm_gguf
+from . import llm_gguf, training_cli
 from . import llm_model as model
 from . import llm_train as training
 from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
@@ -53,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     t = training.TrainParams()
     tr = sub.add_parser("train", help="train a model on text and save it as GGUF",
                         description="llama.cpp's training path: windows of --ctx bytes every "
-                                    "--stride bytes, 5%% held out, AdamW, a fresh graph per "
-                                    "micro-batch.")
+                                    "--stride bytes, 5%% held out, AdamW (--lr 3e-3 "
+                                    "by default here), a fresh graph per micro-batch.")
     tr.add_argument("--text", nargs="+", metavar="FILE",
                     help="training text (any bytes); default: "
                          f"{len(data.DEFAULT_MODULES)} modules of Python's standard library")
@@ -75,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"sequences per optimizer step (default {t.n_batch})")
     tr.add_argument("--ubatch", type=_positive,
                     help="sequences per micro-batch, dividing --batch (default: --batch)")
-    tr.add_argument("--lr", type=float, default=t.lr, help=f"AdamW lr (default {t.lr})")
     tr.add_argument("--wd", type=float, default=t.wd,
                     help=f"AdamW weight decay (default {t.wd})")
     tr.add_argument("--epochs", type=_positive, default=1, help="epochs (default 1)")
@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                          "example): 'auto' (default) when an MPI launcher started more than "
                          "one process, 'mpi' always, 'none' never; --ubatch defaults to "
                          "--batch / N there")
-    tr.set_defaults(func=_train)
+    training_cli.add_training_args(tr)
+    tr.set_defaults(func=_train, lr=t.lr)  # from-scratch training wants more than ggml's 1e-3
 
     ge = sub.add_parser("generate", help="sample text from a model")
     ge.add_argument("--model", required=True, metavar="FILE.gguf")
@@ -155,24 +156,30 @@ def _train(args: argparse.Namespace) -> int:
 
     m = model.build_model(cfg, _sched(args))
     model.set_weights(m, model.init_weights(cfg, args.seed), "init")
-    trainer = training.Trainer(m, tp, comm=comm)
-    ntrain, nval = trainer.split(dataset)
+    ntrain, nval = training.split(dataset.ndata, tp)
+    base = OptimizerParams()
+    base.adamw.wd = tp.wd
+    schedule = training_cli.make_schedule(args, args.epochs, ntrain // tp.opt_period, base)
+    trainer = training.Trainer(m, tp, comm=comm, schedule=schedule)
     print(f"main: {ntrain} training and {nval} validation micro-batches of {tp.n_ubatch} "
           f"sequences, opt_period {tp.opt_period}, {'static' if tp.static else 'dynamic'} "
           f"graphs" + ("" if comm is None else f", data-parallel over {comm.size} ranks"),
           file=log)
     t0 = time.perf_counter()
-    history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr)
+    history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr,
+                          checkpoint=args.checkpoint, resume=args.resume)
     seconds = time.perf_counter() - t0
     trainer.close()
     if not rank0:
         return 0
     tim = trainer.timing
-    ntok = tim.n * cfg.n_ctx * tp.n_ubatch
-    print(f"main: trained {args.epochs} epoch(s) in {seconds:.1f} s; {tim.total / tim.n * 1e3:.2f}"
-          f" ms per training micro-batch ({ntok / tim.total:.0f} tokens/s), of which graph "
-          f"build + prepare_alloc + alloc {tim.build / tim.n * 1e3:.3f} ms "
-          f"({100 * tim.build_share:.1f} %)")
+    if tim.n:
+        ntok = tim.n * cfg.n_ctx * tp.n_ubatch
+        print(f"main: trained {len(history)} epoch(s) in {seconds:.1f} s; "
+              f"{tim.total / tim.n * 1e3:.2f} ms per training micro-batch "
+              f"({ntok / tim.total:.0f} tokens/s), of which graph build + prepare_alloc + alloc "
+              f"{tim.build / tim.n * 1e3:.3f} ms ({100 * tim.build_share:.1f} %)")
+    first = args.epochs - len(history)  # epochs done before a resume
     for iepoch in range(len(history)):
         line = []
         for part in ("train", "val"):
@@ -182,7 +189,7 @@ def _train(args: argparse.Namespace) -> int:
                 line.append(f"{part} loss={loss:.4f} acc={100 * acc:.2f}% "
                             f"ppl={math.exp(loss):.3f} "
                             f"bits/byte={training.bits_per_byte(loss):.4f}")
-        print(f"epoch {iepoch + 1}: " + " | ".join(line))
+        print(f"epoch {first + iepoch + 1}: " + " | ".join(line))
     print(f"main: unigram entropy of the corpus: {h1:.4f} bits/byte")
     llm_gguf.save(args.out, cfg, model.get_weights(m))
     print(f"main: saved {args.out}")
@@ -240,7 +247,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line tool with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        training_cli.check_training_args(parser, args)
     args.comm = None
     try:
         code: int = args.func(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import TextIO
@@ -31,13 +32,15 @@ from ..opt import (
     OptContext,
     OptimizerParams,
     Result,
+    Schedule,
+    constant,
     default_params,
     epoch_callback_progress_bar,
 )
 from ..opt.progress import time_us
 from .llm_model import Inputs, LlamaModel, build_logits, make_inputs
 
-__all__ = ["TrainParams", "Timing", "Trainer", "bits_per_byte", "evaluate"]
+__all__ = ["TrainParams", "Timing", "Trainer", "split", "bits_per_byte", "evaluate"]
 
 LN2 = math.log(2.0)
 
@@ -86,6 +89,26 @@ class Timing:
         return self.build / self.total if self.total else math.nan
 
 
+def split(ndata: int, tp: TrainParams) -> tuple[int, int]:
+    """``(training micro-batches, validation micro-batches)`` of ``ndata`` windows: the
+    training part a whole number of optimizer steps, 1 - ``val_split`` of the micro-batches.
+
+    Raises
+    ------
+    ShapeError
+        Not even one optimizer step of training data.
+    """
+    nub = ndata // tp.n_ubatch
+    ntrain = int(nub * (1.0 - tp.val_split))
+    ntrain -= ntrain % tp.opt_period
+    if ntrain < 1:
+        raise ShapeError(
+            f"llm train: {ndata} windows give {nub} micro-batches of {tp.n_ubatch}, "
+            f"{int(nub * (1.0 - tp.val_split))} for training; expected at least one batch of "
+            f"{tp.n_batch} sequences (more text or a smaller --batch)")
+    return ntrain, nub - ntrain
+
+
 def _labels_of(opt_ctx: OptContext) -> Tensor:
     """The context's (cross-entropy) labels tensor of the allocated graph."""
     labels = opt_ctx.labels
@@ -103,7 +126,7 @@ class Trainer:
     """An optimization context over ``model`` with its micro-batch inputs."""
 
     def __init__(self, model: LlamaModel, tp: TrainParams, seed: int = 5489,
-                 comm: Communicator | None = None) -> None:
+                 comm: Communicator | None = None, schedule: Schedule | None = None) -> None:
         tp.check()
         self.size, self.rank = (1, 0) if comm is None else (comm.size, comm.rank)
         if tp.opt_period % self.size:
@@ -116,9 +139,11 @@ class Trainer:
         params.opt_period = tp.opt_period
         params.rng_seed = seed
         params.comm = comm
-        opt_pars = OptimizerParams()
-        opt_pars.adamw.alpha, opt_pars.adamw.wd = tp.lr, tp.wd
-        params.get_opt_pars = lambda _ud: opt_pars
+        base = OptimizerParams()
+        base.adamw.wd = tp.wd
+        # A schedule sets alpha per optimizer step; default: a constant tp.lr.
+        self.schedule = schedule if schedule is not None else constant(tp.lr, base)
+        params.get_opt_pars = self.schedule
         if tp.static:
             params.ctx_compute = ggopt.Context()
             params.inputs = self.inp.tokens
@@ -130,16 +155,7 @@ class Trainer:
 
     def split(self, dataset: Dataset) -> tuple[int, int]:
         """``(training micro-batches, validation micro-batches)`` of ``dataset``."""
-        tp = self.tp
-        nub = dataset.ndata // tp.n_ubatch
-        ntrain = int(nub * (1.0 - tp.val_split))
-        ntrain -= ntrain % tp.opt_period
-        if ntrain < 1:
-            raise ShapeError(
-                f"llm train: {dataset.ndata} windows give {nub} micro-batches of "
-                f"{tp.n_ubatch}, {int(nub * (1.0 - tp.val_split))} for training; expected at "
-                f"least one batch of {tp.n_batch} sequences (more text or a smaller --batch)")
-        return ntrain, nub - ntrain
+        return split(dataset.ndata, self.tp)
 
     def _microbatch(self, dataset: Dataset, ibatch: int, train: bool, result: Result) -> None:
         t0 = time.perf_counter()
@@ -187,19 +203,33 @@ class Trainer:
                                                 len(ids), t_start, stream=progress)
 
     def fit(self, dataset: Dataset, nepoch: int, silent: bool = False,
-            stream: TextIO | None = None) -> FitHistory:
-        """``nepoch`` epochs; returns the per-epoch statistics (over all ranks), printing one
-        line per epoch."""
+            stream: TextIO | None = None, checkpoint: str | os.PathLike[str] | None = None,
+            resume: bool = False) -> FitHistory:
+        """Epochs up to ``nepoch``; returns the per-epoch statistics (over all ranks), printing
+        one line per epoch. ``checkpoint``: save the whole training state there after every
+        epoch; ``resume``: load it first and continue after its epoch (bit for bit the same
+        weights as an uninterrupted run)."""
+        if resume and checkpoint is None:
+            raise ShapeError("llm train: resuming needs a checkpoint file")
         history = FitHistory()
         comm = self.opt_ctx.comm
-        for iepoch in range(nepoch):
+        first = 1
+        if resume and checkpoint is not None:
+            first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule) + 1
+            if first > nepoch:
+                raise ShapeError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} already "
+                                 f"holds {first - 1} epochs; ask for more than that")
+        for iepoch in range(first, nepoch + 1):
             t0 = time.perf_counter()
+            self.schedule.epoch = iepoch - 1
             train, val = Result(), Result()
             self.epoch(dataset, train, val, progress=stream, silent=silent)
             stats = gather_stats(comm, train), gather_stats(comm, val)
             record(history, *stats, time.perf_counter() - t0)
             if not silent and self.rank == 0:
-                print(epoch_line(iepoch + 1, *stats), file=stream, flush=True)
+                print(epoch_line(iepoch, *stats), file=stream, flush=True)
+            if checkpoint is not None:
+                self.opt_ctx.save_state(checkpoint, dataset, self.schedule, epoch=iepoch)
         return history
 
     def close(self) -> None:
