@@ -16,6 +16,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from ..errors import GgoptError, ShapeError
 from ..io import gguf as ggopt_gguf
+from ..io.atomic import atomic_path
 from .llm_model import N_VOCAB, Config, param_shapes
 
 __all__ = ["ARCH", "byte_tokens", "save", "load"]
@@ -52,8 +53,8 @@ def save(path: str | os.PathLike[str], cfg: Config, weights: dict[str, np.ndarra
          name: str = "ggopt byte-level llama") -> None:
     """Write ``weights`` (NumPy order, :func:`param_shapes`) and ``cfg`` as a llama GGUF.
 
-    Everything is checked before the file is opened; the file is written to a temporary
-    name next to ``path`` and moved into place, so a failure never leaves a partial file.
+    Everything is checked before the file is opened; the file is written atomically
+    (:func:`ggopt.io.atomic.atomic_path`), so a failure never leaves a partial file.
     """
     spath = os.fspath(path)
     for tname, shape in param_shapes(cfg).items():
@@ -61,28 +62,23 @@ def save(path: str | os.PathLike[str], cfg: Config, weights: dict[str, np.ndarra
         if arr is None or arr.shape != shape or arr.dtype != np.float32:
             raise ShapeError(f"llm save {spath!r}: tensor {tname!r}: expected float32 of "
                              f"ggml shape {list(shape[::-1])}")
-    tmp = f"{spath}.tmp{os.getpid()}"
-    writer = GGUFWriter(tmp, ARCH)
-    try:
-        writer.add_name(name)
-        for key, value, vtype in _kvs(cfg):
-            writer.add_key_value(key, value, vtype)
-        writer.add_key_value("tokenizer.ggml.tokens", byte_tokens(), GGUFValueType.ARRAY,
-                             GGUFValueType.STRING)
-        writer.add_key_value("tokenizer.ggml.token_type", [1] * N_VOCAB, GGUFValueType.ARRAY,
-                             GGUFValueType.INT32)
-        for tname in param_shapes(cfg):
-            writer.add_tensor(tname, np.ascontiguousarray(weights[tname]))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, spath)
-    except BaseException:
-        writer.close()
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    with atomic_path(spath) as tmp:
+        writer = GGUFWriter(tmp, ARCH)
+        try:
+            writer.add_name(name)
+            for key, value, vtype in _kvs(cfg):
+                writer.add_key_value(key, value, vtype)
+            writer.add_key_value("tokenizer.ggml.tokens", byte_tokens(), GGUFValueType.ARRAY,
+                                 GGUFValueType.STRING)
+            writer.add_key_value("tokenizer.ggml.token_type", [1] * N_VOCAB,
+                                 GGUFValueType.ARRAY, GGUFValueType.INT32)
+            for tname in param_shapes(cfg):
+                writer.add_tensor(tname, np.ascontiguousarray(weights[tname]))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
 
 
 def _f32(value: Any) -> float:
