@@ -1,20 +1,57 @@
 """Row gather and its gradient: get_rows, get_rows_back.
 
 float32 rows, int32 indices. Inputs may have any byte strides; outputs are C-contiguous and are
-never allocated here. Indices are trusted: the Python layer checks them against the row count.
+never allocated here. Shapes, the thread count and every index are checked before anything is
+written (ShapeError / InvalidValueError), so no argument makes a kernel read or write out of
+bounds.
 """
 
 from cython.parallel cimport prange
 from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
 
+from ggopt._kernels._common cimport check_n_threads, check_shape
+
 from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt.errors import ShapeError
 
 # Below this many copied elements a kernel runs on the calling thread only.
 cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 12)
 # Column blocks of get_rows_back are multiples of this many floats (a 64-byte cache line), to
 # limit false sharing between the threads that write neighbouring blocks of a dst row.
 cdef Py_ssize_t COL_ALIGN = 16
+
+
+cdef Py_ssize_t _first_bad_index(const char* ib, Py_ssize_t I2, Py_ssize_t I1, Py_ssize_t I0,
+                                 Py_ssize_t is2, Py_ssize_t is1, Py_ssize_t is0,
+                                 Py_ssize_t nrows) noexcept nogil:
+    """Flat position of the first index outside ``[0, nrows)``, or -1 when all are inside."""
+    cdef Py_ssize_t i2, i1, i0, v
+    cdef const char* p
+    for i2 in range(I2):
+        for i1 in range(I1):
+            p = ib + i2 * is2 + i1 * is1
+            for i0 in range(I0):
+                v = (<const int32_t*>(p + i0 * is0))[0]
+                if v < 0 or v >= nrows:
+                    return (i2 * I1 + i1) * I0 + i0
+    return -1
+
+
+cdef int _check_indices(str fn, const char* ib, Py_ssize_t I2, Py_ssize_t I1, Py_ssize_t I0,
+                        Py_ssize_t is2, Py_ssize_t is1, Py_ssize_t is0,
+                        Py_ssize_t nrows) except -1:
+    """ShapeError naming the first index outside ``[0, nrows)``."""
+    cdef Py_ssize_t bad, i2, i1, i0
+    with nogil:
+        bad = _first_bad_index(ib, I2, I1, I0, is2, is1, is0, nrows)
+    if bad >= 0:
+        i2, i1, i0 = bad // (I1 * I0), bad // I0 % I1, bad % I0
+        raise ShapeError(
+            f"{fn}: idx[{i2}, {i1}, {i0}] = "
+            f"{(<const int32_t*>(ib + i2 * is2 + i1 * is1 + i0 * is0))[0]} is not a row "
+            f"index in [0, {nrows})")
+    return 0
 
 
 cdef inline void _copy_row(float* d, const char* s, Py_ssize_t n,
@@ -27,26 +64,34 @@ cdef inline void _copy_row(float* d, const char* s, Py_ssize_t n,
             d[j] = (<const float*>(s + j * stride))[0]
 
 
-def get_rows(const float[:, :, :, :] a, const int32_t[:, :, :] idx, float[:, :, :, ::1] dst,
-             int n_threads):
+def get_rows(const float[:, :, :, :] a not None, const int32_t[:, :, :] idx not None,
+             float[:, :, :, ::1] dst not None, int n_threads):
     """Gather rows: ``dst[i2, i1, i0, :] = a[i2, i1, idx[i2, i1, i0], :]``.
 
     Parameters
     ----------
     a : (ne3, ne2, ne1, ne0) float32, any strides
-    idx : (ne3, ne2, I0) int32, any strides, every entry in ``[0, ne1)``
+    idx : (ne3, ne2, I0) int32, any strides, every entry in ``[0, ne1)`` (else ShapeError)
     dst : (ne3, ne2, I0, ne0) float32, C-contiguous, overwritten
     n_threads : int
 
     ggml: ggml_compute_forward_get_rows (F32)
     """
+    cdef str fn = "get_rows (ggml_get_rows)"
     cdef Py_ssize_t I2 = idx.shape[0], I1 = idx.shape[1], I0 = idx.shape[2]
     cdef Py_ssize_t ne0 = a.shape[3]
     cdef Py_ssize_t nrows = I2 * I1 * I0, r, i0, i12
-    if nrows * ne0 == 0:
+    check_n_threads(fn, n_threads)
+    check_shape(fn, "idx's leading dims", idx.shape, 2, a.shape[0], a.shape[1])
+    check_shape(fn, "dst", dst.shape, 4, I2, I1, I0, ne0)
+    if nrows == 0:
+        return
+    cdef const char* ib = <const char*>&idx[0, 0, 0]
+    _check_indices(fn, ib, I2, I1, I0, idx.strides[0], idx.strides[1], idx.strides[2],
+                   a.shape[2])
+    if ne0 == 0:
         return
     cdef const char* ab = <const char*>&a[0, 0, 0, 0]
-    cdef const char* ib = <const char*>&idx[0, 0, 0]
     cdef float* db = &dst[0, 0, 0, 0]
     cdef Py_ssize_t as3 = a.strides[0], as2 = a.strides[1], as1 = a.strides[2]
     cdef Py_ssize_t as0 = a.strides[3]
@@ -85,8 +130,8 @@ cdef void _scatter_add_cols(const char* gb, Py_ssize_t gs1, Py_ssize_t gs0, cons
                 drow[j] += (<const float*>(grow + j * gs0))[0]
 
 
-def get_rows_back(const float[:, :] g, const int32_t[:] idx, float[:, ::1] dst,
-                  int n_threads):
+def get_rows_back(const float[:, :] g not None, const int32_t[:] idx not None,
+                  float[:, ::1] dst not None, int n_threads):
     """Scatter-add rows: ``dst[:] = 0`` then ``dst[idx[i], :] += g[i, :]`` for every ``i``.
 
     Repeated indices accumulate, in order of ``i``. Threads split the columns, so the result
@@ -95,13 +140,19 @@ def get_rows_back(const float[:, :] g, const int32_t[:] idx, float[:, ::1] dst,
     Parameters
     ----------
     g : (n, ne0) float32, any strides
-    idx : (n,) int32, any stride, every entry in ``[0, nrows)``
+    idx : (n,) int32, any stride, every entry in ``[0, nrows)`` (else ShapeError)
     dst : (nrows, ne0) float32, C-contiguous, overwritten
     n_threads : int
 
     ggml: ggml_compute_forward_get_rows_back (F32)
     """
+    cdef str fn = "get_rows_back (ggml_get_rows_back)"
     cdef Py_ssize_t n = g.shape[0], ne0 = dst.shape[1], nrows = dst.shape[0]
+    check_n_threads(fn, n_threads)
+    check_shape(fn, "idx", idx.shape, 1, n)
+    check_shape(fn, "g", g.shape, 2, n, ne0)
+    if n > 0:
+        _check_indices(fn, <const char*>&idx[0], 1, 1, n, 0, 0, idx.strides[0], nrows)
     if nrows * ne0 == 0:
         return
     cdef float* db = &dst[0, 0]
