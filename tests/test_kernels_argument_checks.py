@@ -42,7 +42,7 @@ def _f32(*shape: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _refuses(error: type[Exception], dst: np.ndarray, call: Callable[[], object],
+def assert_refuses(error: type[Exception], dst: np.ndarray, call: Callable[[], object],
              match: str | None = None) -> None:
     """``call()`` raises ``error`` and leaves ``dst`` bit for bit unchanged."""
     before = dst.copy()
@@ -51,7 +51,7 @@ def _refuses(error: type[Exception], dst: np.ndarray, call: Callable[[], object]
     np.testing.assert_array_equal(dst.view(np.uint8), before.view(np.uint8))
 
 
-def _run_isolated(code: str) -> None:
+def assert_exits_normally(code: str) -> None:
     """Run ``code`` in a fresh interpreter (this checkout's ggopt); it must exit normally."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
@@ -68,12 +68,12 @@ def test_get_rows_index_past_the_end_is_refused():
     dst = np.full((1, 2, 4, 3), 7.0, np.float32)
     for bad in (5, 1 << 30, -1, -(1 << 31)):
         idx = np.array([[[0, 1, 2, 3], [4, 0, bad, 1]]], np.int32)
-        _refuses(ShapeError, dst, lambda idx=idx: _get_rows.get_rows(a, idx, dst, 1),
+        assert_refuses(ShapeError, dst, lambda idx=idx: _get_rows.get_rows(a, idx, dst, 1),
                  match=r"get_rows .*idx\[0, 1, 2\]")
 
 
 def test_get_rows_index_past_the_end_in_a_subprocess():
-    _run_isolated("""
+    assert_exits_normally("""
         import numpy as np
         from ggopt._kernels import _get_rows
         from ggopt.errors import ShapeError
@@ -95,11 +95,12 @@ def test_get_rows_shape_mismatches():
     _get_rows.get_rows(a, idx, dst, 2)  # consistent: works
     np.testing.assert_array_equal(dst, a[:, :, :1, :].repeat(6, axis=2))
     dst[:] = 7.0
-    _refuses(ShapeError, dst, lambda: _get_rows.get_rows(a, np.zeros((1, 3, 6), np.int32), dst, 1))
-    _refuses(ShapeError, dst, lambda: _get_rows.get_rows(a, np.zeros((2, 3, 7), np.int32), dst, 1))
+    for idx_shape in [(1, 3, 6), (2, 3, 7), (2, 2, 6)]:
+        bad_idx = np.zeros(idx_shape, np.int32)
+        assert_refuses(ShapeError, dst, lambda i=bad_idx: _get_rows.get_rows(a, i, dst, 1))
     for shape in [(2, 3, 6, 5), (2, 3, 5, 4), (1, 3, 6, 4)]:
         bad_dst = np.full(shape, 7.0, np.float32)
-        _refuses(ShapeError, bad_dst, lambda d=bad_dst: _get_rows.get_rows(a, idx, d, 1))
+        assert_refuses(ShapeError, bad_dst, lambda d=bad_dst: _get_rows.get_rows(a, idx, d, 1))
 
 
 def test_get_rows_back_rejects_bad_indices():
@@ -107,19 +108,19 @@ def test_get_rows_back_rejects_bad_indices():
     dst = np.full((5, 3), 7.0, np.float32)
     for bad in (-1, 5, 1 << 30):
         idx = np.array([0, bad, 2, 3], np.int32)
-        _refuses(ShapeError, dst, lambda idx=idx: _get_rows.get_rows_back(g, idx, dst, 1),
+        assert_refuses(ShapeError, dst, lambda idx=idx: _get_rows.get_rows_back(g, idx, dst, 1),
                  match="get_rows_back")
     empty = np.zeros((0, 3), np.float32)
-    _refuses(ShapeError, empty,
+    assert_refuses(ShapeError, empty,
              lambda: _get_rows.get_rows_back(g, np.zeros(4, np.int32), empty, 1))
 
 
 def test_get_rows_back_shape_mismatches():
     dst = np.full((5, 3), 7.0, np.float32)
     idx = np.array([0, 1, 2, 3], np.int32)
-    _refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(3, 3), idx, dst, 1))
-    _refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(4, 2), idx, dst, 1))
-    _refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(4, 4), idx, dst, 1))
+    assert_refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(3, 3), idx, dst, 1))
+    assert_refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(4, 2), idx, dst, 1))
+    assert_refuses(ShapeError, dst, lambda: _get_rows.get_rows_back(_f32(4, 4), idx, dst, 1))
     g = _f32(4, 3)
     _get_rows.get_rows_back(g, idx, dst, 2)  # consistent: works
     np.testing.assert_array_equal(dst[:4], g)
@@ -135,7 +136,7 @@ CFG = (3, 3, 1, 1, 1, 1, 1, 1)
 def test_im2col_wrong_output_shape_in_a_subprocess():
     """A too-narrow last axis once made the kernel write past dst ('double free or
     corruption'): now every wrong dst shape is a ShapeError, and the process lives on."""
-    _run_isolated(f"""
+    assert_exits_normally(f"""
         import numpy as np
         from ggopt._kernels import _conv
         from ggopt.errors import ShapeError
@@ -158,26 +159,26 @@ def test_im2col_wrong_output_shape_in_a_subprocess():
 def test_im2col_shape_and_parameter_errors():
     x = _f32(2, 4, 6, 7)
     dst = np.full((2, 6, 7, 36), 7.0, np.float32)
-    _refuses(ShapeError, dst, lambda: _conv.im2col(_f32(2, 3, 6, 7), dst, *CFG, 1),
+    assert_refuses(ShapeError, dst, lambda: _conv.im2col(_f32(2, 3, 6, 7), dst, *CFG, 1),
              match=r"im2col .*expected \(2, 6, 7, 27\)")
-    _refuses(ShapeError, dst, lambda: _conv.im2col(_f32(2, 4, 5, 7), dst, *CFG, 1))
+    assert_refuses(ShapeError, dst, lambda: _conv.im2col(_f32(2, 4, 5, 7), dst, *CFG, 1))
     for k in range(8):
         for value in (0, -1) if k not in (4, 5) else (-1,):
             cfg = list(CFG)
             cfg[k] = value
-            _refuses(InvalidValueError, dst, lambda c=cfg: _conv.im2col(x, dst, *c, 1))
+            assert_refuses(InvalidValueError, dst, lambda c=cfg: _conv.im2col(x, dst, *c, 1))
 
 
 def test_im2col_back_shape_and_parameter_errors():
     g = _f32(2, 6, 7, 36)
     dst = np.full((2, 4, 6, 7), 7.0, np.float32)
     for shape in [(2, 6, 7, 35), (1, 6, 7, 36), (2, 5, 7, 36), (2, 6, 8, 36)]:
-        _refuses(ShapeError, dst, lambda s=shape: _conv.im2col_back(_f32(*s), dst, *CFG, 1),
+        assert_refuses(ShapeError, dst, lambda s=shape: _conv.im2col_back(_f32(*s), dst, *CFG, 1),
                  match="im2col_back")
     for k in range(8):
         cfg = list(CFG)
         cfg[k] = -1
-        _refuses(InvalidValueError, dst, lambda c=cfg: _conv.im2col_back(g, dst, *c, 1))
+        assert_refuses(InvalidValueError, dst, lambda c=cfg: _conv.im2col_back(g, dst, *c, 1))
     _conv.im2col_back(g, dst, *CFG, 2)  # consistent: works
     assert np.isfinite(dst).all()
 
@@ -191,14 +192,14 @@ def test_pool_2d_shape_and_parameter_errors():
     dst = np.full((2, 3, 3, 3), 7.0, np.float32)
     for shape in [(2, 3, 3, 4), (2, 3, 4, 3), (2, 4, 3, 3), (3, 3, 3, 3)]:
         bad = np.full(shape, 7.0, np.float32)
-        _refuses(ShapeError, bad, lambda b=bad: _conv.pool_2d(x, b, _conv.POOL_MAX, *POOL, 1),
+        assert_refuses(ShapeError, bad, lambda b=bad: _conv.pool_2d(x, b, _conv.POOL_MAX, *POOL, 1),
                  match="pool_2d")
-    _refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, 2, *POOL, 1), match="op")
-    _refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, -1, *POOL, 1))
+    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, 2, *POOL, 1), match="op")
+    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, -1, *POOL, 1))
     for k in range(6):
         cfg = list(POOL)
         cfg[k] = -1
-        _refuses(InvalidValueError, dst,
+        assert_refuses(InvalidValueError, dst,
                  lambda c=cfg: _conv.pool_2d(x, dst, _conv.POOL_AVG, *c, 1))
     _conv.pool_2d(x, dst, _conv.POOL_MAX, *POOL, 2)  # consistent: works
     np.testing.assert_array_equal(dst, x[:, :, :6, :6].reshape(2, 3, 3, 2, 3, 2).max((3, 5)))
@@ -208,19 +209,19 @@ def test_pool_2d_back_shape_and_parameter_errors():
     g, x = _f32(2, 3, 3, 3), _f32(2, 3, 6, 7, seed=1)
     dst = np.full((2, 3, 6, 7), 7.0, np.float32)
     for op in (_conv.POOL_MAX, _conv.POOL_AVG):
-        _refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(1, 3, 3, 3), x, dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(1, 3, 3, 3), x, dst, o,
                                                                   *POOL, 1))
-        _refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(2, 3, 3, 4), x, dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(2, 3, 3, 4), x, dst, o,
                                                                   *POOL, 1))
-        _refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(1, 3, 6, 7), dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(1, 3, 6, 7), dst, o,
                                                                   *POOL, 1), match="x has shape")
-        _refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(2, 3, 4, 4), dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(2, 3, 4, 4), dst, o,
                                                                   *POOL, 1))
-    _refuses(InvalidValueError, dst, lambda: _conv.pool_2d_back(g, x, dst, 7, *POOL, 1))
+    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d_back(g, x, dst, 7, *POOL, 1))
     for k in range(6):
         cfg = list(POOL)
         cfg[k] = -1
-        _refuses(InvalidValueError, dst,
+        assert_refuses(InvalidValueError, dst,
                  lambda c=cfg: _conv.pool_2d_back(g, x, dst, _conv.POOL_MAX, *c, 1))
     _conv.pool_2d_back(g, x, dst, _conv.POOL_AVG, *POOL, 2)  # consistent: works
     np.testing.assert_allclose(dst[:, :, :6, :6].sum(), g.sum(), rtol=1e-5)
@@ -299,7 +300,7 @@ KERNELS = sorted(_calls())
 @pytest.mark.parametrize("n_threads", [0, -1, MAX_N_THREADS + 1, 2**31 - 1])
 def test_every_kernel_refuses_bad_thread_counts(name, n_threads):
     dst, call = _calls()[name]
-    _refuses(InvalidValueError, dst, lambda: call(n_threads), match="n_threads")
+    assert_refuses(InvalidValueError, dst, lambda: call(n_threads), match="n_threads")
 
 
 @pytest.mark.parametrize("name", KERNELS)
