@@ -335,3 +335,15 @@ def test_a_missing_array_is_a_type_error(name):
     }
     with pytest.raises(TypeError, match="must not be None|got NoneType"):
         calls[name]()
+
+
+def test_get_rows_back_empty_dims():
+    """No rows in g: dst is zeroed; no columns: valid indices are a no-op, bad ones refused."""
+    dst = np.full((3, 2), 7.0, np.float32)
+    _get_rows.get_rows_back(np.zeros((0, 2), np.float32), np.zeros(0, np.int32), dst, 2)
+    np.testing.assert_array_equal(dst, 0)
+    narrow = np.zeros((3, 0), np.float32)
+    _get_rows.get_rows_back(np.zeros((2, 0), np.float32), np.array([0, 2], np.int32), narrow, 2)
+    with pytest.raises(ShapeError, match=r"idx\[1\] = 3"):
+        _get_rows.get_rows_back(np.zeros((2, 0), np.float32), np.array([0, 3], np.int32),
+                                narrow, 2)

@@ -38,20 +38,14 @@ cdef Py_ssize_t _first_bad_index(const char* ib, Py_ssize_t I2, Py_ssize_t I1, P
     return -1
 
 
-cdef int _check_indices(str fn, const char* ib, Py_ssize_t I2, Py_ssize_t I1, Py_ssize_t I0,
-                        Py_ssize_t is2, Py_ssize_t is1, Py_ssize_t is0,
-                        Py_ssize_t nrows) except -1:
-    """ShapeError naming the first index outside ``[0, nrows)``."""
-    cdef Py_ssize_t bad, i2, i1, i0
-    with nogil:
-        bad = _first_bad_index(ib, I2, I1, I0, is2, is1, is0, nrows)
-    if bad >= 0:
-        i2, i1, i0 = bad // (I1 * I0), bad // I0 % I1, bad % I0
-        raise ShapeError(
-            f"{fn}: idx[{i2}, {i1}, {i0}] = "
-            f"{(<const int32_t*>(ib + i2 * is2 + i1 * is1 + i0 * is0))[0]} is not a row "
-            f"index in [0, {nrows})")
-    return 0
+cdef int _raise_bad_index(str fn, const char* ib, Py_ssize_t I1, Py_ssize_t I0,
+                          Py_ssize_t is2, Py_ssize_t is1, Py_ssize_t is0, Py_ssize_t nrows,
+                          Py_ssize_t bad, bint one_d) except -1:
+    """ShapeError naming the index at flat position ``bad`` (from :func:`_first_bad_index`)."""
+    cdef Py_ssize_t i2 = bad // (I1 * I0), i1 = bad // I0 % I1, i0 = bad % I0
+    where = f"idx[{i0}]" if one_d else f"idx[{i2}, {i1}, {i0}]"
+    raise ShapeError(f"{fn}: {where} = {(<const int32_t*>(ib + i2 * is2 + i1 * is1 + i0 * is0))[0]}"
+                     f" is not a row index in [0, {nrows})")
 
 
 cdef inline void _copy_row(float* d, const char* s, Py_ssize_t n,
@@ -87,25 +81,27 @@ def get_rows(const float[:, :, :, :] a not None, const int32_t[:, :, :] idx not 
     if nrows == 0:
         return
     cdef const char* ib = <const char*>&idx[0, 0, 0]
-    _check_indices(fn, ib, I2, I1, I0, idx.strides[0], idx.strides[1], idx.strides[2],
-                   a.shape[2])
-    if ne0 == 0:
-        return
     cdef const char* ab = <const char*>&a[0, 0, 0, 0]
     cdef float* db = &dst[0, 0, 0, 0]
     cdef Py_ssize_t as3 = a.strides[0], as2 = a.strides[1], as1 = a.strides[2]
     cdef Py_ssize_t as0 = a.strides[3]
     cdef Py_ssize_t is2 = idx.strides[0], is1 = idx.strides[1], is0 = idx.strides[2]
-    for r in prange(nrows, nogil=True, schedule="static", num_threads=n_threads,
-                    use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
-        i0 = r % I0
-        i12 = r // I0
-        _copy_row(
-            db + r * ne0,
-            ab + (i12 // I1) * as3 + (i12 % I1) * as2
-            + (<const int32_t*>(ib + (i12 // I1) * is2 + (i12 % I1) * is1 + i0 * is0))[0]
-            * as1,
-            ne0, as0)
+    cdef Py_ssize_t bad
+    with nogil:  # one GIL release for the index check and the copy
+        bad = _first_bad_index(ib, I2, I1, I0, is2, is1, is0, a.shape[2])
+        if bad < 0 and ne0 > 0:
+            for r in prange(nrows, schedule="static", num_threads=n_threads,
+                            use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
+                i0 = r % I0
+                i12 = r // I0
+                _copy_row(
+                    db + r * ne0,
+                    ab + (i12 // I1) * as3 + (i12 % I1) * as2
+                    + (<const int32_t*>(ib + (i12 // I1) * is2 + (i12 % I1) * is1
+                                        + i0 * is0))[0] * as1,
+                    ne0, as0)
+    if bad >= 0:
+        _raise_bad_index(fn, ib, I1, I0, is2, is1, is0, a.shape[2], bad, False)
 
 
 cdef void _scatter_add_cols(const char* gb, Py_ssize_t gs1, Py_ssize_t gs0, const char* ib,
@@ -151,22 +147,25 @@ def get_rows_back(const float[:, :] g not None, const int32_t[:] idx not None,
     check_n_threads(fn, n_threads)
     check_shape(fn, "idx", idx.shape, 1, n)
     check_shape(fn, "g", g.shape, 2, n, ne0)
-    if n > 0:
-        _check_indices(fn, <const char*>&idx[0], 1, 1, n, 0, 0, idx.strides[0], nrows)
-    if nrows * ne0 == 0:
-        return
-    cdef float* db = &dst[0, 0]
     if n == 0:
-        memset(db, 0, nrows * ne0 * sizeof(float))
+        if nrows * ne0 > 0:
+            memset(&dst[0, 0], 0, nrows * ne0 * sizeof(float))
         return
     cdef const char* gb = <const char*>&g[0, 0]
     cdef const char* ib = <const char*>&idx[0]
+    cdef float* db = &dst[0, 0]
     cdef Py_ssize_t gs1 = g.strides[0], gs0 = g.strides[1], is0 = idx.strides[0]
     cdef Py_ssize_t nthr = n_threads if n_threads > 1 else 1
     cdef Py_ssize_t width = (ne0 + nthr - 1) // nthr
     width = (width + COL_ALIGN - 1) // COL_ALIGN * COL_ALIGN
-    cdef Py_ssize_t nblocks = (ne0 + width - 1) // width, b
-    for b in prange(nblocks, nogil=True, schedule="static", num_threads=n_threads,
-                    use_threads_if=(n + nrows) * ne0 >= MIN_PARALLEL_WORK):
-        _scatter_add_cols(gb, gs1, gs0, ib, is0, n, db, nrows, ne0,
-                          b * width, min(ne0, (b + 1) * width))
+    cdef Py_ssize_t nblocks = (ne0 + width - 1) // width if width > 0 else 0, b
+    cdef Py_ssize_t bad
+    with nogil:  # one GIL release for the index check and the scatter
+        bad = _first_bad_index(ib, 1, 1, n, 0, 0, is0, nrows)
+        if bad < 0:
+            for b in prange(nblocks, schedule="static", num_threads=n_threads,
+                            use_threads_if=(n + nrows) * ne0 >= MIN_PARALLEL_WORK):
+                _scatter_add_cols(gb, gs1, gs0, ib, is0, n, db, nrows, ne0,
+                                  b * width, min(ne0, (b + 1) * width))
+    if bad >= 0:
+        _raise_bad_index(fn, ib, 1, n, 0, 0, is0, nrows, bad, True)
