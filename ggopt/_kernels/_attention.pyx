@@ -9,7 +9,14 @@ sums double. ``dst`` may be the memory of ``a`` (or of a mask of a's shape): eve
 read before the same element is written.
 """
 
-from ggopt._kernels._common cimport Arr4, arr4_set, arr4_size, drive_elements, ggopt_expf
+from ggopt._kernels._common cimport (
+    Arr4,
+    arr4_set,
+    arr4_size,
+    check_n_threads,
+    drive_elements,
+    ggopt_expf,
+)
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
@@ -156,14 +163,15 @@ cdef void _rows_shape(const Arr4 *a, Py_ssize_t *shape) noexcept nogil:
     shape[3] = 1  # one element per row: drive_elements hands out whole rows
 
 
-def soft_max_ext(const float[:, :, :, :] a, object mask, float[:, :, :, :] dst, float scale,
-                 float max_bias, int n_threads):
+def soft_max_ext(const float[:, :, :, :] a not None, object mask, float[:, :, :, :] dst not None,
+                 float scale, float max_bias, int n_threads):
     """``dst = softmax(scale*a + slope*mask)`` along the last axis (ggml_soft_max_ext).
 
     ``mask`` is None or float32 ``(m3, m2, m1, ne0)`` with ``m1 >= ne1`` and ``m3``, ``m2``
     dividing ``ne3``, ``ne2``. ``slope`` is 1, or with ``max_bias > 0`` ALiBi's slope of head
     ``i2`` (``ne2`` heads).
     """
+    check_n_threads("soft_max_ext", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     cdef const float[:, :, :, :] mv
@@ -212,10 +220,11 @@ cdef void _diag_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
         (<float *>(d + i * ds))[0] = j.value
 
 
-def diag_mask(const float[:, :, :, :] a, float[:, :, :, :] dst, int n_past, float value,
-              int n_threads):
+def diag_mask(const float[:, :, :, :] a not None, float[:, :, :, :] dst not None, int n_past,
+              float value, int n_threads):
     """``dst = a`` with ``value`` in every column ``i0 > n_past + i1`` of row ``i1``
     (ggml_diag_mask_inf with ``value = -inf``, ggml_diag_mask_zero with 0)."""
+    check_n_threads("diag_mask", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     arr4_set(&j.x, a)

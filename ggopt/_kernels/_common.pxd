@@ -10,6 +10,20 @@ cdef extern from *:
     #include <math.h>
     #include <stdint.h>
     #include <stdlib.h>
+    #if defined(__unix__) || defined(__APPLE__)
+    #include <unistd.h>
+    #endif
+
+    /* The most threads a kernel accepts: ggopt._threads.MAX_N_THREADS, i.e. four per online
+       CPU and at least 512 (OpenMP runtimes end the process on far larger teams). */
+    static long ggopt_max_n_threads(void) {
+        long n = 1;
+    #if defined(_SC_NPROCESSORS_ONLN)
+        n = sysconf(_SC_NPROCESSORS_ONLN);
+        if (n < 1) n = 1;
+    #endif
+        return 4 * n > 512 ? 4 * n : 512;
+    }
 
     /* the scalar math shared with the CUDA kernels: ggopt_expf, ggopt_sigmoidf, the unary
        functions and their derivatives, the optimizer updates */
@@ -37,6 +51,51 @@ cdef extern from *:
     """
     float ggopt_expf(float x) noexcept nogil
     float ggopt_sigmoidf(float x) noexcept nogil
+    long ggopt_max_n_threads() noexcept nogil
+
+
+cdef inline int check_n_threads(str fn, int n_threads) except -1:
+    """Refuse a thread count outside ``[1, MAX_N_THREADS]`` with InvalidValueError."""
+    if n_threads < 1 or n_threads > 512:
+        if n_threads < 1 or n_threads > ggopt_max_n_threads():
+            from ggopt.errors import InvalidValueError
+            raise InvalidValueError(
+                f"{fn}: n_threads must be in [1, {ggopt_max_n_threads()}], got {n_threads}")
+    return 0
+
+
+cdef inline int check_shape(str fn, str name, const Py_ssize_t *shape, int ndim,
+                            Py_ssize_t e0, Py_ssize_t e1=0, Py_ssize_t e2=0,
+                            Py_ssize_t e3=0) except -1:
+    """Raise ShapeError unless ``shape[:ndim]`` equals ``(e0, e1, e2, e3)[:ndim]``."""
+    cdef Py_ssize_t e[4]
+    cdef int k
+    e[0] = e0
+    e[1] = e1
+    e[2] = e2
+    e[3] = e3
+    for k in range(ndim):
+        if shape[k] != e[k]:
+            from ggopt.errors import ShapeError
+            raise ShapeError(f"{fn}: {name} has shape {tuple([shape[i] for i in range(ndim)])}"
+                             f", expected {tuple([e[i] for i in range(ndim)])}")
+    return 0
+
+
+cdef inline int check_positive(str fn, str name, long value) except -1:
+    """Raise InvalidValueError unless ``value >= 1``."""
+    if value < 1:
+        from ggopt.errors import InvalidValueError
+        raise InvalidValueError(f"{fn}: {name} must be >= 1, got {value}")
+    return 0
+
+
+cdef inline int check_non_negative(str fn, str name, long value) except -1:
+    """Raise InvalidValueError unless ``value >= 0``."""
+    if value < 0:
+        from ggopt.errors import InvalidValueError
+        raise InvalidValueError(f"{fn}: {name} must be >= 0, got {value}")
+    return 0
 
 
 cdef struct Arr4:

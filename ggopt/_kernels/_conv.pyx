@@ -3,8 +3,9 @@
 float32 only. Arrays are in NumPy order (a ggml ``ne=[W, H, C, N]`` tensor is ``(N, C, H, W)``).
 Inputs may have any byte strides; outputs are C-contiguous and are never allocated here. Each
 kernel releases the GIL and runs an OpenMP ``prange`` over independent output blocks (an image
-row, an image plane), so no two threads ever write the same element. The Python layer validates
-shapes and parameters; these functions trust them.
+row, an image plane), so no two threads ever write the same element. Each kernel checks its
+shapes (the output shape must be the one ggml computes from the input and the window), window
+parameters and thread count before it writes anything (ShapeError / InvalidValueError).
 
 Parameter names follow ggml: index 0 acts on the width (last axis), index 1 on the height.
 """
@@ -17,7 +18,15 @@ from libc.string cimport memset
 
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
+from ggopt._kernels._common cimport (
+    check_n_threads,
+    check_non_negative,
+    check_positive,
+    check_shape,
+)
+
 from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt.errors import InvalidValueError
 
 cdef enum:
     C_POOL_MAX = 0
@@ -28,6 +37,41 @@ POOL_AVG = C_POOL_AVG
 
 # Below this much work (output elements times window size) a kernel runs on the calling thread.
 cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 12)
+
+
+cdef int _check_window(str fn, int k0, int k1, int s0, int s1, int p0, int p1, int d0,
+                       int d1) except -1:
+    """Window sizes, strides and dilations >= 1, paddings >= 0."""
+    check_positive(fn, "k0 (window width)", k0)
+    check_positive(fn, "k1 (window height)", k1)
+    check_positive(fn, "s0", s0)
+    check_positive(fn, "s1", s1)
+    check_non_negative(fn, "p0", p0)
+    check_non_negative(fn, "p1", p1)
+    check_positive(fn, "d0", d0)
+    check_positive(fn, "d1", d1)
+    return 0
+
+
+cdef inline Py_ssize_t _conv_out(Py_ssize_t size, int k, int s, int p, int d) noexcept nogil:
+    """ggml's convolution output length (0 when the dilated window does not fit)."""
+    cdef Py_ssize_t span = size + 2 * <Py_ssize_t>p - <Py_ssize_t>d * (k - 1) - 1
+    return span // s + 1 if span >= 0 else 0
+
+
+cdef inline Py_ssize_t _pool_out(Py_ssize_t size, int k, int s, int p) noexcept nogil:
+    """ggml's pooling output length (the quotient truncates toward zero, as in ggml)."""
+    cdef Py_ssize_t out = (size + 2 * <Py_ssize_t>p - k) / s + 1
+    return out if out > 0 else 0
+
+
+cdef int _check_pool(str fn, int op, int k0, int k1, int s0, int s1, int p0,
+                     int p1) except -1:
+    if op != C_POOL_MAX and op != C_POOL_AVG:
+        raise InvalidValueError(f"{fn}: op must be POOL_MAX ({C_POOL_MAX}) or POOL_AVG "
+                                f"({C_POOL_AVG}), got {op}")
+    _check_window(fn, k0, k1, s0, s1, p0, p1, 1, 1)
+    return 0
 
 
 cdef inline Py_ssize_t _padded_extent(Py_ssize_t size, int pad, Py_ssize_t n_out, int stride,
@@ -97,7 +141,7 @@ cdef void _im2col_row(const char* xn, float* drow, float* strip, Py_ssize_t oh,
                 s += PW
 
 
-def im2col(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int KH, int KW,
+def im2col(const float[:, :, :, :] x not None, float[:, :, :, ::1] dst not None, int KH, int KW,
            int s0, int s1, int p0, int p1, int d0, int d1, int n_threads):
     """Unfold convolution windows: ``dst[n, oh, ow, (ic*KH + kh)*KW + kw]``.
 
@@ -112,8 +156,13 @@ def im2col(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int KH, int KW,
 
     ggml: ggml_compute_forward_im2col (F32 destination)
     """
-    cdef Py_ssize_t N = dst.shape[0], OH = dst.shape[1], OW = dst.shape[2], K = dst.shape[3]
+    cdef str fn = "im2col (ggml_im2col)"
+    check_n_threads(fn, n_threads)
+    _check_window(fn, KW, KH, s0, s1, p0, p1, d0, d1)
     cdef Py_ssize_t IC = x.shape[1], IH = x.shape[2], IW = x.shape[3]
+    check_shape(fn, "dst", dst.shape, 4, x.shape[0], _conv_out(IH, KH, s1, p1, d1),
+                _conv_out(IW, KW, s0, p0, d0), IC * KH * KW)
+    cdef Py_ssize_t N = dst.shape[0], OH = dst.shape[1], OW = dst.shape[2], K = dst.shape[3]
     cdef Py_ssize_t nrows = N * OH, row
     if nrows * OW * K == 0:
         return
@@ -182,8 +231,8 @@ cdef void _im2col_back_image(const char* gn, Py_ssize_t gsy, Py_ssize_t gsx, Py_
                 prow[ix] = base[ix]
 
 
-def im2col_back(const float[:, :, :, :] g, float[:, :, :, ::1] dst, int KH, int KW,
-                int s0, int s1, int p0, int p1, int d0, int d1, int n_threads):
+def im2col_back(const float[:, :, :, :] g not None, float[:, :, :, ::1] dst not None, int KH,
+                int KW, int s0, int s1, int p0, int p1, int d0, int d1, int n_threads):
     """Fold ``g`` back onto the image: the adjoint of :func:`im2col`.
 
     Parameters
@@ -197,7 +246,12 @@ def im2col_back(const float[:, :, :, :] g, float[:, :, :, ::1] dst, int KH, int 
 
     ggml: ggml_compute_forward_im2col_back_f32
     """
+    cdef str fn = "im2col_back (ggml_im2col_back)"
+    check_n_threads(fn, n_threads)
+    _check_window(fn, KW, KH, s0, s1, p0, p1, d0, d1)
     cdef Py_ssize_t N = dst.shape[0], IC = dst.shape[1], IH = dst.shape[2], IW = dst.shape[3]
+    check_shape(fn, "g", g.shape, 4, N, _conv_out(IH, KH, s1, p1, d1),
+                _conv_out(IW, KW, s0, p0, d0), IC * KH * KW)
     cdef Py_ssize_t OH = g.shape[1], OW = g.shape[2]
     cdef Py_ssize_t n
     if N * IC * IH * IW == 0:
@@ -288,8 +342,8 @@ cdef void _max_pool_2x2_plane(const char* xp, Py_ssize_t sy, float* out, Py_ssiz
             out[oy * OW + ox] = res
 
 
-def pool_2d(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int op, int k0, int k1,
-            int s0, int s1, int p0, int p1, int n_threads):
+def pool_2d(const float[:, :, :, :] x not None, float[:, :, :, ::1] dst not None, int op, int k0,
+            int k1, int s0, int s1, int p0, int p1, int n_threads):
     """2-D max or average pooling over the last two axes.
 
     Parameters
@@ -305,8 +359,13 @@ def pool_2d(const float[:, :, :, :] x, float[:, :, :, ::1] dst, int op, int k0, 
 
     ggml: ggml_compute_forward_pool_2d
     """
-    cdef Py_ssize_t N = dst.shape[0], C = dst.shape[1], OH = dst.shape[2], OW = dst.shape[3]
+    cdef str fn = "pool_2d (ggml_pool_2d)"
+    check_n_threads(fn, n_threads)
+    _check_pool(fn, op, k0, k1, s0, s1, p0, p1)
     cdef Py_ssize_t IH = x.shape[2], IW = x.shape[3]
+    check_shape(fn, "dst", dst.shape, 4, x.shape[0], x.shape[1], _pool_out(IH, k1, s1, p1),
+                _pool_out(IW, k0, s0, p0))
+    cdef Py_ssize_t N = dst.shape[0], C = dst.shape[1], OH = dst.shape[2], OW = dst.shape[3]
     cdef Py_ssize_t nplanes = N * C, p
     if nplanes * OH * OW == 0:
         return
@@ -420,8 +479,8 @@ cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gs
     memset(plane + 2 * OH * IW, 0, (IH - 2 * OH) * IW * sizeof(float))
 
 
-def pool_2d_back(const float[:, :, :, :] g, const float[:, :, :, :] x,
-                 float[:, :, :, ::1] dst, int op, int k0, int k1, int s0, int s1,
+def pool_2d_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x not None,
+                 float[:, :, :, ::1] dst not None, int op, int k0, int k1, int s0, int s1,
                  int p0, int p1, int n_threads):
     """Gradient of :func:`pool_2d` with respect to its input.
 
@@ -440,7 +499,12 @@ def pool_2d_back(const float[:, :, :, :] g, const float[:, :, :, :] x,
 
     ggml: ggml_compute_forward_pool_2d_back
     """
+    cdef str fn = "pool_2d_back (ggml_pool_2d_back)"
+    check_n_threads(fn, n_threads)
+    _check_pool(fn, op, k0, k1, s0, s1, p0, p1)
     cdef Py_ssize_t N = dst.shape[0], C = dst.shape[1], IH = dst.shape[2], IW = dst.shape[3]
+    check_shape(fn, "x", x.shape, 4, N, C, IH, IW)
+    check_shape(fn, "g", g.shape, 4, N, C, _pool_out(IH, k1, s1, p1), _pool_out(IW, k0, s0, p0))
     cdef Py_ssize_t OH = g.shape[2], OW = g.shape[3]
     cdef Py_ssize_t nplanes = N * C, p
     if nplanes * IH * IW == 0:

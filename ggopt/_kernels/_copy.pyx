@@ -8,6 +8,7 @@ cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdint cimport int16_t, int32_t, int64_t
 from libc.string cimport memcpy
+from ggopt._kernels._common cimport check_n_threads
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import DTypeError, ShapeError
@@ -37,8 +38,9 @@ cdef inline void _copy_row(char *d, Py_ssize_t ds, const char *s, Py_ssize_t ss,
             memcpy(d + i * ds, s + i * ss, item)
 
 
-def copy(cnp.ndarray src, cnp.ndarray dst, int n_threads):
+def copy(cnp.ndarray src not None, cnp.ndarray dst not None, int n_threads):
     """Copy ``src`` into ``dst``: 4-D arrays of one shape and dtype, any strides, no overlap."""
+    check_n_threads("copy", n_threads)
     if src.ndim != 4 or dst.ndim != 4:
         raise ShapeError(f"copy: expected 4-D arrays, got {src.ndim}-D and {dst.ndim}-D")
     if src.dtype != dst.dtype:

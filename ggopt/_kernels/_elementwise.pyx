@@ -12,6 +12,7 @@ _common.pxd).
 from cython.parallel cimport prange
 
 from ggopt._kernels._common cimport (
+    check_n_threads,
     Arr4,
     arr4_c_contig,
     arr4_flatten,
@@ -371,25 +372,28 @@ cdef void _prepare_binary(Job *j, int op, const float[:, :, :, :] a,
 # ----------------------------------------------------------------------------------------------
 # public kernels
 
-def binary(int op, const float[:, :, :, :] a, const float[:, :, :, :] b,
-           float[:, :, :, :] dst, int n_threads):
+def binary(int op, const float[:, :, :, :] a not None, const float[:, :, :, :] b not None,
+           float[:, :, :, :] dst not None, int n_threads):
     """``dst = a op b`` with b tiled over a (ggml_add / ggml_sub / ggml_mul / ggml_div).
 
     ``dst[i3, i2, i1, i0] = a[i3, i2, i1, i0] op b[i3 % B3, i2 % B2, i1 % B1, i0 % B0]``;
     every dim of b must divide a's. ``op`` is one of BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV.
     """
+    check_n_threads("binary", n_threads)
     cdef Job j
     _prepare_binary(&j, op, a, b, dst, "binary")
     with nogil:
         _drive(&j, 1, n_threads)
 
 
-def unary(int uop, const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threads):
+def unary(int uop, const float[:, :, :, :] a not None, float[:, :, :, :] dst not None,
+          int n_threads):
     """``dst = uop(a)`` (ggml_unary and ggml_neg/exp/log/sqr/sqrt/abs/step/relu/gelu/silu/...).
 
     ``uop`` is one of the UN_* codes. relu and step are 0 at x <= 0; gelu is ggml's tanh
     approximation.
     """
+    check_n_threads("unary", n_threads)
     cdef Job j
     _check_uop(uop, "unary")
     j.uop = uop
@@ -398,12 +402,13 @@ def unary(int uop, const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threa
         _drive(&j, _uop_cost(uop), n_threads)
 
 
-def unary_back(int uop, const float[:, :, :, :] x, const float[:, :, :, :] g,
-               float[:, :, :, :] dst, int n_threads):
+def unary_back(int uop, const float[:, :, :, :] x not None, const float[:, :, :, :] g not None,
+               float[:, :, :, :] dst not None, int n_threads):
     """``dst = g * uop'(x)``: the backward pass of :func:`unary` (ggml_*_back).
 
     Defined for every UN_* code except UN_STEP; relu'(0) is 0.
     """
+    check_n_threads("unary_back", n_threads)
     cdef Job j
     _check_uop(uop, "unary_back")
     if uop == _STEP:
@@ -423,9 +428,10 @@ def unary_back(int uop, const float[:, :, :, :] x, const float[:, :, :, :] g,
         _drive(&j, _uop_cost(uop), n_threads)
 
 
-def scale(const float[:, :, :, :] a, float[:, :, :, :] dst, float s, float bias,
+def scale(const float[:, :, :, :] a not None, float[:, :, :, :] dst not None, float s, float bias,
           int n_threads):
     """``dst = s*a + bias`` (ggml_scale / ggml_scale_bias)."""
+    check_n_threads("scale", n_threads)
     cdef Job j
     j.s = s
     j.bias = bias

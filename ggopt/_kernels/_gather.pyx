@@ -3,6 +3,7 @@
 from cython.parallel cimport prange
 from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
+from ggopt._kernels._common cimport check_n_threads
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
@@ -28,9 +29,9 @@ cdef extern from *:
     void _prefetch "ggopt_prefetch_range"(const uint8_t *p, Py_ssize_t n) noexcept nogil
 
 
-def gather_shards(const uint8_t[::1] src, uint8_t[::1] dst, const int64_t[::1] perm,
-                  Py_ssize_t first, Py_ssize_t nshards, Py_ssize_t shard_nbytes,
-                  int n_threads):
+def gather_shards(const uint8_t[::1] src not None, uint8_t[::1] dst not None,
+                  const int64_t[::1] perm not None, Py_ssize_t first, Py_ssize_t nshards,
+                  Py_ssize_t shard_nbytes, int n_threads):
     """Copy shards ``perm[first:first+nshards]`` of ``src`` to consecutive places in ``dst``.
 
     For k in range(nshards): ``dst[k*shard_nbytes:(k+1)*shard_nbytes] =
@@ -38,6 +39,7 @@ def gather_shards(const uint8_t[::1] src, uint8_t[::1] dst, const int64_t[::1] p
     (the copy loop of ggml_opt_dataset_get_batch). Every index is checked before anything is
     copied.
     """
+    check_n_threads("gather_shards", n_threads)
     cdef Py_ssize_t k, nsrc, ahead
     cdef int64_t p
     cdef const uint8_t *s

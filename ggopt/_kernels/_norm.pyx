@@ -7,6 +7,7 @@ reads an element before it writes the same element, and the write pass comes las
 """
 
 from ggopt._kernels._common cimport (
+    check_n_threads,
     Arr4,
     arr4_same_shape,
     arr4_set,
@@ -256,24 +257,30 @@ cdef void _backward(Kind kind, str fn, const float[:, :, :, :] g, const float[:,
     _run(&j, n_threads)
 
 
-def rms_norm(const float[:, :, :, :] x, float[:, :, :, :] dst, float eps, int n_threads):
+def rms_norm(const float[:, :, :, :] x not None, float[:, :, :, :] dst not None, float eps,
+             int n_threads):
     """``dst = x / sqrt(mean(x**2) + eps)`` per row (ggml_rms_norm)."""
+    check_n_threads("rms_norm", n_threads)
     _forward(RMS_NORM, "rms_norm (ggml_rms_norm)", x, dst, eps, n_threads)
 
 
-def rms_norm_back(const float[:, :, :, :] g, const float[:, :, :, :] x, float[:, :, :, :] dst,
-                  float eps, int n_threads):
+def rms_norm_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x not None,
+                  float[:, :, :, :] dst not None, float eps, int n_threads):
     """The gradient of :func:`rms_norm` w.r.t. ``x`` given the output gradient ``g``
     (ggml_rms_norm_back)."""
+    check_n_threads("rms_norm_back", n_threads)
     _backward(RMS_NORM_BACK, "rms_norm_back (ggml_rms_norm_back)", g, x, dst, eps, n_threads)
 
 
-def norm(const float[:, :, :, :] x, float[:, :, :, :] dst, float eps, int n_threads):
+def norm(const float[:, :, :, :] x not None, float[:, :, :, :] dst not None, float eps,
+         int n_threads):
     """``dst = (x - mean(x)) / sqrt(var(x) + eps)`` per row, biased variance (ggml_norm)."""
+    check_n_threads("norm", n_threads)
     _forward(NORM, "norm (ggml_norm)", x, dst, eps, n_threads)
 
 
-def norm_back(const float[:, :, :, :] g, const float[:, :, :, :] x, float[:, :, :, :] dst,
-              float eps, int n_threads):
+def norm_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x not None,
+              float[:, :, :, :] dst not None, float eps, int n_threads):
     """The gradient of :func:`norm` w.r.t. ``x`` given the output gradient ``g``."""
+    check_n_threads("norm_back", n_threads)
     _backward(NORM_BACK, "norm_back", g, x, dst, eps, n_threads)

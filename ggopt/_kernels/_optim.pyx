@@ -5,6 +5,7 @@ in the same order.
 """
 
 from cython.parallel cimport prange
+from ggopt._kernels._common cimport check_n_threads
 
 cimport ggopt._kernels._common  # for its C block: GGOPT_MULTIVERSION
 
@@ -42,8 +43,8 @@ cdef extern from *:
                                  float keep) noexcept nogil
 
 
-def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
-               const float[::1] params, int n_threads):
+def adamw_step(float[::1] w not None, const float[::1] g not None, float[::1] m not None,
+               float[::1] v not None, const float[::1] params not None, int n_threads):
     """One AdamW step in place (ggml_opt_step_adamw).
 
     ``params = [alpha, beta1, beta2, eps, wd, beta1h, beta2h]`` where ``beta1h = 1/(1 - beta1^t)``
@@ -52,6 +53,7 @@ def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
         m = m*beta1 + g*(1 - beta1);  v = v*beta2 + g*g*(1 - beta2)
         w = w*(1 - alpha*wd) - alpha*(m*beta1h) / (sqrt(v*beta2h) + eps)
     """
+    check_n_threads("adamw_step", n_threads)
     cdef Py_ssize_t n = w.shape[0], nchunks, k, start
     cdef float alpha, b1, b2, eps, keep, b1h, b2h
     if g.shape[0] != n or m.shape[0] != n or v.shape[0] != n:
@@ -84,11 +86,13 @@ def adamw_step(float[::1] w, const float[::1] g, float[::1] m, float[::1] v,
                      alpha, b1, b2, eps, keep, b1h, b2h)
 
 
-def sgd_step(float[::1] w, const float[::1] g, const float[::1] params, int n_threads):
+def sgd_step(float[::1] w not None, const float[::1] g not None, const float[::1] params not None,
+             int n_threads):
     """One SGD step in place (ggml_opt_step_sgd): ``w = w*(1 - alpha*wd) - alpha*g``.
 
     ``params = [alpha, wd]``.
     """
+    check_n_threads("sgd_step", n_threads)
     cdef Py_ssize_t n = w.shape[0], nchunks, k, start
     cdef float alpha, keep
     if g.shape[0] != n:

@@ -6,6 +6,7 @@ contiguous pieces of a row run through vectorizable C loops.
 """
 
 from ggopt._kernels._common cimport (
+    check_n_threads,
     Arr4,
     arr4_same_shape,
     arr4_set,
@@ -89,9 +90,10 @@ cdef void _run(Job *j, int n_threads) noexcept:
         drive_elements(j.d.n, _piece, j, par, n_threads)
 
 
-def swiglu(const float[:, :, :, :] x0, const float[:, :, :, :] x1, float[:, :, :, :] dst,
-           int n_threads):
+def swiglu(const float[:, :, :, :] x0 not None, const float[:, :, :, :] x1 not None,
+           float[:, :, :, :] dst not None, int n_threads):
     """``dst = silu(x0) * x1`` (ggml_swiglu_split; ggml_swiglu passes the halves of a row)."""
+    check_n_threads("swiglu", n_threads)
     cdef Job j
     j.op = _SWIGLU
     arr4_set(&j.x, x0)
@@ -102,7 +104,9 @@ def swiglu(const float[:, :, :, :] x0, const float[:, :, :, :] x1, float[:, :, :
     _run(&j, n_threads)
 
 
-def _unary(int op, str fn, const float[:, :, :, :] x, float[:, :, :, :] dst, int n_threads):
+def _unary(int op, str fn, const float[:, :, :, :] x not None, float[:, :, :, :] dst not None,
+           int n_threads):
+    check_n_threads(fn, n_threads)
     cdef Job j
     j.op = op
     arr4_set(&j.x, x)
@@ -111,11 +115,11 @@ def _unary(int op, str fn, const float[:, :, :, :] x, float[:, :, :, :] dst, int
     _run(&j, n_threads)
 
 
-def sin(const float[:, :, :, :] x, float[:, :, :, :] dst, int n_threads):
+def sin(const float[:, :, :, :] x not None, float[:, :, :, :] dst not None, int n_threads):
     """``dst = sin(x)`` (ggml_sin)."""
     _unary(_SIN, "sin (ggml_sin)", x, dst, n_threads)
 
 
-def cos(const float[:, :, :, :] x, float[:, :, :, :] dst, int n_threads):
+def cos(const float[:, :, :, :] x not None, float[:, :, :, :] dst not None, int n_threads):
     """``dst = cos(x)`` (ggml_cos)."""
     _unary(_COS, "cos (ggml_cos)", x, dst, n_threads)

@@ -10,6 +10,7 @@ from libc.stdint cimport int32_t
 from libc.string cimport memmove
 
 from ggopt._kernels._common cimport (
+    check_n_threads,
     Arr4,
     arr4_c_contig,
     arr4_flatten,
@@ -75,8 +76,9 @@ cdef void _sum_rows_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1
     )
 
 
-def sum_rows(const float[:, :, :, :] a, float[:, :, :, :] dst, int n_threads):
+def sum_rows(const float[:, :, :, :] a not None, float[:, :, :, :] dst not None, int n_threads):
     """``dst[i3, i2, i1, 0] = sum(a[i3, i2, i1, :])`` (ggml_sum_rows), summed in double."""
+    check_n_threads("sum_rows", n_threads)
     cdef Pair p
     arr4_set(&p.src, a)
     arr4_set(&p.dst, dst)
@@ -95,8 +97,9 @@ cdef void _sum_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
     acc[0] += _sum_f32(_row(a, i3, i2, i1) + c0 * a.s[3], a.s[3], c1 - c0)
 
 
-def sum_all(const float[:, :, :, :] a, int n_threads):
+def sum_all(const float[:, :, :, :] a not None, int n_threads):
     """Sum of every element (ggml_sum): accumulated in double, returned rounded to float32."""
+    check_n_threads("sum_all", n_threads)
     cdef Arr4 x
     cdef double total
     arr4_set(&x, a)
@@ -153,8 +156,9 @@ cdef void _tiled_pair(Pair *p, const float[:, :, :, :] src, float[:, :, :, :] ds
         arr4_flatten(&p.dst)
 
 
-def repeat(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
+def repeat(const float[:, :, :, :] src not None, float[:, :, :, :] dst not None, int n_threads):
     """Tile ``src`` over ``dst`` (ggml_repeat); every dim of src must divide dst's."""
+    check_n_threads("repeat", n_threads)
     cdef Pair p
     _tiled_pair(&p, src, dst, False)
     with nogil:
@@ -197,11 +201,13 @@ cdef void _repeat_back_piece(void *ctx, Py_ssize_t j3, Py_ssize_t j2, Py_ssize_t
                     first = False
 
 
-def repeat_back(const float[:, :, :, :] src, float[:, :, :, :] dst, int n_threads):
+def repeat_back(const float[:, :, :, :] src not None, float[:, :, :, :] dst not None,
+                int n_threads):
     """``dst`` = the sum of ``src`` over all tiles of dst's shape (ggml_repeat_back).
 
     Every dim of dst must divide src's. dst is overwritten, not accumulated into.
     """
+    check_n_threads("repeat_back", n_threads)
     cdef Pair p
     _tiled_pair(&p, src, dst, True)
     if p.dst.n[3] == 1 and p.src.n[3] > 1:
@@ -251,8 +257,9 @@ cdef inline int32_t _argmax_row(const char *p, Py_ssize_t s, Py_ssize_t n) noexc
     return idx
 
 
-def argmax(const float[:, :] a, int32_t[:] dst, int n_threads):
+def argmax(const float[:, :] a not None, int32_t[:] dst not None, int n_threads):
     """``dst[r]`` = index of the maximum of row ``a[r]`` (ggml_argmax); ties give the last index."""
+    check_n_threads("argmax", n_threads)
     cdef Py_ssize_t nrows = a.shape[0], ncols = a.shape[1], r
     cdef Py_ssize_t s0 = a.strides[0], s1 = a.strides[1]
     cdef const char *base
@@ -298,8 +305,10 @@ cdef void _set_i32(Arr4 *x, const int32_t[:, :, :, :] m) noexcept:
         x.s[k] = m.strides[k]
 
 
-def count_equal(const int32_t[:, :, :, :] a, const int32_t[:, :, :, :] b, int n_threads):
+def count_equal(const int32_t[:, :, :, :] a not None, const int32_t[:, :, :, :] b not None,
+                int n_threads):
     """Number of positions where the int32 arrays a and b are equal (ggml_count_equal)."""
+    check_n_threads("count_equal", n_threads)
     cdef Pair p
     cdef double n
     _set_i32(&p.src, a)

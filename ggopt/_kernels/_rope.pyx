@@ -18,6 +18,7 @@ from libc.stdint cimport int32_t
 from libc.stdlib cimport free, malloc
 
 from cython.parallel cimport prange
+from ggopt._kernels._common cimport check_n_threads
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
@@ -129,12 +130,13 @@ cdef void _tokens(const ggopt_rope_t *r, char *xb, Py_ssize_t xst[4], char *db,
                            neox, cache)
 
 
-def rope(const float[:, :, :, :] x, const int32_t[:] pos, object freq_factors,
-         float[:, :, :, :] dst, int n_dims, bint neox, int n_ctx_orig, float freq_base,
+def rope(const float[:, :, :, :] x not None, const int32_t[:] pos not None, object freq_factors,
+         float[:, :, :, :] dst not None, int n_dims, bint neox, int n_ctx_orig, float freq_base,
          float freq_scale, float ext_factor, float attn_factor, float beta_fast,
          float beta_slow, float sin_sign, int n_threads):
     """``dst = rope(x)`` (``sin_sign = 1``, ggml_rope_ext) or its gradient (``sin_sign = -1``,
     ggml_rope_ext_back); ``freq_factors`` is None or a float32 vector of ``>= n_dims/2``."""
+    check_n_threads("rope", n_threads)
     cdef const float[:] ffv
     cdef const char *ff = NULL
     cdef Py_ssize_t ffs = 0

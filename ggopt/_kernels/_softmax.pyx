@@ -11,6 +11,7 @@ from cython.parallel cimport prange
 from libc.math cimport INFINITY, log
 
 from ggopt._kernels._common cimport (
+    check_n_threads,
     Arr4,
     arr4_same_shape,
     arr4_set,
@@ -302,8 +303,10 @@ cdef void _soft_max_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
         (<float *>(d + i * ds))[0] *= inv
 
 
-def soft_max(const float[:, :, :, :] a, float[:, :, :, :] dst, float scale, int n_threads):
+def soft_max(const float[:, :, :, :] a not None, float[:, :, :, :] dst not None, float scale,
+             int n_threads):
     """``dst = softmax(scale*a)`` along the last axis, max-subtracted (ggml_soft_max_ext)."""
+    check_n_threads("soft_max", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     arr4_set(&j.x, a)
@@ -336,13 +339,14 @@ cdef void _soft_max_back_row(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t
             (<float *>(d + i * ds))[0] = ((_at(g, gs, i) - dot) * _at(y, ys, i)) * sc
 
 
-def soft_max_back(const float[:, :, :, :] g, const float[:, :, :, :] y,
-                  float[:, :, :, :] dst, float scale, int n_threads):
+def soft_max_back(const float[:, :, :, :] g not None, const float[:, :, :, :] y not None,
+                  float[:, :, :, :] dst not None, float scale, int n_threads):
     """``dst = scale * y * (g - sum(g*y))`` per row: the backward pass of
     ``softmax(scale*a + mask)`` w.r.t. ``a`` (ggml_soft_max_ext_back).
 
     ``g`` is the incoming gradient and ``y`` the softmax output; the dot product is in double.
     """
+    check_n_threads("soft_max_back", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     arr4_set(&j.x, g)
@@ -396,12 +400,14 @@ cdef void _prepare_ce(Job *j, const float[:, :] logits, const float[:, :] labels
     _check_same(&j.x, &j.y, fn, "logits", "labels")
 
 
-def cross_entropy_loss(const float[:, :] logits, const float[:, :] labels, int n_threads):
+def cross_entropy_loss(const float[:, :] logits not None, const float[:, :] labels not None,
+                       int n_threads):
     """Mean over rows of ``-sum(labels * log_softmax(logits))`` (ggml_cross_entropy_loss).
 
     Arrays are (nrows, ncols). Exponentials in float32, sums in double; the result is returned
     rounded to float32.
     """
+    check_n_threads("cross_entropy_loss", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     cdef Py_ssize_t nrows = logits.shape[0], ncols = logits.shape[1], nr, k, r0, r1
@@ -429,12 +435,14 @@ def cross_entropy_loss(const float[:, :] logits, const float[:, :] labels, int n
     return <float>(-total / nrows)
 
 
-def cross_entropy_loss_back(float grad, const float[:, :] logits, const float[:, :] labels,
-                            float[:, :] dst, int n_threads):
+def cross_entropy_loss_back(float grad, const float[:, :] logits not None,
+                            const float[:, :] labels not None, float[:, :] dst not None,
+                            int n_threads):
     """``dst = (softmax(logits) - labels) * (grad / nrows)`` (ggml_cross_entropy_loss_back).
 
     ``grad`` is the incoming gradient of the (scalar) loss; one fused pass per row.
     """
+    check_n_threads("cross_entropy_loss_back", n_threads)
     cdef Job j
     cdef Py_ssize_t shape[4]
     cdef Py_ssize_t nrows = logits.shape[0], ncols = logits.shape[1], nr, k, r0, r1
