@@ -48,3 +48,16 @@ def logits(cfg, w: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
         ff = gate / (1 + np.exp(-gate)) * (h @ w[b + "ffn_up.weight"].T)
         x = x + ff @ w[b + "ffn_down.weight"].T
     return _norm(x, w["output_norm.weight"], cfg.eps) @ w["output.weight"].T
+
+
+def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
+    """Weights large enough that attention and every block matter (unlike the 0.02 init):
+    norms near 1, matrices with unit-variance outputs."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            out[name] = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
+    return out

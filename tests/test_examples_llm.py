@@ -9,6 +9,7 @@ import gguf
 import numpy as np
 import pytest
 from llm_ref import logits as ref_logits
+from llm_ref import random_weights
 
 import ggopt
 from ggopt import backend as gb
@@ -26,15 +27,7 @@ def _text(n: int = 6000) -> bytes:
 
 
 def _random_weights(cfg: llm_model.Config, seed: int = 1) -> dict[str, np.ndarray]:
-    """Weights large enough that attention and every block matter (unlike the 0.02 init)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in llm_model.param_shapes(cfg).items():
-        if len(shape) == 1:
-            out[name] = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (rng.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
-    return out
+    return random_weights(llm_model.param_shapes(cfg), seed)
 
 
 def _model(cfg, weights):

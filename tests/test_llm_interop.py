@@ -9,12 +9,12 @@ attention) change logits by ~1e-2.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 import pytest
 from llm_ref import logits as ref_logits
+from llm_ref import random_weights
 
 from ggopt import backend as gb
 from ggopt.examples import llm_data, llm_gguf, llm_model
@@ -29,14 +29,7 @@ GGML_TYPE_F32 = 0
 
 
 def _weights(cfg: llm_model.Config) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(7)
-    out = {}
-    for name, shape in llm_model.param_shapes(cfg).items():
-        if len(shape) == 1:
-            out[name] = (1 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (rng.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
-    return out
+    return random_weights(llm_model.param_shapes(cfg), 7)
 
 
 def test_llama_cpp_logits_match(tmp_path):
