@@ -2,8 +2,8 @@
 
 ggml passes ``n_threads`` to every CPU graph compute (``ggml_backend_cpu_set_n_threads``); ggopt
 keeps one setting for the whole process. Kernels read it through :func:`get_n_threads`; numpy's
-BLAS (used for matrix products) is limited to the same count with threadpoolctl, so the two
-never oversubscribe the cores.
+BLAS (NumPy's, and SciPy's that the matrix-product kernel calls) is limited to the same count
+with threadpoolctl, so the two never oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._kernels._openmp_helpers import omp_max_threads
 from ._kernels._openmp_helpers import openmp_enabled as _openmp_enabled
@@ -95,20 +96,31 @@ def get_n_threads() -> int:
     return _n_threads
 
 
+def threadpool_controller() -> Any:
+    """threadpoolctl's controller of the loaded libraries, scanned once, after loading the
+    matrix-product kernel so that SciPy's BLAS (which it calls) is among them."""
+    global _blas_controller
+    if _blas_controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        from ._kernels import _gemm  # noqa: F401 - loads SciPy's BLAS before the scan
+
+        _blas_controller = ThreadpoolController()
+    return _blas_controller
+
+
 def _limit_blas(n: int | None) -> None:
-    """Limit BLAS to ``n`` threads, or restore its original limits when ``n`` is None."""
-    global _blas_controller, _blas_limiter, _blas_limit
+    """Limit BLAS to ``n`` threads (at most one per CPU: OpenBLAS starts every thread it is
+    given at once), or restore its original limits when ``n`` is None."""
+    global _blas_limiter, _blas_limit
     if n == _blas_limit:
         return
     if _blas_limiter is not None:
         _blas_limiter.restore_original_limits()
         _blas_limiter = None
     if n is not None:
-        if _blas_controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_controller = ThreadpoolController()  # scans the loaded libraries once
-        _blas_limiter = _blas_controller.limit(limits=n, user_api="blas")
+        _blas_limiter = threadpool_controller().limit(limits=min(n, os.cpu_count() or 1),
+                                                      user_api="blas")
     _blas_limit = n
 
 

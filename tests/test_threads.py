@@ -67,17 +67,30 @@ def test_non_integer_raises_dtype_error(bad):
 
 
 def test_blas_follows_the_setting():
+    _threads.threadpool_controller()  # loads SciPy's BLAS (the products' BLAS) first
     original = blas_threads()
     if not original:
         pytest.skip("threadpoolctl finds no BLAS library in this NumPy")
     _threads.set_n_threads(1)
     assert blas_threads() == [1] * len(original)
     _threads.set_n_threads(2)
-    assert blas_threads() == [2] * len(original)
+    assert blas_threads() == [min(2, os.cpu_count() or 1)] * len(original)
     _threads.set_n_threads(1)
     assert blas_threads() == [1] * len(original)
     _threads.set_n_threads(None)
     assert blas_threads() == original
+
+
+def test_blas_never_gets_more_threads_than_cpus():
+    """A huge setting reaches the kernels, but BLAS (which starts its threads at once) stays at
+    one thread per CPU."""
+    _threads.threadpool_controller()
+    try:
+        _threads.set_n_threads(_threads.MAX_N_THREADS)
+        assert _threads.get_n_threads() in (_threads.MAX_N_THREADS, 1)  # 1: no OpenMP
+        assert all(n <= (os.cpu_count() or 1) for n in blas_threads())
+    finally:
+        _threads.set_n_threads(None)
 
 
 def test_omp_num_threads_is_respected():

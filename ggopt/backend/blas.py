@@ -18,6 +18,8 @@ import threading
 from types import TracebackType
 from typing import Any, ClassVar
 
+from .. import _threads
+
 __all__ = ["SerialBlas"]
 
 
@@ -32,9 +34,7 @@ class SerialBlas:
     @classmethod
     def _controllers(cls) -> list[Any]:
         if cls._libs is None:
-            from threadpoolctl import ThreadpoolController
-
-            cls._libs = [c for c in ThreadpoolController().lib_controllers
+            cls._libs = [c for c in _threads.threadpool_controller().lib_controllers
                          if c.user_api == "blas"]
         return cls._libs
 

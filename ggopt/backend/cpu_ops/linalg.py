@@ -1,9 +1,14 @@
-"""Matrix-product compilers: NumPy's BLAS on one thread per call, over slices whose bounds
-depend only on the shapes, spread over ``n_threads`` threads (bit-identical for any count)."""
+"""Matrix-product compilers: BLAS on one thread per call, over slices whose bounds depend only
+on the shapes, spread over ``n_threads`` threads (bit-identical for any count).
+
+The slices run as one :class:`~ggopt._kernels._gemm.GemmPlan` (SciPy's ``sgemm`` called from an
+OpenMP team, no Python per product); operands BLAS cannot read in place (no unit stride) take
+NumPy's ``matmul`` on Python worker threads instead.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,8 +64,24 @@ def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
     return [(x, y, out)], []
 
 
+def _gemm_plan(parts: list[Product], sums: list[tuple[np.ndarray, np.ndarray]]) -> Any:
+    """The products and split-K sums as one GemmPlan, or None if BLAS cannot read an operand
+    in place."""
+    from ..._kernels._gemm import GemmPlan  # loads SciPy's BLAS on the first product
+
+    plan = GemmPlan()
+    for x, y, out in parts:
+        if not plan.add(x, y, out):
+            return None
+    for out, scratch in sums:
+        if not out.flags.c_contiguous:
+            return None
+        plan.add_sum(out.reshape(-1), scratch.reshape(-1))
+    return plan
+
+
 def _matmul_step(be: CPUBackend, pairs: list[Product]) -> Step:
-    """``np.matmul(x, y, out=out)`` per (x, y, out) slice, on single-threaded BLAS.
+    """``out = x @ y`` per (x, y, out) slice, on single-threaded BLAS.
 
     Each product is cut into pieces by its shape alone and the pieces are spread over
     ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
@@ -72,14 +93,15 @@ def _matmul_step(be: CPUBackend, pairs: list[Product]) -> Step:
         p, s = _slices(x, y, out)
         parts += p
         sums += s
-    if len(parts) == 1:
-        x, y, out = parts[0]
+    plan = _gemm_plan(parts, sums)
+    if plan is not None:
+        return lambda: plan.run(be.n_threads)
+    return _numpy_step(be, parts, sums)
 
-        def product() -> None:
-            np.matmul(x, y, out=out)
 
-        return product
-
+def _numpy_step(be: CPUBackend, parts: list[Product],
+                sums: list[tuple[np.ndarray, np.ndarray]]) -> Step:
+    """The same pieces on NumPy's ``matmul``, for operands without a unit stride."""
     def run(group: list[Product]) -> Step:
         def task() -> None:
             for x, y, out in group:

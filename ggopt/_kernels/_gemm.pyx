@@ -1,0 +1,182 @@
+"""Matrix products on BLAS ``sgemm``: one-thread calls spread over an OpenMP team.
+
+A :class:`GemmPlan` is a fixed list of row-major float32 products ``out = x @ y`` (or
+``out += x @ y``) whose operands are 2-D views with a unit stride on one axis, plus split-K
+partials to add once the products are done. :meth:`GemmPlan.run` calls SciPy's BLAS ``sgemm``
+(``scipy.linalg.cython_blas``) for each product with the GIL released, on up to ``n_threads``
+OpenMP threads. The caller holds BLAS at one thread (``backend/blas.py``), so every product is
+the same single-threaded call whichever thread runs it: the result does not depend on the
+thread count. The products are cut by the caller from the shapes alone (``cpu_ops/linalg.py``).
+
+BLAS is column-major: the row-major ``out (r, c) = x (r, k) @ y (k, c)`` is computed as the
+column-major ``out^T (c, r) = y^T (c, k) @ x^T (k, r)``.
+"""
+
+from cython.parallel cimport prange
+from libc.stdlib cimport free, realloc
+from libc.string cimport memset
+
+from scipy.linalg.cython_blas cimport sgemm
+
+from ggopt._kernels._common cimport check_n_threads
+
+from ggopt.errors import ShapeError
+
+cdef enum:
+    _INT_MAX = 2147483647
+
+
+cdef struct Product:
+    char ta           # sgemm transa for y^T ('N' or 'T')
+    char tb           # sgemm transb for x^T
+    int m             # columns of out (rows of out^T)
+    int n             # rows of out
+    int k             # the reduction length
+    int lda
+    int ldb
+    int ldc
+    float beta        # 0: overwrite out, 1: add to it
+    const float *a    # y
+    const float *b    # x
+    float *c          # out
+
+
+cdef struct Sum:
+    float *out        # a C-contiguous block of size elements
+    const float *part
+    Py_ssize_t size
+
+
+cdef bint _operand(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t s0, Py_ssize_t s1,
+                   char *trans, int *ld) noexcept:
+    """The column-major (trans, ld) for a (rows, cols) matrix with element strides (s0, s1), or
+    False when BLAS cannot read it in place (no unit stride, overlapping or huge strides)."""
+    if rows <= 1 and cols <= 1:
+        trans[0], ld[0] = b'N', 1
+        return True
+    if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= rows):
+        trans[0] = b'N'
+        ld[0] = <int>(s1 if cols > 1 else max(rows, 1)) if s1 <= _INT_MAX else 0
+        return ld[0] > 0
+    if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= cols):
+        trans[0] = b'T'  # stored as the column-major (cols, rows) matrix
+        ld[0] = <int>(s0 if rows > 1 else max(cols, 1)) if s0 <= _INT_MAX else 0
+        return ld[0] > 0
+    return False
+
+
+cdef bint _unit_strides(Py_ssize_t s0, Py_ssize_t s1, Py_ssize_t *e0, Py_ssize_t *e1) noexcept:
+    """Byte strides as element strides; False for negative or unaligned ones."""
+    if s0 < 0 or s1 < 0 or s0 % 4 or s1 % 4:
+        return False
+    e0[0], e1[0] = s0 // 4, s1 // 4
+    return True
+
+
+cdef class GemmPlan:
+    """Products ``out = x @ y`` (``out += x @ y`` when accumulating) and split-K sums, run by
+    :meth:`run` on one-thread BLAS calls; the arrays are referenced, not copied."""
+
+    cdef Product *products
+    cdef Py_ssize_t n_products
+    cdef Sum *sums
+    cdef Py_ssize_t n_sums
+    cdef list keep  # the arrays the pointers point into
+
+    def __cinit__(self):
+        self.products = NULL
+        self.sums = NULL
+        self.n_products = 0
+        self.n_sums = 0
+        self.keep = []
+
+    def __dealloc__(self):
+        free(self.products)
+        free(self.sums)
+
+    @property
+    def n_items(self) -> int:
+        """How many products the plan runs."""
+        return self.n_products
+
+    def add(self, const float[:, :] x not None, const float[:, :] y not None,
+            float[:, :] out not None, bint accumulate=False) -> bool:
+        """Append ``out = x @ y`` (``+=`` with ``accumulate``); False, and nothing appended,
+        when an operand's strides are not ones BLAS reads in place (the caller falls back)."""
+        cdef Py_ssize_t r = x.shape[0], k = x.shape[1], c = y.shape[1]
+        cdef Py_ssize_t xs0, xs1, ys0, ys1, os0, os1
+        cdef Product p
+        cdef char oc
+        if y.shape[0] != k or out.shape[0] != r or out.shape[1] != c:
+            raise ShapeError(f"GemmPlan.add: x ({r}, {k}) @ y ({y.shape[0]}, {c}) does not "
+                             f"give out ({out.shape[0]}, {out.shape[1]})")
+        if r > _INT_MAX or k > _INT_MAX or c > _INT_MAX:
+            return False
+        if not (_unit_strides(x.strides[0], x.strides[1], &xs0, &xs1)
+                and _unit_strides(y.strides[0], y.strides[1], &ys0, &ys1)
+                and _unit_strides(out.strides[0], out.strides[1], &os0, &os1)):
+            return False
+        # out^T (c, r): must be stored column-major, i.e. 'N'
+        if not _operand(c, r, os1, os0, &oc, &p.ldc) or oc != b'N':
+            return False
+        if not _operand(c, k, ys1, ys0, &p.ta, &p.lda):  # y^T (c, k)
+            return False
+        if not _operand(k, r, xs1, xs0, &p.tb, &p.ldb):  # x^T (k, r)
+            return False
+        if r == 0 or c == 0:
+            return True  # nothing to write
+        p.m, p.n, p.k = <int>c, <int>r, <int>k
+        p.beta = 1.0 if accumulate else 0.0
+        p.a, p.b, p.c = &y[0, 0] if k else NULL, &x[0, 0] if k else NULL, &out[0, 0]
+        grown = <Product *>realloc(self.products, (self.n_products + 1) * sizeof(Product))
+        if grown == NULL:
+            raise MemoryError("GemmPlan.add: out of memory")
+        self.products = grown
+        self.products[self.n_products] = p
+        self.n_products += 1
+        self.keep += [x, y, out]
+        return True
+
+    def add_sum(self, float[::1] out not None, const float[::1] part not None) -> None:
+        """After the products, ``out += part`` (a split-K partial; both contiguous)."""
+        if out.shape[0] != part.shape[0]:
+            raise ShapeError(f"GemmPlan.add_sum: out has {out.shape[0]} elements, part "
+                             f"{part.shape[0]}")
+        if out.shape[0] == 0:
+            return
+        grown = <Sum *>realloc(self.sums, (self.n_sums + 1) * sizeof(Sum))
+        if grown == NULL:
+            raise MemoryError("GemmPlan.add_sum: out of memory")
+        self.sums = grown
+        self.sums[self.n_sums] = Sum(&out[0], &part[0], out.shape[0])
+        self.n_sums += 1
+        self.keep += [out, part]
+
+    def run(self, int n_threads) -> None:
+        """Run every product (on up to ``n_threads`` threads), then the sums."""
+        check_n_threads("GemmPlan.run", n_threads)
+        cdef Py_ssize_t i, j
+        cdef int team = <int>min(<Py_ssize_t>n_threads, self.n_products)
+        with nogil:
+            if team > 1:
+                for i in prange(self.n_products, num_threads=team, schedule="static",
+                                chunksize=1):
+                    _product(&self.products[i])
+            else:
+                for i in range(self.n_products):
+                    _product(&self.products[i])
+            for i in range(self.n_sums):
+                for j in range(self.sums[i].size):
+                    self.sums[i].out[j] += self.sums[i].part[j]
+
+
+cdef void _product(Product *p) noexcept nogil:
+    cdef float one = 1.0
+    cdef Py_ssize_t i
+    if p.k == 0:  # an empty sum: BLAS may not touch C with K = 0, so zero it here
+        if p.beta == 0.0:
+            for i in range(p.n):
+                memset(p.c + i * p.ldc, 0, p.m * sizeof(float))
+        return
+    sgemm(&p.ta, &p.tb, &p.m, &p.n, &p.k, &one, <float *>p.a, &p.lda, <float *>p.b, &p.ldb,
+          &p.beta, p.c, &p.ldc)
