@@ -16,7 +16,8 @@ reshuffle the training shards, reset the results, ``epoch``.
 The FC group has a third row, ``numpy_matmuls``: only the matrix products of one mnist-fc
 epoch (per physical batch of 500 the two forward products, dW2, dH and dW1; the validation
 batches' forward products) as NumPy ``matmul`` into preallocated arrays, with BLAS on the same
-threads: the floor that no framework built on BLAS products gets below.
+threads: the floor that no framework built on BLAS products gets below (issue 14: ggopt's
+epoch within 1.25x of it).
 
 ``extra_info``: ``s_per_epoch`` (the median) and, on the ggopt rows, ``ratio_vs_torch``
 (PyTorch's seconds / ggopt's: above 1 ggopt is faster) with the issue's target, and
@@ -41,9 +42,11 @@ pytestmark = pytest.mark.usefixtures("bench_threads")
 MNIST_DIR = Path(os.environ.get("GGOPT_BENCH_MNIST", "")
                  or Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
 ROUNDS = {"fc": 3, "cnn": 2}  # timed epochs, after one untimed warm-up epoch
-# Issue targets in seconds per epoch: FC <= 0.8x PyTorch's time, CNN <= 1.0x; as speed ratios
-# (PyTorch's seconds / ggopt's) that is >= 1.25 and >= 1.0.
-TARGET_VS_TORCH = {"fc": 1.25, "cnn": 1.0}
+# Issue 14's targets in seconds per epoch: CNN <= 0.7x PyTorch's time, FC <= 1.25x its matrix
+# products alone (and so faster than PyTorch); as speed ratios (reference seconds / ggopt's)
+# that is >= 1/0.7 and >= 0.8.
+TARGET_VS_TORCH = {"fc": 1.0, "cnn": round(1 / 0.7, 3)}
+TARGET_VS_PRODUCTS = 0.8
 NTRAIN, NVAL = 57000, 3000
 
 
@@ -183,4 +186,4 @@ def test_mnist_epoch(benchmark, ratio_to, bench_threads, mnist, arch, impl):
     if benchmark.stats is not None:
         benchmark.extra_info["s_per_epoch"] = round(benchmark.stats.stats.median, 3)
     ratio_to(impl, torch=TARGET_VS_TORCH[arch] if impl == "ggopt" else None,
-             numpy_matmuls=None)
+             numpy_matmuls=TARGET_VS_PRODUCTS if impl == "ggopt" else None)

@@ -319,7 +319,22 @@ def test_numpy_and_tensor_get_before_allocation(ctx):
         gb.tensor_get(a)
     with pytest.raises(StateError, match="no memory"):
         gb.tensor_set(a, np.zeros(3, np.float32))
+    with pytest.raises(StateError, match="no memory"):
+        gb.tensor_fill(a, 0.0)
     assert observable_state(ctx) == before
+
+
+def test_tensor_fill_writes_every_element_of_a_view_only(ctx):
+    a = ctx.new_tensor_2d(ggopt.F32, 4, 3)
+    row = ggopt.view_1d(ctx, a, 4, 4 * 4)  # the second row
+    gb.alloc_ctx_tensors(ctx, gb.cpu_init())
+    gb.tensor_set(a, np.arange(12, dtype=np.float32))
+    gb.tensor_fill(row, -2.5)
+    want = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want[1] = -2.5
+    np.testing.assert_array_equal(a.numpy(), want)
+    with pytest.raises(DTypeError, match="Tensor"):
+        gb.tensor_fill(want, 0.0)
 
 
 def test_tensor_set_wrong_size_or_dtype(ctx):

@@ -56,11 +56,11 @@ cdef bint _operand(Py_ssize_t rows, Py_ssize_t cols, Py_ssize_t s0, Py_ssize_t s
         return True
     if (s0 == 1 or rows == 1) and (cols == 1 or s1 >= rows):
         trans[0] = b'N'
-        ld[0] = <int>(s1 if cols > 1 else max(rows, 1)) if s1 <= _INT_MAX else 0
+        ld[0] = <int>max(s1 if cols > 1 else rows, 1) if s1 <= _INT_MAX else 0
         return ld[0] > 0
     if (s1 == 1 or cols == 1) and (rows == 1 or s0 >= cols):
         trans[0] = b'T'  # stored as the column-major (cols, rows) matrix
-        ld[0] = <int>(s0 if rows > 1 else max(cols, 1)) if s0 <= _INT_MAX else 0
+        ld[0] = <int>max(s0 if rows > 1 else cols, 1) if s0 <= _INT_MAX else 0
         return ld[0] > 0
     return False
 

@@ -20,7 +20,7 @@ from .sched import Scheduler
 
 __all__ = [
     "Backend", "Buffer", "CPUBackend", "Scheduler", "cpu_init", "cupy_init",
-    "alloc_ctx_tensors", "tensor_set", "tensor_get",
+    "alloc_ctx_tensors", "tensor_set", "tensor_get", "tensor_fill",
 ]
 
 
@@ -64,6 +64,15 @@ def tensor_set(t: Tensor, array: npt.ArrayLike) -> None:
     with _compute_lock(t):
         _check_transfer(t)  # again: another thread may have reset the scheduler meanwhile
         buffer_of(t).backend.tensor_set(t, array)
+
+
+def tensor_fill(t: Tensor, value: float) -> None:
+    """Set every element of ``t`` to ``value`` in place (ggml_backend_tensor_memset, for any
+    value): no host array is made."""
+    _check_transfer(t)
+    with _compute_lock(t):
+        _check_transfer(t)
+        buffer_of(t).backend.fill(t, value)
 
 
 def tensor_get(t: Tensor) -> np.ndarray:

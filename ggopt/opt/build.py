@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import graph as _graph
 from .. import ops
-from ..backend import Scheduler, alloc_ctx_tensors, tensor_set
+from ..backend import Scheduler, alloc_ctx_tensors, tensor_fill
 from ..context import Context
 from ..errors import ShapeError, StateError
 from ..tensor import Tensor
@@ -78,13 +78,13 @@ class Persistent:
     def reset_grads(self, momenta: bool) -> None:
         """Zero the accumulators (the loss's holds the seed 1) and optionally the moments."""
         for acc in self.param_accs.values():
-            tensor_set(acc, np.zeros(acc.nelements(), dtype=np.float32))
+            tensor_fill(acc, 0.0)
         if self.loss_acc is not None:
-            tensor_set(self.loss_acc, np.ones(1, dtype=np.float32))
+            tensor_fill(self.loss_acc, 1.0)
         if momenta:
             for m, v in self.moments.values():
-                tensor_set(m, np.zeros(m.nelements(), dtype=np.float32))
-                tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
+                tensor_fill(m, 0.0)
+                tensor_fill(v, 0.0)
 
     def step_params(self, spec: Spec) -> Tensor:
         """The host tensor of the optimizer's per-step values, made on first use."""
