@@ -39,26 +39,53 @@ def test_products_match_numpy(lx, ly, shape):
     np.testing.assert_allclose(out, x @ y, rtol=1e-5, atol=1e-5)
 
 
-def test_accumulate_and_split_k_sums():
+def test_split_k_sums():
     x, y = _rand((9, 40), 3), _rand((40, 6), 4)
-    out, part = _rand((9, 6), 5), np.empty((9, 6), np.float32)
-    start = out.copy()
+    out, part = np.empty((9, 6), np.float32), np.empty((9, 6), np.float32)
     plan = GemmPlan()
-    assert plan.add(x[:, :20], y[:20], out, accumulate=True)
+    assert plan.add(x[:, :20], y[:20], out)
     assert plan.add(x[:, 20:], y[20:], part)
     plan.add_sum(out.reshape(-1), part.reshape(-1))
     with SerialBlas():
         plan.run(3)
-    np.testing.assert_allclose(out, start + x @ y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, x @ y, rtol=1e-5, atol=1e-5)
 
 
-def test_empty_reduction_zeroes_or_keeps():
-    x, y = np.empty((4, 0), np.float32), np.empty((0, 3), np.float32)
-    zero, keep = np.ones((4, 3), np.float32), np.ones((4, 3), np.float32)
+@pytest.mark.parametrize("acc_layout", ["c", "s"])
+def test_product_then_add_is_the_two_operations_bit_for_bit(acc_layout):
+    """``out = x @ y; acc += out`` in one plan: the same bits as the product, then NumPy's
+    float add (the accumulator may be a strided view)."""
+    x, y = _rand((37, 53), 11), _rand((53, 29), 12)
+    acc = _operand((37, 29), acc_layout, 13)
+    start = acc.copy()
+    out, alone = np.empty((37, 29), np.float32), np.empty((37, 29), np.float32)
+    plan, ref = GemmPlan(), GemmPlan()
+    for r0, r1 in ((0, 18), (18, 37)):
+        assert plan.add(x[r0:r1], y, out[r0:r1], acc[r0:r1])
+        assert ref.add(x[r0:r1], y, alone[r0:r1])
+    with SerialBlas():
+        plan.run(2)
+        ref.run(1)
+    np.testing.assert_array_equal(out, alone)
+    np.testing.assert_array_equal(acc, start + alone)
+
+
+def test_product_then_add_refuses_a_transposed_or_misshapen_accumulator():
+    x, y, out = _rand((8, 5), 1), _rand((5, 6), 2), np.empty((8, 6), np.float32)
     plan = GemmPlan()
-    assert plan.add(x, y, zero) and plan.add(x, y, keep, accumulate=True)
+    assert not plan.add(x, y, out, _rand((6, 8), 3).T)  # no unit column stride
+    with pytest.raises(ShapeError, match="acc"):
+        plan.add(x, y, out, _rand((8, 5), 3))
+    assert plan.n_items == 0
+
+
+def test_empty_reduction_gives_zeros():
+    x, y = np.empty((4, 0), np.float32), np.empty((0, 3), np.float32)
+    zero, acc = np.ones((4, 3), np.float32), np.ones((4, 3), np.float32)
+    plan = GemmPlan()
+    assert plan.add(x, y, zero, acc)
     plan.run(1)
-    assert (zero == 0).all() and (keep == 1).all()
+    assert (zero == 0).all() and (acc == 1).all()
 
 
 def test_layouts_blas_cannot_read_are_refused_untouched():

@@ -1,8 +1,9 @@
 """Matrix products on BLAS ``sgemm``: one-thread calls spread over an OpenMP team.
 
-A :class:`GemmPlan` is a fixed list of row-major float32 products ``out = x @ y`` (or
-``out += x @ y``) whose operands are 2-D views with a unit stride on one axis, plus split-K
-partials to add once the products are done. :meth:`GemmPlan.run` calls SciPy's BLAS ``sgemm``
+A :class:`GemmPlan` is a fixed list of row-major float32 products ``out = x @ y`` whose
+operands are 2-D views with a unit stride on one axis (each optionally followed, on the same
+thread while ``out`` is still in cache, by ``acc += out``), plus split-K partials to add once
+the products are done. :meth:`GemmPlan.run` calls SciPy's BLAS ``sgemm``
 (``scipy.linalg.cython_blas``) for each product with the GIL released, on up to ``n_threads``
 OpenMP threads. The caller holds BLAS at one thread (``backend/blas.py``), so every product is
 the same single-threaded call whichever thread runs it: the result does not depend on the
@@ -25,6 +26,21 @@ from ggopt.errors import ShapeError
 cdef enum:
     _INT_MAX = 2147483647
 
+cdef extern from *:
+    """
+    /* acc[i, :m] += c[i, :m] for n rows (row strides lda, ldc in elements) */
+    GGOPT_MULTIVERSION
+    static void ggopt_add_rows(float *acc, long lda, const float *c, long ldc, int n, int m) {
+        for (int i = 0; i < n; i++) {
+            float *a = acc + (Py_ssize_t)i * lda;
+            const float *r = c + (Py_ssize_t)i * ldc;
+            for (int j = 0; j < m; j++) a[j] += r[j];
+        }
+    }
+    """
+    void ggopt_add_rows(float *acc, long lda, const float *c, long ldc, int n,
+                        int m) noexcept nogil
+
 
 cdef struct Product:
     char ta           # sgemm transa for y^T ('N' or 'T')
@@ -35,10 +51,11 @@ cdef struct Product:
     int lda
     int ldb
     int ldc
-    float beta        # 0: overwrite out, 1: add to it
     const float *a    # y
     const float *b    # x
     float *c          # out
+    float *acc        # NULL, or the (n, m) rows that out is added to afterwards
+    Py_ssize_t ldacc
 
 
 cdef struct Sum:
@@ -74,8 +91,8 @@ cdef bint _unit_strides(Py_ssize_t s0, Py_ssize_t s1, Py_ssize_t *e0, Py_ssize_t
 
 
 cdef class GemmPlan:
-    """Products ``out = x @ y`` (``out += x @ y`` when accumulating) and split-K sums, run by
-    :meth:`run` on one-thread BLAS calls; the arrays are referenced, not copied."""
+    """Products ``out = x @ y`` (each optionally followed by ``acc += out``) and split-K sums,
+    run by :meth:`run` on one-thread BLAS calls; the arrays are referenced, not copied."""
 
     cdef Product *products
     cdef Py_ssize_t n_products
@@ -100,21 +117,29 @@ cdef class GemmPlan:
         return self.n_products
 
     def add(self, const float[:, :] x not None, const float[:, :] y not None,
-            float[:, :] out not None, bint accumulate=False) -> bool:
-        """Append ``out = x @ y`` (``+=`` with ``accumulate``); False, and nothing appended,
-        when an operand's strides are not ones BLAS reads in place (the caller falls back)."""
+            float[:, :] out not None, float[:, :] acc=None) -> bool:
+        """Append ``out = x @ y``, then ``acc += out`` when ``acc`` is given (the same rows,
+        unit column stride, not overlapping ``out``); False, and nothing appended, when an
+        operand's strides are not ones BLAS reads in place (the caller falls back)."""
         cdef Py_ssize_t r = x.shape[0], k = x.shape[1], c = y.shape[1]
-        cdef Py_ssize_t xs0, xs1, ys0, ys1, os0, os1
+        cdef Py_ssize_t xs0, xs1, ys0, ys1, os0, os1, as0 = 0, as1 = 1
         cdef Product p
         cdef char oc
+        cdef Product *grown
         if y.shape[0] != k or out.shape[0] != r or out.shape[1] != c:
             raise ShapeError(f"GemmPlan.add: x ({r}, {k}) @ y ({y.shape[0]}, {c}) does not "
                              f"give out ({out.shape[0]}, {out.shape[1]})")
+        if acc is not None and (acc.shape[0] != r or acc.shape[1] != c):
+            raise ShapeError(f"GemmPlan.add: acc ({acc.shape[0]}, {acc.shape[1]}) is not the "
+                             f"shape of out ({r}, {c})")
         if r > _INT_MAX or k > _INT_MAX or c > _INT_MAX:
             return False
         if not (_unit_strides(x.strides[0], x.strides[1], &xs0, &xs1)
                 and _unit_strides(y.strides[0], y.strides[1], &ys0, &ys1)
                 and _unit_strides(out.strides[0], out.strides[1], &os0, &os1)):
+            return False
+        if acc is not None and (not _unit_strides(acc.strides[0], acc.strides[1], &as0, &as1)
+                                or (as1 != 1 and c > 1) or (as0 < c and r > 1)):
             return False
         # out^T (c, r): must be stored column-major, i.e. 'N'
         if not _operand(c, r, os1, os0, &oc, &p.ldc) or oc != b'N':
@@ -126,15 +151,17 @@ cdef class GemmPlan:
         if r == 0 or c == 0:
             return True  # nothing to write
         p.m, p.n, p.k = <int>c, <int>r, <int>k
-        p.beta = 1.0 if accumulate else 0.0
         p.a, p.b, p.c = &y[0, 0] if k else NULL, &x[0, 0] if k else NULL, &out[0, 0]
+        p.acc, p.ldacc = NULL, 0
+        if acc is not None:
+            p.acc, p.ldacc = &acc[0, 0], as0
         grown = <Product *>realloc(self.products, (self.n_products + 1) * sizeof(Product))
         if grown == NULL:
             raise MemoryError("GemmPlan.add: out of memory")
         self.products = grown
         self.products[self.n_products] = p
         self.n_products += 1
-        self.keep += [x, y, out]
+        self.keep += [x, y, out, acc]
         return True
 
     def add_sum(self, float[::1] out not None, const float[::1] part not None) -> None:
@@ -144,7 +171,7 @@ cdef class GemmPlan:
                              f"{part.shape[0]}")
         if out.shape[0] == 0:
             return
-        grown = <Sum *>realloc(self.sums, (self.n_sums + 1) * sizeof(Sum))
+        cdef Sum *grown = <Sum *>realloc(self.sums, (self.n_sums + 1) * sizeof(Sum))
         if grown == NULL:
             raise MemoryError("GemmPlan.add_sum: out of memory")
         self.sums = grown
@@ -171,12 +198,13 @@ cdef class GemmPlan:
 
 
 cdef void _product(Product *p) noexcept nogil:
-    cdef float one = 1.0
+    cdef float one = 1.0, zero = 0.0
     cdef Py_ssize_t i
     if p.k == 0:  # an empty sum: BLAS may not touch C with K = 0, so zero it here
-        if p.beta == 0.0:
-            for i in range(p.n):
-                memset(p.c + i * p.ldc, 0, p.m * sizeof(float))
-        return
-    sgemm(&p.ta, &p.tb, &p.m, &p.n, &p.k, &one, <float *>p.a, &p.lda, <float *>p.b, &p.ldb,
-          &p.beta, p.c, &p.ldc)
+        for i in range(p.n):
+            memset(p.c + i * p.ldc, 0, p.m * sizeof(float))
+    else:
+        sgemm(&p.ta, &p.tb, &p.m, &p.n, &p.k, &one, <float *>p.a, &p.lda, <float *>p.b,
+              &p.ldb, &zero, p.c, &p.ldc)
+    if p.acc != NULL:
+        ggopt_add_rows(p.acc, p.ldacc, p.c, p.ldc, p.n, p.m)

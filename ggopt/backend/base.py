@@ -98,6 +98,13 @@ class Backend:
         this backend), their memory given by ``mem``; None for ops that compute nothing."""
         raise NotImplementedError("need compile_node")
 
+    def compile_nodes(self, nodes: list[Tensor], srcs_of: Mapping[Tensor, tuple[Tensor, ...]],
+                      mem: Placement, uses: Mapping[Tensor, int]) -> list[Step]:
+        """The steps of a run of ``nodes`` (in order) on this backend; ``uses`` counts how often
+        the whole graph reads each tensor. Backends that fuse nodes override this."""
+        steps = [self.compile_node(node, srcs_of[node], mem) for node in nodes]
+        return [s for s in steps if s is not None]
+
     def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
         """A callable that copies ``src`` (on any backend) into ``dst`` (on this backend)."""
         raise NotImplementedError("need copy_step")

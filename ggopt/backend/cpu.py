@@ -1,11 +1,12 @@
 """The CPU backend: host buffers (NumPy arrays) and nodes compiled to Cython kernel calls.
 
-Matrix products go to NumPy's BLAS sgemm (the fastest engine on the machine, limited to the
-same thread count as the kernels); everything else is a ``ggopt._kernels`` function.
+Matrix products go to BLAS sgemm (SciPy's, one thread per call, spread over the kernels' thread
+count: ``cpu_ops/linalg.py``); everything else is a ``ggopt._kernels`` function.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,8 @@ from ..tensor import VIEW_OPS, Tensor
 from .base import Backend, Placement, Step
 from .buffer import ALIGNMENT, Buffer
 from .cpu_ops import COMPILERS
+from .cpu_ops.linalg import product_then_add_step
+from .fusion import is_product_then_add
 
 __all__ = ["CPUBackend", "cpu_init", "host_backend"]
 
@@ -78,6 +81,28 @@ class CPUBackend(Backend):
         if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
             return None
         return COMPILERS[node.op](self, node, srcs, mem)
+
+    def compile_nodes(self, nodes: list[Tensor], srcs_of: Mapping[Tensor, tuple[Tensor, ...]],
+                      mem: Placement, uses: Mapping[Tensor, int]) -> list[Step]:
+        """As the base class, but a product followed by the in-place add that sums it into a
+        gradient accumulator is one step (``backend/fusion.py``)."""
+        steps: list[Step] = []
+        i = 0
+        while i < len(nodes):
+            node = nodes[i]
+            nxt = nodes[i + 1] if i + 1 < len(nodes) else None
+            if nxt is not None and is_product_then_add(node, nxt, uses) \
+                    and srcs_of[nxt][0] is nxt.src[0] and node.nelements() > 0:
+                fused = product_then_add_step(self, node, srcs_of[node], mem, mem(nxt))
+                if fused is not None:
+                    steps.append(fused)
+                    i += 2
+                    continue
+            step = self.compile_node(node, srcs_of[node], mem)
+            if step is not None:
+                steps.append(step)
+            i += 1
+        return steps
 
     def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
         backend = mem.at(src.data_owner())[0].backend

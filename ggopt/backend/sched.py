@@ -22,6 +22,7 @@ from .alloc import plan_memory
 from .base import Backend, Placement, Step
 from .blas import SerialBlas
 from .buffer import Buffer, buffer_of, init_view
+from .fusion import count_uses
 
 __all__ = ["Scheduler"]
 
@@ -322,13 +323,11 @@ class Scheduler:
                 if not mem.has_memory(t.view_src):
                     raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
                                      f"'{t.view_src.name}', which has no memory")
+        uses = count_uses(g.nodes)
         for split in splits:
             for src, cp in split.copies:
                 split.steps.append(split.backend.copy_step(src, cp, mem))
-            for node in split.nodes:
-                step = split.backend.compile_node(node, srcs_of[node], mem)
-                if step is not None:
-                    split.steps.append(step)
+            split.steps += split.backend.compile_nodes(split.nodes, srcs_of, mem, uses)
             comp.steps.extend(split.steps)
         comp.splits = splits
         return comp

@@ -43,6 +43,18 @@ def _halves(n: int) -> list[tuple[int, int]]:
     return [(0, n // 2), (n // 2, n)]
 
 
+def _cut(rows: int, inner: int, cols: int) -> str | None:
+    """How a product is cut in two, from its shape alone: along ``"rows"``, ``"cols"``, the
+    reduction (``"inner"``: a long one with a small output) or not at all (None)."""
+    if rows * inner * cols < _SPLIT_MIN_MACS:
+        return None
+    if rows >= _SPLIT_MIN_DIM:
+        return "rows"
+    if cols >= _SPLIT_MIN_DIM:
+        return "cols"
+    return "inner" if inner >= _SPLIT_MIN_INNER else None
+
+
 def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
             ) -> tuple[list[Product], list[tuple[np.ndarray, np.ndarray]]]:
     """``out = x @ y`` as (x, y, out) products whose bounds depend only on the shapes.
@@ -50,15 +62,13 @@ def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
     Returns the products and the (out, scratch) pairs to add once they are all done: a long
     reduction with a small output is cut in two along it, the second half into a scratch array.
     """
-    rows, inner, cols = x.shape[0], x.shape[1], y.shape[1]
-    if rows * inner * cols < _SPLIT_MIN_MACS:
-        return [(x, y, out)], []
-    if rows >= _SPLIT_MIN_DIM:
-        return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in _halves(rows)], []
-    if cols >= _SPLIT_MIN_DIM:
-        return [(x, y[:, c0:c1], out[:, c0:c1]) for c0, c1 in _halves(cols)], []
-    if inner >= _SPLIT_MIN_INNER:
-        (k0, k1), (k2, k3) = _halves(inner)
+    cut = _cut(x.shape[0], x.shape[1], y.shape[1])
+    if cut == "rows":
+        return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in _halves(x.shape[0])], []
+    if cut == "cols":
+        return [(x, y[:, c0:c1], out[:, c0:c1]) for c0, c1 in _halves(y.shape[1])], []
+    if cut == "inner":
+        (k0, k1), (k2, k3) = _halves(x.shape[1])
         scratch = np.empty_like(out)  # owned by the step, made once at compile time
         return [(x[:, k0:k1], y[k0:k1], out), (x[:, k2:k3], y[k2:k3], scratch)], [(out, scratch)]
     return [(x, y, out)], []
@@ -123,15 +133,48 @@ def _numpy_step(be: CPUBackend, parts: list[Product],
     return step
 
 
+def _products(op: Op, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Product]:
+    """The 2-D products of a MUL_MAT or OUT_PROD node, in NumPy terms."""
+    if op is Op.MUL_MAT:  # C (N, M) = B (N, K) @ A (M, K).T
+        return [(b2, a2.T, c2) for a2, b2, c2 in _matmul_pairs(a, b, out)]
+    # OUT_PROD: R (n1, n0) = B (K, n1).T @ A (K, n0)
+    return [(b2.T, a2, c2) for a2, b2, c2 in _matmul_pairs(a, b, out)]
+
+
 @COMPILERS.register(Op.MUL_MAT)
 def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    # NumPy terms per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
-    return _matmul_step(be, [(b2, a2.T, c2) for a2, b2, c2 in
-                         _matmul_pairs(mem(srcs[0]), mem(srcs[1]), mem(node))])
+    return _matmul_step(be, _products(Op.MUL_MAT, mem(srcs[0]), mem(srcs[1]), mem(node)))
 
 
 @COMPILERS.register(Op.OUT_PROD)
 def _out_prod(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    # NumPy terms per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
-    return _matmul_step(be, [(b2.T, a2, c2) for a2, b2, c2 in
-                         _matmul_pairs(mem(srcs[0]), mem(srcs[1]), mem(node))])
+    return _matmul_step(be, _products(Op.OUT_PROD, mem(srcs[0]), mem(srcs[1]), mem(node)))
+
+
+def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement,
+                          acc: np.ndarray) -> Step | None:
+    """``node`` (a MUL_MAT/OUT_PROD), then ``acc += node``, as one step: each piece of the
+    product is added into ``acc`` by the thread that computed it, while it is still in cache
+    (``backend/fusion.py``). The same operations as the two nodes apart, so the same bits.
+    None when a piece would need a split-K partial or BLAS cannot read an operand in place."""
+    from ..._kernels._gemm import GemmPlan
+
+    out4 = mem(node)
+    accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]
+    plan = GemmPlan()
+    for (x, y, out), acc2 in zip(_products(node.op, mem(srcs[0]), mem(srcs[1]), out4), accs,
+                                 strict=True):
+        cut = _cut(x.shape[0], x.shape[1], y.shape[1])
+        if cut == "inner":
+            return None
+        if cut == "rows":
+            pieces = [(x[r0:r1], y, out[r0:r1], acc2[r0:r1]) for r0, r1 in _halves(x.shape[0])]
+        elif cut == "cols":
+            pieces = [(x, y[:, c0:c1], out[:, c0:c1], acc2[:, c0:c1])
+                      for c0, c1 in _halves(y.shape[1])]
+        else:
+            pieces = [(x, y, out, acc2)]
+        for px, py, pout, pacc in pieces:
+            if not plan.add(px, py, pout, pacc):
+                return None
+    return lambda: plan.run(be.n_threads)

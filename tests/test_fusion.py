@@ -1,0 +1,84 @@
+"""The CPU backend's one fusion (``backend/fusion.py``): a product summed in place into an
+accumulator is one step, with the same bits as the two nodes apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggopt
+from ggopt import backend as gb
+from ggopt.backend.fusion import count_uses, is_product_then_add
+
+
+def _rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def _setup(op, k=300, m=260, n=140, out_too=False, second_use=False, n_threads=2):
+    """acc (static, holding acc0) += op(a, b); returns (result, acc0, product alone, steps)."""
+    ctx_static, ctx = ggopt.Context(), ggopt.Context()
+    if op == "mul_mat":  # [k, m] x [k, n] -> [m, n]
+        a, b = ctx_static.new_tensor_2d(ggopt.F32, k, m), ctx_static.new_tensor_2d(ggopt.F32, k, n)
+    else:  # out_prod: [m, k] x [n, k] -> [m, n]
+        a, b = ctx_static.new_tensor_2d(ggopt.F32, m, k), ctx_static.new_tensor_2d(ggopt.F32, n, k)
+    acc = ctx_static.new_tensor_2d(ggopt.F32, m, n)
+    sched = gb.Scheduler([gb.cpu_init()])
+    gb.alloc_ctx_tensors(ctx_static, sched.backends[0])
+    av, bv, acc0 = _rand(a.shape, 1), _rand(b.shape, 2), _rand(acc.shape, 3)
+    gb.tensor_set(a, av)
+    gb.tensor_set(b, bv)
+    gb.tensor_set(acc, acc0)
+    prod = getattr(ggopt, op)(ctx, a, b)
+    if out_too:
+        ggopt.set_output(prod)
+    summed = ggopt.add_inplace(ctx, acc, prod)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, summed)
+    if second_use:
+        ggopt.build_forward_expand(g, ggopt.scale(ctx, prod, 2.0))
+    ggopt.set_n_threads(n_threads)
+    try:
+        sched.alloc_graph(g)
+        sched.graph_compute(g)
+        n_steps = len(sched._current.steps)
+    finally:
+        ggopt.set_n_threads(None)
+    # the product alone, as a graph output (never fused), computed the same way
+    ctx2 = ggopt.Context()
+    alone = getattr(ggopt, op)(ctx2, a, b)
+    ggopt.set_output(alone)
+    g2 = ggopt.new_graph(ctx2)
+    ggopt.build_forward_expand(g2, alone)
+    sched2 = gb.Scheduler([gb.cpu_init()])
+    sched2.graph_compute(g2)
+    return gb.tensor_get(acc), acc0, gb.tensor_get(alone), n_steps
+
+
+@pytest.mark.parametrize("op", ["mul_mat", "out_prod"])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_fused_sum_equals_product_then_add_bit_for_bit(op, n_threads):
+    got, acc0, alone, n_steps = _setup(op, n_threads=n_threads)
+    assert n_steps == 1  # product and add: one step
+    np.testing.assert_array_equal(got, acc0 + alone)
+
+
+@pytest.mark.parametrize("case", ["out_too", "second_use"])
+def test_no_fusion_when_the_product_is_read_elsewhere(case):
+    got, acc0, alone, n_steps = _setup("out_prod", **{case: True})
+    assert n_steps >= 2
+    np.testing.assert_array_equal(got, acc0 + alone)
+
+
+def test_small_products_and_pattern_checks():
+    got, acc0, alone, _ = _setup("mul_mat", k=3, m=5, n=2)
+    np.testing.assert_array_equal(got, acc0 + alone)
+    ctx = ggopt.Context()
+    a, b = ctx.new_tensor_2d(ggopt.F32, 4, 3), ctx.new_tensor_2d(ggopt.F32, 4, 2)
+    acc = ctx.new_tensor_2d(ggopt.F32, 3, 2)
+    prod = ggopt.mul_mat(ctx, a, b)
+    fresh = ggopt.add(ctx, acc, prod)  # not in place: not the pattern
+    inplace = ggopt.add_inplace(ctx, acc, prod)
+    assert not is_product_then_add(prod, fresh, count_uses([prod, fresh]))
+    assert is_product_then_add(prod, inplace, count_uses([prod, inplace]))
+    assert not is_product_then_add(prod, inplace, count_uses([prod, inplace, fresh]))
