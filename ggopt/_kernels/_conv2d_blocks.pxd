@@ -13,17 +13,27 @@
 #   short copy per output row and tap; the junk columns are set to 0 where a product sums
 #   over positions and dropped from the outputs.
 
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
+
+# (its C header, GGOPT_MULTIVERSION included, must precede the C code below)
+from ggopt._kernels._common cimport check_shape
 
 cdef extern from *:
     """
-    /* The rows copied here are short (a few dozen floats): GCC would turn each loop into a
+    /* Most rows copied here are short (a few dozen floats): GCC would turn each loop into a
        call to memcpy or memset, which costs more than the copy. This applies to every
-       function of the module that includes this file. */
+       function of the module that includes this file; the long copies call memcpy. */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC optimize ("no-tree-loop-distribute-patterns")
     #endif
+
+    /* d[i] += s[i]: the row blocks' fold, built for AVX2 as well (GGOPT_MULTIVERSION). */
+    GGOPT_MULTIVERSION
+    static void ggopt_conv_add_row(float *restrict d, const float *restrict s, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) d[i] += s[i];
+    }
     """
+    void add_row "ggopt_conv_add_row" (float* d, const float* s, Py_ssize_t n) noexcept nogil
 
 
 # Floats of patch matrix (or of output gradient block) per block.
@@ -260,21 +270,17 @@ cdef inline void row_patches(const Geometry* g, const float* pad, float* P, Py_s
                              Py_ssize_t rb) noexcept nogil:
     """``P`` (KK, rb*PW): the patches of output rows ``[oh0, oh0 + rb)``, junk included."""
     cdef Py_ssize_t L = rb * g.PW
-    cdef Py_ssize_t ic, kh, kw, oh, j
-    cdef const float* src
+    cdef Py_ssize_t ic, kh, kw, oh
     cdef float* out = P
     for ic in range(g.IC):
         for kh in range(g.KH):
             for kw in range(g.KW):
                 if g.s1 == 1:
-                    src = _pad_row(g, pad, ic, kh, kw, oh0)
-                    for j in range(L):
-                        out[j] = src[j]
+                    memcpy(out, _pad_row(g, pad, ic, kh, kw, oh0), L * sizeof(float))
                 else:
                     for oh in range(rb):
-                        src = _pad_row(g, pad, ic, kh, kw, oh0 + oh)
-                        for j in range(g.PW):
-                            out[oh * g.PW + j] = src[j]
+                        memcpy(out + oh * g.PW, _pad_row(g, pad, ic, kh, kw, oh0 + oh),
+                               g.PW * sizeof(float))
                 out += L
 
 
@@ -283,21 +289,17 @@ cdef inline void row_fold(const Geometry* g, const float* dP, float* pad, Py_ssi
     """Add ``dP`` (KK, rb*PW), whose junk columns are 0, onto the padded image: the adjoint
     of :func:`row_patches`."""
     cdef Py_ssize_t L = rb * g.PW
-    cdef Py_ssize_t ic, kh, kw, oh, j
-    cdef float* dst
+    cdef Py_ssize_t ic, kh, kw, oh
     cdef const float* inp = dP
     for ic in range(g.IC):
         for kh in range(g.KH):
             for kw in range(g.KW):
                 if g.s1 == 1:
-                    dst = <float*>_pad_row(g, pad, ic, kh, kw, oh0)
-                    for j in range(L):
-                        dst[j] = dst[j] + inp[j]
+                    add_row(<float*>_pad_row(g, pad, ic, kh, kw, oh0), inp, L)
                 else:
                     for oh in range(rb):
-                        dst = <float*>_pad_row(g, pad, ic, kh, kw, oh0 + oh)
-                        for j in range(g.PW):
-                            dst[j] = dst[j] + inp[oh * g.PW + j]
+                        add_row(<float*>_pad_row(g, pad, ic, kh, kw, oh0 + oh),
+                                inp + oh * g.PW, g.PW)
                 inp += L
 
 
