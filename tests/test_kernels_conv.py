@@ -316,8 +316,8 @@ def test_pool_2d_back_max_ties_go_to_first_maximum(cfg, layout):
 
 @pytest.mark.parametrize("n_threads", THREADS)
 def test_pool_2d_back_max_2x2_row_kernel_equals_the_general_loop(n_threads):
-    """The vectorized 2x2 stride-2 MAX rows (contiguous g) against the general window loop
-    (taken for a strided g): ties, NaN, infinities and -FLT_MAX, odd sizes, same bits."""
+    """The vectorized 2x2 stride-2 MAX rows against the general window loop (taken for x with
+    strided rows): ties, NaN, infinities and -FLT_MAX, odd sizes, same bits."""
     rng = np.random.default_rng(12)
     x = rng.integers(0, 3, (3, 2, 11, 37)).astype(np.float32)
     specials = np.array([np.nan, -np.inf, np.inf, -FLT_MAX], np.float32)
@@ -325,9 +325,10 @@ def test_pool_2d_back_max_2x2_row_kernel_equals_the_general_loop(n_threads):
     x[0, 0, :4, :4] = -np.inf  # windows that nothing wins
     g = rng.standard_normal(_pool(x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), 1).shape)
     g = g.astype(np.float32)
-    fast = _pool_back(g, x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
-    general = _pool_back(_layout(g, "strided"), x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
-    np.testing.assert_array_equal(fast, general)
+    general = _pool_back(g, _layout(x, "strided"), _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+    for gl in ("contiguous", "strided", "transposed"):
+        fast = _pool_back(_layout(g, gl), x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+        np.testing.assert_array_equal(fast, general)
     assert not fast[0, 0, :4, :4].any()
 
 

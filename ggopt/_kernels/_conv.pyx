@@ -446,15 +446,14 @@ cdef extern from *:
     }
 
     /* One row of 2x2 stride-2 MAX windows of pool_2d_back: the window over r0[2j..2j+1] and
-       r1[2j..2j+1] sends g[j] to its first strict maximum in scan order (r0 before r1, left
+       r1[2j..2j+1] sends g[j] (at byte stride gs) to its first strict maximum in scan order (r0 before r1, left
        before right), i.e. to the last cell that raised the running maximum, and 0 to its other
        cells; a window where nothing beats -FLT_MAX gets 0 everywhere. Bit masks hand g[j] down
        from the last cell to the first: no branch, and the loop vectorizes
        (GGOPT_MULTIVERSION). */
-    GGOPT_MULTIVERSION
-    static void ggopt_max_pool_2x2_back_row(const float *restrict r0, const float *restrict r1,
-                                            const float *restrict g, float *restrict q0,
-                                            float *restrict q1, Py_ssize_t n) {
+    GGOPT_ROW_INLINE void ggopt_max_pool_2x2_back_cells(
+            const float *restrict r0, const float *restrict r1, const char *restrict g,
+            Py_ssize_t gs, float *restrict q0, float *restrict q1, Py_ssize_t n) {
         for (Py_ssize_t j = 0; j < n; j++) {
             float a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], d = r1[2 * j + 1];
             uint32_t ta = -(uint32_t)(a > -FLT_MAX);
@@ -464,7 +463,7 @@ cdef extern from *:
             uint32_t tc = -(uint32_t)(c > m);
             m = ggopt_select(tc, c, m);
             uint32_t td = -(uint32_t)(d > m);
-            uint32_t left = ggopt_f2u(g[j]);
+            uint32_t left = ggopt_f2u(*(const float *)(g + j * gs));
             q1[2 * j + 1] = ggopt_u2f(left & td);
             left &= ~td;
             q1[2 * j] = ggopt_u2f(left & tc);
@@ -474,16 +473,25 @@ cdef extern from *:
             q0[2 * j] = ggopt_u2f(left & ta);
         }
     }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_max_pool_2x2_back_row(const float *r0, const float *r1, const char *g,
+                                            Py_ssize_t gs, float *q0, float *q1, Py_ssize_t n) {
+        if (gs == (Py_ssize_t)sizeof(float))  /* contiguous g: plain vector loads */
+            ggopt_max_pool_2x2_back_cells(r0, r1, g, sizeof(float), q0, q1, n);
+        else
+            ggopt_max_pool_2x2_back_cells(r0, r1, g, gs, q0, q1, n);
+    }
     """
     void _max_pool_2x2_back_row "ggopt_max_pool_2x2_back_row" (
-        const float* r0, const float* r1, const float* g, float* q0, float* q1,
+        const float* r0, const float* r1, const char* g, Py_ssize_t gs, float* q0, float* q1,
         Py_ssize_t n) noexcept nogil
 
 
-cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t OH,
-                                   Py_ssize_t OW, const char* xp, Py_ssize_t sy, float* plane,
-                                   Py_ssize_t IH, Py_ssize_t IW) noexcept nogil:
-    """:func:`_pool_back_plane` for MAX, k=2, s=2, p=0, contiguous ``x`` and ``g`` rows.
+cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gsx,
+                                   Py_ssize_t OH, Py_ssize_t OW, const char* xp, Py_ssize_t sy,
+                                   float* plane, Py_ssize_t IH, Py_ssize_t IW) noexcept nogil:
+    """:func:`_pool_back_plane` for MAX, k=2, s=2, p=0 and contiguous ``x`` rows.
 
     The windows do not overlap, so each one writes all four of its cells (see
     ``ggopt_max_pool_2x2_back_row``); only the rows and columns no window covers are cleared
@@ -495,7 +503,7 @@ cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t OH
         q0 = plane + 2 * oy * IW
         _max_pool_2x2_back_row(<const float*>(xp + 2 * oy * sy),
                                <const float*>(xp + (2 * oy + 1) * sy),
-                               <const float*>(gp + oy * gsy), q0, q0 + IW, OW)
+                               gp + oy * gsy, gsx, q0, q0 + IW, OW)
         for j in range(2 * OW, IW):
             q0[j] = 0.0
             q0[IW + j] = 0.0
@@ -541,12 +549,11 @@ def pool_2d_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x n
     cdef Py_ssize_t gsn = g.strides[0], gsc = g.strides[1], gsy = g.strides[2]
     cdef Py_ssize_t gsx = g.strides[3]
     cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
-    cdef bint fast = (_is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
-                      and gsx == <Py_ssize_t>sizeof(float))
+    cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
     for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
                     use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
         if fast:
-            _max_pool_2x2_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, OH, OW,
+            _max_pool_2x2_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, gsx, OH, OW,
                                      xb + (p // C) * sn + (p % C) * sc, sy,
                                      db + p * IH * IW, IH, IW)
         else:
