@@ -378,7 +378,9 @@ def pool_2d(const float[:, :, :, :] x not None, float[:, :, :, ::1] dst not None
     cdef const char* xb = <const char*>&x[0, 0, 0, 0]
     cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
     cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
-    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+    # planes go to the threads dynamically: one slowed by another process holds up no other
+    for p in prange(nplanes, nogil=True, schedule="dynamic", chunksize=8,
+                    num_threads=n_threads,
                     use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
         if fast:
             _max_pool_2x2_plane(xb + (p // C) * sn + (p % C) * sc, sy, db + p * OH * OW,
@@ -550,7 +552,9 @@ def pool_2d_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x n
     cdef Py_ssize_t gsx = g.strides[3]
     cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
     cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
-    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+    # planes go to the threads dynamically: one slowed by another process holds up no other
+    for p in prange(nplanes, nogil=True, schedule="dynamic", chunksize=8,
+                    num_threads=n_threads,
                     use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
         if fast:
             _max_pool_2x2_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, gsx, OH, OW,

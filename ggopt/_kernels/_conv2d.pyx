@@ -19,7 +19,8 @@ itself on one thread while graphs compute):
   order.
 
 Work is split only along bounds set by the shapes, so the results do not depend on the thread
-count. Each kernel checks its thread count, window parameters and every shape before it writes
+count; the images (groups) go to the threads dynamically, so a thread slowed by another
+process does not hold up the others. Each kernel checks its thread count, window parameters and every shape before it writes
 anything (ShapeError / InvalidValueError). Parameter names follow ggml: index 0 acts on the
 width (last axis), index 1 on the height.
 """
@@ -192,7 +193,7 @@ def conv_2d(const float[:, :, :, :] k not None, const float[:, :, :, :] x not No
     cdef Py_ssize_t sn = x.strides[0], n
     cdef float* db = &dst[0, 0, 0, 0]
     cdef const float* kb = &kmat[0, 0]
-    for n in prange(g.N, nogil=True, schedule="static", num_threads=n_threads,
+    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=n_threads,
                     use_threads_if=total * g.KK >= MIN_PARALLEL_WORK):
         _forward_image(&g, image_at(x0, n * sn), kb, db + n * g.OC * g.M,
                        sb + omp_get_thread_num() * per_thread)
@@ -275,7 +276,7 @@ def conv_2d_back_input(const float[:, :, :, :] k not None, const float[:, :, :, 
     cdef bint matrix = _is_matrix(g0, &g)
     cdef const float* kb = &kmat[0, 0]
     cdef bint k_finite = all_finite(kb, g.OC * g.KK)
-    for n in prange(g.N, nogil=True, schedule="static", num_threads=n_threads,
+    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=n_threads,
                     use_threads_if=g.N * g.M * g.OC * g.KK >= MIN_PARALLEL_WORK):
         _back_input_image(&g, image_at(g0, n * sn), matrix, kb, k_finite, db + n * image,
                           sb + omp_get_thread_num() * per_thread)
@@ -356,7 +357,7 @@ def conv_2d_back_kernel(const float[:, :, :, :] x not None, const float[:, :, :,
     cdef Py_ssize_t xsn = x.strides[0], gsn = gy.strides[0]
     cdef bint matrix = _is_matrix(g0, &g)
     cdef Py_ssize_t group, n, e
-    for group in prange(ngroups, nogil=True, schedule="static", num_threads=n_threads,
+    for group in prange(ngroups, nogil=True, schedule="dynamic", num_threads=n_threads,
                         use_threads_if=g.N * g.M * g.OC * g.KK >= MIN_PARALLEL_WORK):
         for n in range(g.N * group // ngroups, g.N * (group + 1) // ngroups):
             _back_kernel_image(&g, image_at(x0, n * xsn), image_at(g0, n * gsn), matrix,
