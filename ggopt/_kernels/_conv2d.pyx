@@ -129,29 +129,26 @@ cdef void _forward_image(const Geometry* g, Image x, const float* K, float* y,
     cdef float* P = scratch + g.pad_size
     cdef float* Y = P + g.KK * g.chunk
     cdef Py_ssize_t first, last
-    cdef int cols, oc = <int>g.OC, kk = <int>g.KK, ldy
+    cdef int cols, oc = <int>g.OC, kk = <int>g.KK, ldy = <int>g.M
     cdef float one = 1.0, zero = 0.0
     cdef char no = b'N'
     if g.rows:
         pad_image(g, x, pad)
-        ldy = <int>g.chunk
-    else:
-        ldy = <int>g.M
     first = 0
-    while first < (g.OH if g.rows else g.M):
-        last = min(first + (g.RB if g.rows else g.block), g.OH if g.rows else g.M)
+    while first < g.units:
+        last = min(first + g.per_block, g.units)
         if g.rows:
             row_patches(g, pad, P, first, last - first)
             cols = <int>((last - first) * g.PW)
-            ldy = cols
+            # column-major: Y (cols, OC) = P (cols, KK) * K (KK, OC), then the junk dropped
+            sgemm(&no, &no, &cols, &oc, &kk, &one, P, &cols, <float*>K, &kk, &zero, Y, &cols)
+            block_to_rows(g, Y, y, first, last - first)
         else:
             position_patches(g, x, P, first, last)
             cols = <int>(last - first)
-        # column-major: Y (cols, OC) = P (cols, KK) * K (KK, OC)
-        sgemm(&no, &no, &cols, &oc, &kk, &one, P, &cols, <float*>K, &kk, &zero,
-              Y if g.rows else y + first, &ldy)
-        if g.rows:
-            block_to_rows(g, Y, y, first, last - first)
+            # column-major: y[:, first:last] (cols, OC; ld M) = P (cols, KK) * K (KK, OC)
+            sgemm(&no, &no, &cols, &oc, &kk, &one, P, &cols, <float*>K, &kk, &zero, y + first,
+                  &ldy)
         first = last
 
 
@@ -186,14 +183,15 @@ def conv_2d(const float[:, :, :, :] k not None, const float[:, :, :, :] x not No
         memset(&dst[0, 0, 0, 0], 0, total * sizeof(float))
         return
     cdef const float[:, ::1] kmat = _kernel_matrix(k)
-    cdef float[:, ::1] scratch = _scratch(&g, n_threads)
+    cdef int team = <int>min(n_threads, g.N)
+    cdef float[:, ::1] scratch = _scratch(&g, team)
     cdef Py_ssize_t per_thread = scratch.shape[1]
     cdef float* sb = &scratch[0, 0]
     cdef Image x0 = _image(x)
     cdef Py_ssize_t sn = x.strides[0], n
     cdef float* db = &dst[0, 0, 0, 0]
     cdef const float* kb = &kmat[0, 0]
-    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=n_threads,
+    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=team,
                     use_threads_if=total * g.KK >= MIN_PARALLEL_WORK):
         _forward_image(&g, image_at(x0, n * sn), kb, db + n * g.OC * g.M,
                        sb + omp_get_thread_num() * per_thread)
@@ -205,7 +203,7 @@ cdef void _back_input_image(const Geometry* g, Image gy, bint matrix, const floa
     cdef float* pad = scratch
     cdef float* dP = scratch + g.pad_size
     cdef float* G = dP + g.KK * g.chunk
-    cdef const float* Gb
+    cdef const float* Gb = G
     cdef Py_ssize_t first, last
     cdef int cols, ldg, oc = <int>g.OC, kk = <int>g.KK
     cdef float one = 1.0, zero = 0.0
@@ -215,13 +213,12 @@ cdef void _back_input_image(const Geometry* g, Image gy, bint matrix, const floa
     else:
         memset(dx, 0, g.IC * g.IH * g.IW * sizeof(float))
     first = 0
-    while first < (g.OH if g.rows else g.M):
-        last = min(first + (g.RB if g.rows else g.block), g.OH if g.rows else g.M)
+    while first < g.units:
+        last = min(first + g.per_block, g.units)
         if g.rows:
             rows_to_block(g, gy, G, first, last - first)
             cols = <int>((last - first) * g.PW)
             ldg = cols
-            Gb = G
         else:
             Gb = position_rows(g, gy, matrix, first, last, G, &ldg)
             cols = <int>(last - first)
@@ -268,7 +265,8 @@ def conv_2d_back_input(const float[:, :, :, :] k not None, const float[:, :, :, 
         memset(db, 0, g.N * image * sizeof(float))
         return
     cdef const float[:, ::1] kmat = _kernel_matrix(k)
-    cdef float[:, ::1] scratch = _scratch(&g, n_threads)
+    cdef int team = <int>min(n_threads, g.N)
+    cdef float[:, ::1] scratch = _scratch(&g, team)
     cdef Py_ssize_t per_thread = scratch.shape[1]
     cdef float* sb = &scratch[0, 0]
     cdef Image g0 = _image(gy)
@@ -276,7 +274,7 @@ def conv_2d_back_input(const float[:, :, :, :] k not None, const float[:, :, :, 
     cdef bint matrix = _is_matrix(g0, &g)
     cdef const float* kb = &kmat[0, 0]
     cdef bint k_finite = all_finite(kb, g.OC * g.KK)
-    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=n_threads,
+    for n in prange(g.N, nogil=True, schedule="dynamic", num_threads=team,
                     use_threads_if=g.N * g.M * g.OC * g.KK >= MIN_PARALLEL_WORK):
         _back_input_image(&g, image_at(g0, n * sn), matrix, kb, k_finite, db + n * image,
                           sb + omp_get_thread_num() * per_thread)
@@ -288,7 +286,7 @@ cdef void _back_kernel_image(const Geometry* g, Image x, Image gy, bint matrix, 
     cdef float* pad = scratch
     cdef float* P = scratch + g.pad_size
     cdef float* G = P + g.KK * g.chunk
-    cdef const float* Gb
+    cdef const float* Gb = G
     cdef Py_ssize_t first, last
     cdef int cols, ldg, oc = <int>g.OC, kk = <int>g.KK
     cdef float one = 1.0
@@ -298,8 +296,8 @@ cdef void _back_kernel_image(const Geometry* g, Image x, Image gy, bint matrix, 
     if g.rows:
         finite = pad_image(g, x, pad)
     first = 0
-    while first < (g.OH if g.rows else g.M):
-        last = min(first + (g.RB if g.rows else g.block), g.OH if g.rows else g.M)
+    while first < g.units:
+        last = min(first + g.per_block, g.units)
         if g.rows:
             row_patches(g, pad, P, first, last - first)
             if not finite:  # the junk columns meet zeros of G: inf * 0 would be NaN
@@ -307,7 +305,6 @@ cdef void _back_kernel_image(const Geometry* g, Image x, Image gy, bint matrix, 
             rows_to_block(g, gy, G, first, last - first)
             cols = <int>((last - first) * g.PW)
             ldg = cols
-            Gb = G
         else:
             position_patches(g, x, P, first, last)
             Gb = position_rows(g, gy, matrix, first, last, G, &ldg)
@@ -350,14 +347,15 @@ def conv_2d_back_kernel(const float[:, :, :, :] x not None, const float[:, :, :,
     cdef Py_ssize_t ngroups = max(1, min(g.N, MAX_KGRAD_GROUPS, PARTIALS_BUDGET // ksize))
     cdef float[:, ::1] partials = np.empty((ngroups, ksize), np.float32)
     cdef float* pb = &partials[0, 0]
-    cdef float[:, ::1] scratch = _scratch(&g, n_threads)
+    cdef int team = <int>min(n_threads, ngroups)
+    cdef float[:, ::1] scratch = _scratch(&g, team)
     cdef Py_ssize_t per_thread = scratch.shape[1]
     cdef float* sb = &scratch[0, 0]
     cdef Image x0 = _image(x), g0 = _image(gy)
     cdef Py_ssize_t xsn = x.strides[0], gsn = gy.strides[0]
     cdef bint matrix = _is_matrix(g0, &g)
     cdef Py_ssize_t group, n, e
-    for group in prange(ngroups, nogil=True, schedule="dynamic", num_threads=n_threads,
+    for group in prange(ngroups, nogil=True, schedule="dynamic", num_threads=team,
                         use_threads_if=g.N * g.M * g.OC * g.KK >= MIN_PARALLEL_WORK):
         for n in range(g.N * group // ngroups, g.N * (group + 1) // ngroups):
             _back_kernel_image(&g, image_at(x0, n * xsn), image_at(g0, n * gsn), matrix,

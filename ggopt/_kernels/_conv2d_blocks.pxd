@@ -7,7 +7,7 @@
 # - position blocks (any geometry): columns are the output positions m = oh*OW + ow of
 #   [m0, m1); P is built straight from the strided input, 0 in the padding.
 # - row blocks (stride 1 along the width, and a padded image of reasonable size): the input is
-#   first copied into a zero-padded image (IC, PH, PW) with PW = IW + 2*p0, and a block of RB
+#   first copied into a zero-padded image (IC, PH, PW) with PW = IW + 2*p0, and a block of
 #   output rows gets PW columns per row, the last PW - OW of them junk. Each patch row is
 #   then one long copy from the padded image (one per output row when s1 > 1) instead of one
 #   short copy per output row and tap; the junk columns are set to 0 where a product sums
@@ -47,10 +47,10 @@ cdef struct Geometry:
     Py_ssize_t KK      # IC * KH * KW: rows of the patch matrix
     int KH, KW, s0, s1, p0, p1, d0, d1
     bint rows          # True: row blocks, else position blocks
-    Py_ssize_t block   # position blocks: positions per block
+    Py_ssize_t units   # what the blocks cut: output rows (OH) or positions (M)
+    Py_ssize_t per_block  # units per block (the last block may hold fewer)
     Py_ssize_t PH, PW  # row blocks: the padded image's height and width
-    Py_ssize_t RB      # row blocks: output rows per block
-    Py_ssize_t chunk   # columns of the largest block (position blocks: block; rows: RB*PW)
+    Py_ssize_t chunk   # columns of the largest block (rows: per_block*PW)
     Py_ssize_t pad_size  # floats of the padded image and the slack its last reads run into
 
 
@@ -76,15 +76,15 @@ cdef inline void plan_blocks(Geometry* g) noexcept nogil:
     g.rows = (g.s0 == 1 and g.OH > 0 and g.PW <= 2 * g.OW and g.PW <= PATCH_BUDGET
               and g.PH * g.PW <= 4 * (g.IH * g.IW + g.M) + 64)
     if g.rows:
-        g.RB = max(1, min(g.OH, PATCH_BUDGET // (width * g.PW)))
-        g.chunk = g.RB * g.PW
+        g.units = g.OH
+        g.per_block = max(1, min(g.OH, PATCH_BUDGET // (width * g.PW)))
+        g.chunk = g.per_block * g.PW
         g.pad_size = g.IC * g.PH * g.PW + (g.KW - 1) * <Py_ssize_t>g.d0
-        g.block = 0
     else:
-        g.block = max(1, min(g.M, PATCH_BUDGET // width))
-        g.chunk = g.block
+        g.units = g.M
+        g.per_block = max(1, min(g.M, PATCH_BUDGET // width))
+        g.chunk = g.per_block
         g.pad_size = 0
-        g.RB = 0
 
 
 cdef inline Image image_at(Image im, Py_ssize_t byte_offset) noexcept nogil:
