@@ -7,10 +7,11 @@ when it loads). So "does this call go parallel?" has the same answer for 2 threa
 larger count, and a larger count makes the answer visible:
 
 libgomp keeps the workers of its last team parked in a pool and creates threads only when a
-team needs more workers than the pool holds. The pool never holds more workers than the process
-has threads, so a call given ``n = (threads of the process) + 1`` must create at least one new
-OS thread (visible at once in ``/proc/self/task``) if it starts a team, and creates none if it
-stays serial. :func:`threads_started` runs a call that way and returns the number of new threads.
+team needs more workers than the pool holds. The pool never holds more workers than the largest
+team started so far, so a call given a larger ``n`` (:func:`fresh_team_size`) must create at
+least one new OS thread (visible at once in ``/proc/self/task``) if it starts a team, and
+creates none if it stays serial. :func:`threads_started` runs a call that way and returns the
+number of new threads.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Callable
 
 import pytest
-from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt._kernels._openmp_helpers import min_parallel_work, omp_max_threads
 
 import ggopt
 
@@ -52,9 +53,25 @@ def skip_unless_observable() -> None:
         pytest.skip("the kernels were built without OpenMP: they never start a thread")
 
 
+#: The tests start OpenMP teams of ggopt's thread count, of a few threads chosen by hand (fewer
+#: than this), or of the sizes :func:`fresh_team_size` hands out.
+_HAND_PICKED_TEAMS = 16
+_largest_fresh_team = 0
+
+
 def fresh_team_size() -> int:
-    """A thread count larger than any OpenMP team this process can have parked."""
-    return os_thread_count() + 1
+    """A thread count larger than any OpenMP team this process can have parked: one more than
+    every team size the tests use (see :data:`_HAND_PICKED_TEAMS`) and than every size handed
+    out before.
+
+    It used to be one more than the process's OS threads, which grow by every BLAS worker (two
+    OpenBLAS pools once SciPy's is loaded) at each call, until the size passed the kernels'
+    thread limit in a long test run.
+    """
+    global _largest_fresh_team
+    _largest_fresh_team = max(_largest_fresh_team, _HAND_PICKED_TEAMS, omp_max_threads(),
+                              ggopt.get_n_threads()) + 1
+    return _largest_fresh_team
 
 
 def threads_started(call: Callable[[int], object]) -> int:

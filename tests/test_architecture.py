@@ -98,7 +98,8 @@ def test_op_params_are_frozen_and_named():
              ggopt.view_1d(ctx, x, 4, 8), ggopt.permute(ctx, x, 1, 0, 2, 3),
              ggopt.acc(ctx, x, ggopt.view_1d(ctx, x, 2, 0), x.nb[1], x.nb[2], x.nb[3], 4),
              ggopt.rms_norm(ctx, x, 1e-5), ggopt.rope(ctx, x, pos, 4, ggopt.ROPE_TYPE_NORMAL),
-             ggopt.diag_mask_inf(ctx, x, 0), ggopt.swiglu(ctx, x), ggopt.concat(ctx, x, x, 2)]
+             ggopt.diag_mask_inf(ctx, x, 0), ggopt.swiglu(ctx, x), ggopt.concat(ctx, x, x, 2),
+             ggopt.conv_2d_direct(ctx, k, x, 1, 1, 1, 1, 1, 1)]
     kinds = {type(n.op_params) for n in nodes}
     assert kinds == set(OP_PARAMS)
     assert nodes[0].op_params.s == 2.0 and nodes[2].op_params.s0 == 1

@@ -252,11 +252,28 @@ def _conv_cases() -> list[OpCase]:
                    lambda r, oh=oh, ow=ow: [_u(r, 2, oh, ow, 12), _u(r, 3, 2, 3, 2)]),
             OpCase(f"conv_2d-{tag}", lambda c, k, x, prm=prm: ggopt.conv_2d(c, k, x, *prm),
                    lambda r: [_u(r, 3, 2, 3, 2), _u(r, 2, 2, 9, 8)], atol=1e-5),
+            OpCase(f"conv_2d_back_input-{tag}",
+                   lambda c, k, g, prm=prm: ggopt.conv_2d_back_input(c, k, g, (8, 9, 2, 2), *prm),
+                   lambda r, oh=oh, ow=ow: [_u(r, 3, 2, 3, 2), _u(r, 2, 3, oh, ow)], atol=1e-5),
+            OpCase(f"conv_2d_back_kernel-{tag}",
+                   lambda c, x, g, prm=prm: ggopt.conv_2d_back_kernel(c, x, g, (2, 3, 2, 3),
+                                                                      *prm),
+                   lambda r, oh=oh, ow=ow: [_u(r, 2, 2, 9, 8), _u(r, 2, 3, oh, ow)], atol=1e-4),
         ]
     cases.append(OpCase("im2col-permuted-x",
                         lambda c, k, x: ggopt.im2col(c, k, ggopt.permute(c, x, 1, 0, 2, 3),
                                                      *_CONV[0]),
                         lambda r: [_u(r, 3, 2, 3, 2), _u(r, 2, 2, 8, 9)], on_front=(1,)))
+    cases.append(OpCase("conv_2d-permuted-x",
+                        lambda c, k, x: ggopt.conv_2d_direct(c, k, ggopt.permute(c, x, 1, 0, 2, 3),
+                                                             *_CONV[2]),
+                        lambda r: [_u(r, 3, 2, 3, 2), _u(r, 2, 2, 8, 9)], on_front=(1,),
+                        atol=1e-5))
+    cases.append(OpCase("conv_2d_back_kernel-transposed-g",
+                        lambda c, x, g: ggopt.conv_2d_back_kernel(
+                            c, x, ggopt.transpose(c, g), (2, 3, 2, 3), *_CONV[0]),
+                        lambda r: [_u(r, 2, 2, 9, 8), _u(r, 2, 3, 9, 9)], on_front=(1,),
+                        atol=1e-4))
     pools = [(2, 2, 2, 2, 0, 0), (3, 3, 2, 2, 1, 1), (3, 2, 1, 2, 1, 0)]
     for op in (POOL_MAX, POOL_AVG):
         name = "max" if op == POOL_MAX else "avg"
@@ -450,7 +467,8 @@ def forward_backward(front, model, arrays):
 
 _SUBSETS = {
     "mlp": {Op.MUL_MAT, Op.OUT_PROD, Op.CROSS_ENTROPY_LOSS_BACK, Op.UNARY_BACK},
-    "cnn": {Op.IM2COL, Op.MUL_MAT, Op.POOL_2D, Op.POOL_2D_BACK, Op.OUT_PROD, Op.REPEAT_BACK},
+    "cnn": {Op.CONV_2D, Op.CONV_2D_BACK_KERNEL, Op.MUL_MAT, Op.POOL_2D, Op.POOL_2D_BACK,
+            Op.OUT_PROD, Op.REPEAT_BACK},
 }
 
 

@@ -84,6 +84,49 @@ def test_not_a_tensor(ctx):
     _unchanged(ctx, lambda: ggopt.add(None, a, a), DTypeError, "Context")
 
 
+def test_conv_2d_direct_and_gradient_op_validation(ctx):
+    x = ctx.new_tensor_4d(ggopt.F32, 6, 7, 2, 3)
+    k = ctx.new_tensor_4d(ggopt.F32, 3, 3, 2, 4)
+    g = ctx.new_tensor_4d(ggopt.F32, 6, 7, 4, 3)   # the output of stride 1, padding 1
+    prm = (1, 1, 1, 1, 1, 1)
+    xi = ctx.new_tensor_4d(ggopt.I32, 6, 7, 2, 3)
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k, xi, *prm), DTypeError, "F32")
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k, x, 1, 0, 1, 1, 1, 1), ShapeError,
+               "s1 must be >= 1")
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k, x, 1, 1, -1, 1, 1, 1), ShapeError,
+               "p0 must be >= 0")
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k, x, 1, 1, 1, 1, 1, 2**31), ShapeError,
+               "d1 must be < 2..31")
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k, x, 1, 1, 1, 1, 1.5, 1), DTypeError,
+               "d0 must be an int")
+    k3 = ctx.new_tensor_4d(ggopt.F32, 3, 3, 3, 4)
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k3, x, *prm), ShapeError, "channels")
+    k9 = ctx.new_tensor_4d(ggopt.F32, 9, 3, 2, 4)
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k9, x, 1, 1, 0, 0, 1, 1), ShapeError,
+               "empty output")
+    wide = ctx.new_tensor_4d(ggopt.F32, 2**16, 2**15, 1, 1)   # 2**31 output positions
+    k1 = ctx.new_tensor_4d(ggopt.F32, 1, 1, 1, 1)
+    _unchanged(ctx, lambda: ggopt.conv_2d_direct(ctx, k1, wide, 1, 1, 0, 0, 1, 1), ShapeError,
+               "below 2..31")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_input(ctx, k, g, (6, 8, 2, 3), *prm), ShapeError,
+               r"gradient \[6, 7, 4, 3\] must be \[6, 8, 4, 3\]")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_input(ctx, k, g, (6, 7, 3, 3), *prm), ShapeError,
+               "channels")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_input(ctx, k, xi, (6, 7, 2, 3), *prm), DTypeError,
+               "F32")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_kernel(ctx, x, g, (3, 3, 2, 5), *prm), ShapeError,
+               "must be")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_kernel(ctx, x, g, (3, 3, 2, 4), 2, 1, 1, 1, 1, 1),
+               ShapeError, "must be")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_kernel(ctx, x, g, (3, 3, 5, 4), *prm), ShapeError,
+               "channels")
+    _unchanged(ctx, lambda: ggopt.conv_2d_back_kernel(None, x, g, (3, 3, 2, 4), *prm),
+               DTypeError, "Context")
+    # consistent arguments build
+    assert ggopt.conv_2d_back_kernel(ctx, x, g, (3, 3, 2, 4), *prm).ne == k.ne
+    assert ggopt.conv_2d_back_input(ctx, k, g, x.ne, *prm).ne == x.ne
+
+
 def test_new_tensor_bad_shape_and_type(ctx):
     _unchanged(ctx, lambda: ctx.new_tensor_2d(ggopt.F32, 3, -1), ShapeError,
                r"ne\[1\] must be >= 0")

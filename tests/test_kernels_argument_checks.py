@@ -21,6 +21,7 @@ import pytest
 from ggopt._kernels import (
     _attention,
     _conv,
+    _conv2d,
     _copy,
     _elementwise,
     _gather,
@@ -183,6 +184,66 @@ def test_im2col_back_shape_and_parameter_errors():
     assert np.isfinite(dst).all()
 
 
+# s0, s1, p0, p1, d0, d1 of the direct convolution: with a 3x3 kernel, 6x7 stays 6x7.
+CONV2D = (1, 1, 1, 1, 1, 1)
+
+
+def test_conv_2d_shape_and_parameter_errors():
+    k, x = _f32(5, 4, 3, 3), _f32(2, 4, 6, 7, seed=1)
+    dst = np.full((2, 5, 6, 7), 7.0, np.float32)
+    for shape in [(2, 5, 6, 8), (2, 5, 5, 7), (2, 4, 6, 7), (1, 5, 6, 7)]:
+        bad = np.full(shape, 7.0, np.float32)
+        assert_refuses(ShapeError, bad, lambda b=bad: _conv2d.conv_2d(k, x, b, *CONV2D, 1),
+                       match="conv_2d .*dst has shape")
+    assert_refuses(ShapeError, dst, lambda: _conv2d.conv_2d(_f32(5, 3, 3, 3), x, dst, *CONV2D, 1),
+                   match=r"k has shape \(5, 3\), expected \(5, 4\)")
+    assert_refuses(ShapeError, dst, lambda: _conv2d.conv_2d(_f32(5, 4, 0, 3), x, dst, *CONV2D, 1),
+                   match="at least 1x1")
+    for j in range(6):
+        for value in (0, -1) if j not in (2, 3) else (-1,):
+            cfg = list(CONV2D)
+            cfg[j] = value
+            assert_refuses(InvalidValueError, dst,
+                           lambda c=cfg: _conv2d.conv_2d(k, x, dst, *c, 1))
+    _conv2d.conv_2d(k, x, dst, *CONV2D, 2)  # consistent: works
+    assert np.isfinite(dst).all()
+
+
+def test_conv_2d_gradients_shape_and_parameter_errors():
+    k, x, gy = _f32(5, 4, 3, 3), _f32(2, 4, 6, 7, seed=1), _f32(2, 5, 6, 7, seed=2)
+    dx = np.full((2, 4, 6, 7), 7.0, np.float32)
+    dk = np.full((5, 4, 3, 3), 7.0, np.float32)
+    for shape in [(2, 5, 6, 8), (1, 5, 6, 7), (2, 4, 6, 7), (2, 5, 5, 7)]:
+        bad = _f32(*shape)
+        assert_refuses(ShapeError, dx, lambda b=bad: _conv2d.conv_2d_back_input(
+            k, b, dx, *CONV2D, 1), match="conv_2d_back_input: gy has shape")
+        assert_refuses(ShapeError, dk, lambda b=bad: _conv2d.conv_2d_back_kernel(
+            x, b, dk, *CONV2D, 1), match="conv_2d_back_kernel: gy has shape")
+    assert_refuses(ShapeError, dx, lambda: _conv2d.conv_2d_back_input(
+        _f32(5, 3, 3, 3), gy, dx, *CONV2D, 1), match="k has shape")
+    assert_refuses(ShapeError, dk, lambda: _conv2d.conv_2d_back_kernel(
+        _f32(2, 3, 6, 7), gy, dk, *CONV2D, 1), match="dst has shape")
+    for j in range(6):
+        cfg = list(CONV2D)
+        cfg[j] = -1
+        assert_refuses(InvalidValueError, dx,
+                       lambda c=cfg: _conv2d.conv_2d_back_input(k, gy, dx, *c, 1))
+        assert_refuses(InvalidValueError, dk,
+                       lambda c=cfg: _conv2d.conv_2d_back_kernel(x, gy, dk, *c, 1))
+    _conv2d.conv_2d_back_input(k, gy, dx, *CONV2D, 2)  # consistent: works
+    _conv2d.conv_2d_back_kernel(x, gy, dk, *CONV2D, 2)
+    assert np.isfinite(dx).all() and np.isfinite(dk).all()
+
+
+def test_conv_2d_refuses_sizes_beyond_blas_ints():
+    """OH*OW must reach BLAS as a C int: a 1 x 2**31 output is refused before any work."""
+    x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (1, 1, 1, 2**31), (0, 0, 0, 0))
+    dst = np.full((1, 1, 1, 1), 7.0, np.float32)
+    assert_refuses(ShapeError, dst, lambda: _conv2d.conv_2d(_f32(1, 1, 1, 1), x, dst,
+                                                            1, 1, 0, 0, 1, 1, 1),
+                   match="below 2\\*\\*31")
+
+
 # k0, k1, s0, s1, p0, p1 of a 2x2 window, stride 2: 6x7 pools to 3x3.
 POOL = (2, 2, 2, 2, 0, 0)
 
@@ -247,6 +308,8 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
     conv = np.full((2, 6, 7, 36), 7.0, np.float32)
     pooled = np.full((2, 3, 3, 3), 7.0, np.float32)
     img = np.full((2, 4, 6, 7), 7.0, np.float32)
+    conv_out = np.full((2, 5, 6, 7), 7.0, np.float32)
+    kernel = np.full((5, 4, 3, 3), 7.0, np.float32)
     pos = np.arange(3, dtype=np.int32)
     return {
         "get_rows": (d4, lambda n: _get_rows.get_rows(
@@ -258,6 +321,12 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
         "pool_2d": (pooled, lambda n: _conv.pool_2d(_f32(2, 3, 6, 7), pooled, 0, *POOL, n)),
         "pool_2d_back": (img, lambda n: _conv.pool_2d_back(
             _f32(2, 4, 3, 3), _f32(2, 4, 6, 7), img, 0, *POOL, n)),
+        "conv_2d": (conv_out, lambda n: _conv2d.conv_2d(_f32(5, 4, 3, 3), _f32(2, 4, 6, 7),
+                                                        conv_out, *CONV2D, n)),
+        "conv_2d_back_input": (img, lambda n: _conv2d.conv_2d_back_input(
+            _f32(5, 4, 3, 3), _f32(2, 5, 6, 7), img, *CONV2D, n)),
+        "conv_2d_back_kernel": (kernel, lambda n: _conv2d.conv_2d_back_kernel(
+            _f32(2, 4, 6, 7), _f32(2, 5, 6, 7), kernel, *CONV2D, n)),
         "copy": (d4, lambda n: _copy.copy(a4, d4, n)),
         "binary": (d4, lambda n: _elementwise.binary(0, a4, b4, d4, n)),
         "unary": (d4, lambda n: _elementwise.unary(0, a4, d4, n)),
@@ -314,7 +383,7 @@ def test_every_kernel_takes_valid_thread_counts(name):
 
 def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
-    modules = [_attention, _conv, _copy, _elementwise, _gather, _get_rows, _norm, _optim,
+    modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _norm, _optim,
                _pointwise, _reduce, _rope, _softmax]
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))

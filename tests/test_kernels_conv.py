@@ -314,6 +314,24 @@ def test_pool_2d_back_max_ties_go_to_first_maximum(cfg, layout):
     np.testing.assert_allclose(got, pool_back_ref(g, x, _conv.POOL_MAX, *cfg), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n_threads", THREADS)
+def test_pool_2d_back_max_2x2_row_kernel_equals_the_general_loop(n_threads):
+    """The vectorized 2x2 stride-2 MAX rows against the general window loop (taken for x with
+    strided rows): ties, NaN, infinities and -FLT_MAX, odd sizes, same bits."""
+    rng = np.random.default_rng(12)
+    x = rng.integers(0, 3, (3, 2, 11, 37)).astype(np.float32)
+    specials = np.array([np.nan, -np.inf, np.inf, -FLT_MAX], np.float32)
+    x.reshape(-1)[rng.choice(x.size, 300, replace=False)] = rng.choice(specials, 300)
+    x[0, 0, :4, :4] = -np.inf  # windows that nothing wins
+    g = rng.standard_normal(_pool(x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), 1).shape)
+    g = g.astype(np.float32)
+    general = _pool_back(g, _layout(x, "strided"), _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+    for gl in ("contiguous", "strided", "transposed"):
+        fast = _pool_back(_layout(g, gl), x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+        np.testing.assert_array_equal(fast, general)
+    assert not fast[0, 0, :4, :4].any()
+
+
 def test_pool_2d_back_max_tie_example():
     x = np.array([[[[1, 2, 2], [2, 0, 1], [0, 1, 2]]]], np.float32)
     g = np.array([[[[10.0, 20.0], [30.0, 40.0]]]], np.float32)

@@ -118,6 +118,24 @@ def test_repeat_back(rng, sshape, dshape, n_threads):
         np.testing.assert_allclose(dst, expect, rtol=1e-5, atol=1e-6 * ntiles)
 
 
+@pytest.mark.parametrize("sshape", [(37, 8, 28, 28), (500, 3, 6, 4), (2, 5, 30, 30)])
+def test_repeat_back_into_channels_does_not_depend_on_the_thread_count(rng, sshape):
+    """A conv bias gradient (dst ne0 == 1): the same bits on 1, 2 and 3 threads, contiguous
+    (whole planes summed at once) or strided (row by row)."""
+    src = rng.standard_normal(sshape).astype(np.float32)
+    dshape = (1, sshape[1], 1, 1)
+    for view in (src, layout(src, "strided")):
+        outs = []
+        for n in (1, 2, 3):
+            dst = np.full(dshape, 123.0, np.float32)
+            R.repeat_back(view, dst, n)
+            outs.append(dst)
+        for other in outs[1:]:
+            np.testing.assert_array_equal(outs[0], other)
+        np.testing.assert_allclose(outs[0], repeat_back_ref(src, dshape), rtol=1e-6,
+                                   atol=1e-6 * src.size)
+
+
 def test_repeat_and_repeat_back_errors(rng):
     a = rng.standard_normal(SHAPE).astype(np.float32)
     dst = np.full((1, 1, 1, 2), 5, np.float32)

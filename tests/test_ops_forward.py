@@ -539,6 +539,61 @@ def test_conv_2d(rng, cfg):
     assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def conv2d_back_input_ref(k: np.ndarray, g: np.ndarray, x_shape, s0, s1, p0, p1, d0,
+                          d1) -> np.ndarray:
+    """The adjoint of :func:`conv2d_ref` in its input."""
+    N, IC, IH, IW = x_shape
+    _, _, KH, KW = k.shape
+    OH, OW = g.shape[2], g.shape[3]
+    xp = np.zeros((N, IC, IH + 2 * p1 + KH * d1, IW + 2 * p0 + KW * d0))
+    for kh in range(KH):
+        for kw in range(KW):
+            xp[:, :, kh * d1: kh * d1 + (OH - 1) * s1 + 1: s1,
+               kw * d0: kw * d0 + (OW - 1) * s0 + 1: s0] += np.einsum(
+                "nohw,oc->nchw", g, k[:, :, kh, kw])
+    return xp[:, :, p1:p1 + IH, p0:p0 + IW]
+
+
+def conv2d_back_kernel_ref(x: np.ndarray, g: np.ndarray, k_shape, s0, s1, p0, p1, d0,
+                           d1) -> np.ndarray:
+    """The gradient of ``sum(conv2d_ref(x, k) * g)`` in ``k``."""
+    N, IC, IH, IW = x.shape
+    _, _, KH, KW = k_shape
+    OH, OW = g.shape[2], g.shape[3]
+    xp = np.zeros((N, IC, IH + 2 * p1 + KH * d1, IW + 2 * p0 + KW * d0))
+    xp[:, :, p1:p1 + IH, p0:p0 + IW] = x
+    out = np.zeros(k_shape)
+    for kh in range(KH):
+        for kw in range(KW):
+            patch = xp[:, :, kh * d1: kh * d1 + (OH - 1) * s1 + 1: s1,
+                       kw * d0: kw * d0 + (OW - 1) * s0 + 1: s0]
+            out[:, :, kh, kw] = np.einsum("nchw,nohw->oc", patch, g)
+    return out
+
+
+@pytest.mark.parametrize("cfg", CONV, ids=str)
+def test_conv_2d_direct_and_its_gradient_ops(rng, cfg):
+    KH, KW, s0, s1, p0, p1, d0, d1 = cfg
+    prm = (s0, s1, p0, p1, d0, d1)
+    x, k = f32(rng, 2, 3, 7, 6), f32(rng, 5, 3, KH, KW)
+    out = run1(lambda c, tx, tk: ggopt.conv_2d_direct(c, tk, tx, *prm), x, k)
+    assert_close(out, conv2d_ref(x, k, *prm), rtol=1e-5, atol=1e-5)
+    g = f32(rng, *out.shape)
+    dx = run1(lambda c, tk, tg: ggopt.conv_2d_back_input(c, tk, tg, (6, 7, 3, 2), *prm), k, g)
+    assert_close(dx, conv2d_back_input_ref(k, g, x.shape, *prm), rtol=1e-5, atol=1e-5)
+    dk = run1(lambda c, tx, tg: ggopt.conv_2d_back_kernel(c, tx, tg, (KW, KH, 3, 5), *prm), x, g)
+    assert_close(dk, conv2d_back_kernel_ref(x, g, k.shape, *prm), rtol=1e-5, atol=1e-4)
+
+
+def test_conv_2d_is_one_direct_node():
+    ctx = ggopt.Context()
+    x = ctx.new_tensor_4d(ggopt.F32, 6, 7, 3, 2)
+    k = ctx.new_tensor_4d(ggopt.F32, 3, 3, 3, 5)
+    y = ggopt.conv_2d(ctx, k, x, 1, 1, 1, 1, 1, 1)
+    assert y.op is ggopt.tensor.Op.CONV_2D and y.src[:2] == (k, x) and y.ne == (6, 7, 5, 2)
+    assert y.op_params == ggopt.ops.Conv2DParams(1, 1, 1, 1, 1, 1)
+
+
 def test_conv_2d_permuted_input(rng):
     # the input arrives NHWC and is permuted to ggml [W, H, C, N] without a copy
     x_nhwc, k = f32(rng, 2, 6, 5, 3), f32(rng, 4, 3, 3, 3)

@@ -105,6 +105,11 @@ CASES = {
                [f32(1, 2, 5, 6), f32(3, 2, 3, 3, seed=1)], (0,)),
     "conv_2d": (lambda c, x, k: g.conv_2d(c, k, x, 2, 1, 1, 1, 1, 1),
                 [f32(2, 2, 4, 5), f32(3, 2, 3, 3, seed=1)], (0, 1)),
+    # the direct convolution's row blocks (width stride 1) and position blocks
+    "conv_2d_direct_rows": (lambda c, x, k: g.conv_2d_direct(c, k, x, 1, 2, 1, 2, 2, 1),
+                            [f32(2, 2, 6, 7), f32(3, 2, 3, 2, seed=1)], (0, 1)),
+    "conv_2d_direct_positions": (lambda c, x, k: g.conv_2d_direct(c, k, x, 3, 1, 2, 0, 1, 2),
+                                 [f32(1, 3, 7, 6), f32(2, 3, 2, 3, seed=1)], (0, 1)),
     "pool_2d_max": (lambda c, x: g.pool_2d(c, x, g.OP_POOL_MAX, 2, 2, 2, 2, 0, 0),
                     [distinct(1, 2, 6, 7)], (0,)),
     "pool_2d_max_overlap_pad": (lambda c, x: g.pool_2d(c, x, g.OP_POOL_MAX, 3, 3, 2, 1, 1, 1),

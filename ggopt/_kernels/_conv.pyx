@@ -378,7 +378,9 @@ def pool_2d(const float[:, :, :, :] x not None, float[:, :, :, ::1] dst not None
     cdef const char* xb = <const char*>&x[0, 0, 0, 0]
     cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
     cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
-    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+    # planes go to the threads dynamically: one slowed by another process holds up no other
+    for p in prange(nplanes, nogil=True, schedule="dynamic", chunksize=8,
+                    num_threads=n_threads,
                     use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
         if fast:
             _max_pool_2x2_plane(xb + (p // C) * sn + (p % C) * sc, sy, db + p * OH * OW,
@@ -432,50 +434,81 @@ cdef void _pool_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gsx, Py_ss
                         plane[(iy + ky) * IW + ix + kx] += gv
 
 
+cdef extern from *:
+    """
+    #include <float.h>
+    #include <stdint.h>
+    #include <string.h>
+
+    static inline uint32_t ggopt_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+    static inline float ggopt_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+    /* mask ? t : f, for a mask of all ones or all zeros, without a branch */
+    static inline float ggopt_select(uint32_t mask, float t, float f) {
+        return ggopt_u2f((ggopt_f2u(t) & mask) | (ggopt_f2u(f) & ~mask));
+    }
+
+    /* One row of 2x2 stride-2 MAX windows of pool_2d_back: the window over r0[2j..2j+1] and
+       r1[2j..2j+1] sends g[j] (at byte stride gs) to its first strict maximum in scan order (r0 before r1, left
+       before right), i.e. to the last cell that raised the running maximum, and 0 to its other
+       cells; a window where nothing beats -FLT_MAX gets 0 everywhere. Bit masks hand g[j] down
+       from the last cell to the first: no branch, and the loop vectorizes
+       (GGOPT_MULTIVERSION). */
+    GGOPT_ROW_INLINE void ggopt_max_pool_2x2_back_cells(
+            const float *restrict r0, const float *restrict r1, const char *restrict g,
+            Py_ssize_t gs, float *restrict q0, float *restrict q1, Py_ssize_t n) {
+        for (Py_ssize_t j = 0; j < n; j++) {
+            float a = r0[2 * j], b = r0[2 * j + 1], c = r1[2 * j], d = r1[2 * j + 1];
+            uint32_t ta = -(uint32_t)(a > -FLT_MAX);
+            float m = ggopt_select(ta, a, -FLT_MAX);
+            uint32_t tb = -(uint32_t)(b > m);
+            m = ggopt_select(tb, b, m);
+            uint32_t tc = -(uint32_t)(c > m);
+            m = ggopt_select(tc, c, m);
+            uint32_t td = -(uint32_t)(d > m);
+            uint32_t left = ggopt_f2u(*(const float *)(g + j * gs));
+            q1[2 * j + 1] = ggopt_u2f(left & td);
+            left &= ~td;
+            q1[2 * j] = ggopt_u2f(left & tc);
+            left &= ~tc;
+            q0[2 * j + 1] = ggopt_u2f(left & tb);
+            left &= ~tb;
+            q0[2 * j] = ggopt_u2f(left & ta);
+        }
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_max_pool_2x2_back_row(const float *r0, const float *r1, const char *g,
+                                            Py_ssize_t gs, float *q0, float *q1, Py_ssize_t n) {
+        if (gs == (Py_ssize_t)sizeof(float))  /* contiguous g: plain vector loads */
+            ggopt_max_pool_2x2_back_cells(r0, r1, g, sizeof(float), q0, q1, n);
+        else
+            ggopt_max_pool_2x2_back_cells(r0, r1, g, gs, q0, q1, n);
+    }
+    """
+    void _max_pool_2x2_back_row "ggopt_max_pool_2x2_back_row" (
+        const float* r0, const float* r1, const char* g, Py_ssize_t gs, float* q0, float* q1,
+        Py_ssize_t n) noexcept nogil
+
+
 cdef void _max_pool_2x2_back_plane(const char* gp, Py_ssize_t gsy, Py_ssize_t gsx,
                                    Py_ssize_t OH, Py_ssize_t OW, const char* xp, Py_ssize_t sy,
                                    float* plane, Py_ssize_t IH, Py_ssize_t IW) noexcept nogil:
     """:func:`_pool_back_plane` for MAX, k=2, s=2, p=0 and contiguous ``x`` rows.
 
-    The windows do not overlap, so each one clears its four cells and then stores its
-    gradient at the first maximum (or 0 when nothing beat ``-FLT_MAX``); only the rows and
-    columns no window covers are cleared separately.
+    The windows do not overlap, so each one writes all four of its cells (see
+    ``ggopt_max_pool_2x2_back_row``); only the rows and columns no window covers are cleared
+    separately.
     """
-    cdef Py_ssize_t oy, ox, best, j
-    cdef const float* r0
-    cdef const float* r1
+    cdef Py_ssize_t oy, j
     cdef float* q0
-    cdef float* q1
-    cdef float res, v, gv
     for oy in range(OH):
-        r0 = <const float*>(xp + 2 * oy * sy)
-        r1 = <const float*>(xp + (2 * oy + 1) * sy)
         q0 = plane + 2 * oy * IW
-        q1 = q0 + IW
-        for ox in range(OW):
-            gv = (<const float*>(gp + oy * gsy + ox * gsx))[0]
-            res = -FLT_MAX
-            best = 0
-            v = r0[2 * ox]
-            best = _pick(v > res, 0, best)
-            res = v if v > res else res
-            v = r0[2 * ox + 1]
-            best = _pick(v > res, 1, best)
-            res = v if v > res else res
-            v = r1[2 * ox]
-            best = _pick(v > res, IW, best)
-            res = v if v > res else res
-            v = r1[2 * ox + 1]
-            best = _pick(v > res, IW + 1, best)
-            res = v if v > res else res
-            q0[2 * ox] = 0.0
-            q0[2 * ox + 1] = 0.0
-            q1[2 * ox] = 0.0
-            q1[2 * ox + 1] = 0.0
-            q0[2 * ox + best] = gv if res > -FLT_MAX else 0.0
+        _max_pool_2x2_back_row(<const float*>(xp + 2 * oy * sy),
+                               <const float*>(xp + (2 * oy + 1) * sy),
+                               gp + oy * gsy, gsx, q0, q0 + IW, OW)
         for j in range(2 * OW, IW):
             q0[j] = 0.0
-            q1[j] = 0.0
+            q0[IW + j] = 0.0
     memset(plane + 2 * OH * IW, 0, (IH - 2 * OH) * IW * sizeof(float))
 
 
@@ -519,7 +552,9 @@ def pool_2d_back(const float[:, :, :, :] g not None, const float[:, :, :, :] x n
     cdef Py_ssize_t gsx = g.strides[3]
     cdef Py_ssize_t sn = x.strides[0], sc = x.strides[1], sy = x.strides[2], sx = x.strides[3]
     cdef bint fast = _is_max_2x2(op, k0, k1, s0, s1, p0, p1, sx, IH, IW, OH, OW)
-    for p in prange(nplanes, nogil=True, schedule="static", num_threads=n_threads,
+    # planes go to the threads dynamically: one slowed by another process holds up no other
+    for p in prange(nplanes, nogil=True, schedule="dynamic", chunksize=8,
+                    num_threads=n_threads,
                     use_threads_if=nplanes * OH * OW * k0 * k1 >= MIN_PARALLEL_WORK):
         if fast:
             _max_pool_2x2_back_plane(gb + (p // C) * gsn + (p % C) * gsc, gsy, gsx, OH, OW,

@@ -18,9 +18,13 @@ from .attention import DiagMaskParams, diag_mask_inf, diag_mask_zero
 from .conv import (  # noqa: I001
     OP_POOL_AVG,
     OP_POOL_MAX,
+    Conv2DParams,
     Im2ColParams,
     PoolParams,
     conv_2d,
+    conv_2d_back_input,
+    conv_2d_back_kernel,
+    conv_2d_direct,
     im2col,
     im2col_back,
     pool_2d,
@@ -101,7 +105,8 @@ __all__ = [
     "neg", "exp", "abs", "sum", "sum_rows", "mean", "repeat", "repeat_back", "acc", "relu",
     "gelu", "silu", "tanh", "sigmoid", "step", "soft_max", "soft_max_ext", "mul_mat", "out_prod",
     "cross_entropy_loss", "cross_entropy_loss_back", "argmax", "count_equal", "get_rows",
-    "get_rows_back", "im2col", "im2col_back", "conv_2d", "pool_2d", "pool_2d_back",
+    "get_rows_back", "im2col", "im2col_back", "conv_2d", "conv_2d_direct",
+    "conv_2d_back_input", "conv_2d_back_kernel", "pool_2d", "pool_2d_back",
     "opt_step_adamw", "opt_step_sgd", "view_1d", "view_2d", "view_3d", "view_4d", "reshape",
     "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d", "permute", "transpose", "cont",
     "dup", "cpy", "set_input", "set_output", "set_param", "set_loss", "set_name", "get_name",
@@ -114,5 +119,6 @@ __all__ = [
 ]
 
 #: The typed parameters of the ops that have some (``Tensor.op_params``).
-OP_PARAMS = (ScaleParams, SoftMaxParams, Im2ColParams, PoolParams, ViewParams, PermuteParams,
-             AccParams, NormParams, RopeParams, DiagMaskParams, GluParams, ConcatParams)
+OP_PARAMS = (ScaleParams, SoftMaxParams, Im2ColParams, Conv2DParams, PoolParams, ViewParams,
+             PermuteParams, AccParams, NormParams, RopeParams, DiagMaskParams, GluParams,
+             ConcatParams)

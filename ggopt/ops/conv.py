@@ -1,4 +1,5 @@
-"""Convolution and pooling: im2col and its adjoint, conv_2d (im2col + mul_mat), pool_2d.
+"""Convolution and pooling: im2col and its adjoint, the direct convolution conv_2d_direct
+(what conv_2d builds) with its two gradients, pool_2d.
 
 Kernels: :mod:`ggopt._kernels._conv`; compilers: ``backend/*_ops/conv.py``.
 """
@@ -24,12 +25,11 @@ from ._base import (
     ne_str,
     params_of,
 )
-from .linalg import mul_mat
-from .views import cont, permute, reshape_2d, reshape_4d
 
 __all__ = [
-    "OP_POOL_MAX", "OP_POOL_AVG", "Im2ColParams", "PoolParams", "im2col", "im2col_back",
-    "conv_2d", "pool_2d", "pool_2d_back",
+    "OP_POOL_MAX", "OP_POOL_AVG", "Im2ColParams", "Conv2DParams", "PoolParams", "im2col",
+    "im2col_back", "conv_2d", "conv_2d_direct", "conv_2d_back_input", "conv_2d_back_kernel",
+    "pool_2d", "pool_2d_back",
 ]
 
 OP_POOL_MAX = 0
@@ -40,6 +40,18 @@ _POOL_OPS = {OP_POOL_MAX: "OP_POOL_MAX", OP_POOL_AVG: "OP_POOL_AVG"}
 @dataclass(frozen=True, slots=True)
 class Im2ColParams:
     """``Op.IM2COL``/``Op.IM2COL_BACK``: strides, paddings and dilations (x: 0, y: 1)."""
+
+    s0: int
+    s1: int
+    p0: int
+    p1: int
+    d0: int
+    d1: int
+
+
+@dataclass(frozen=True, slots=True)
+class Conv2DParams:
+    """``Op.CONV_2D`` and its gradient ops: strides, paddings and dilations (x: 0, y: 1)."""
 
     s0: int
     s1: int
@@ -148,17 +160,91 @@ def _im2col_back_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> 
 
 def conv_2d(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int, d0: int,
             d1: int) -> Tensor:
-    """2-D cross-correlation as ggml composes it: im2col, then mul_mat (ggml_conv_2d).
+    """2-D cross-correlation (ggml_conv_2d).
 
     ``a`` is the kernel ``[KW, KH, IC, OC]``, ``b`` the input ``[IW, IH, IC, N]``; the result is
-    ``[OW, OH, OC, N]`` (NCHW in NumPy terms, PyTorch's ``conv2d``).
+    ``[OW, OH, OC, N]`` (NCHW in NumPy terms, PyTorch's ``conv2d``). ggml composes it from
+    im2col, mul_mat and a permuted copy; ggopt computes in float32, where that composition and
+    :func:`conv_2d_direct` agree to rounding, and builds the one direct node.
     """
     check_f32("conv_2d", a=a, b=b)
-    cols = im2col(ctx, a, b, s0, s1, p0, p1, d0, d1, True, F32)
-    K, OW, OH, N = cols.ne
-    res = mul_mat(ctx, reshape_2d(ctx, cols, K, OW * OH * N), reshape_2d(ctx, a, K, a.ne[3]))
-    res = reshape_4d(ctx, res, OW, OH, N, a.ne[3])
-    return cont(ctx, permute(ctx, res, 0, 1, 3, 2))
+    return conv_2d_direct(ctx, a, b, s0, s1, p0, p1, d0, d1)
+
+
+#: OH*OW, IC*KH*KW and OC reach BLAS as C ints.
+_BLAS_LIMIT = 2**31
+
+
+def _conv_geometry(fn: str, kernel_ne: tuple[int, ...], image_ne: tuple[int, ...],
+                   params: dict[str, int]) -> tuple[Conv2DParams, tuple[int, int, int, int]]:
+    """The checked parameters and the output ``ne`` ``[OW, OH, OC, N]`` of a convolution of
+    an image of ``image_ne`` by a kernel of ``kernel_ne``."""
+    if kernel_ne[2] != image_ne[2]:
+        raise ShapeError(f"ggml_{fn}: kernel channels {kernel_ne[2]} (ne[2]) must equal input "
+                         f"channels {image_ne[2]} (ne[2])")
+    p = Conv2DParams(*_conv_params(fn, **params))
+    KW, KH = _conv_params(fn, kw=kernel_ne[0], kh=kernel_ne[1])
+    OW = _conv_out(fn, image_ne[0], KW, p.s0, p.p0, p.d0)
+    OH = _conv_out(fn, image_ne[1], KH, p.s1, p.p1, p.d1)
+    OC = kernel_ne[3]
+    if max(OW * OH, kernel_ne[2] * KH * KW, OC) >= _BLAS_LIMIT:
+        raise ShapeError(f"ggml_{fn}: OH*OW={OH * OW}, IC*KH*KW={kernel_ne[2] * KH * KW} and "
+                         f"OC={OC} must each be below 2**31")
+    return p, (OW, OH, OC, image_ne[3])
+
+
+def conv_2d_direct(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: int,
+                   d0: int, d1: int) -> Tensor:
+    """2-D cross-correlation as one node (ggml_conv_2d_direct, ``Op.CONV_2D``).
+
+    ``a`` is the kernel ``[KW, KH, IC, OC]``, ``b`` the input ``[IW, IH, IC, N]``; the result is
+    ``[OW, OH, OC, N]``, with ``OW = (IW + 2*p0 - d0*(KW - 1) - 1) // s0 + 1`` (OH likewise).
+    """
+    check_ctx("conv_2d_direct", ctx)
+    check_f32("conv_2d_direct", a=a, b=b)
+    p, ne = _conv_geometry("conv_2d_direct", a.ne, b.ne,
+                           dict(s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
+    return ctx.new_op(F32, ne, Op.CONV_2D, (a, b), p)
+
+
+def conv_2d_back_input(ctx: Context, a: Tensor, g: Tensor, ne: tuple[int, ...], s0: int,
+                       s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """Gradient of :func:`conv_2d_direct` with respect to its input, of shape ``ne``, from
+    the kernel ``a`` and the output gradient ``g`` (``Op.CONV_2D_BACK_INPUT``)."""
+    fn = "conv_2d_back_input"
+    check_ctx(fn, ctx)
+    check_f32(fn, a=a, g=g)
+    ne = normalize_ne(ne)
+    p, out = _conv_geometry(fn, a.ne, ne, dict(s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
+    if g.ne != out:
+        raise ShapeError(f"ggml_{fn}: gradient {ne_str(g)} must be {list(out)}")
+    return ctx.new_op(F32, ne, Op.CONV_2D_BACK_INPUT, (a, g), p)
+
+
+def conv_2d_back_kernel(ctx: Context, b: Tensor, g: Tensor, ne: tuple[int, ...], s0: int,
+                        s1: int, p0: int, p1: int, d0: int, d1: int) -> Tensor:
+    """Gradient of :func:`conv_2d_direct` with respect to its kernel, of shape ``ne``
+    (``[KW, KH, IC, OC]``), from the input ``b`` and the output gradient ``g``
+    (``Op.CONV_2D_BACK_KERNEL``)."""
+    fn = "conv_2d_back_kernel"
+    check_ctx(fn, ctx)
+    check_f32(fn, b=b, g=g)
+    ne = normalize_ne(ne)
+    p, out = _conv_geometry(fn, ne, b.ne, dict(s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
+    if g.ne != out:
+        raise ShapeError(f"ggml_{fn}: gradient {ne_str(g)} must be {list(out)}")
+    return ctx.new_op(F32, ne, Op.CONV_2D_BACK_KERNEL, (b, g), p)
+
+
+@backward(Op.CONV_2D)
+def _conv_2d_back_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
+    k, x = node.src
+    p = params_of(node, Conv2DParams)
+    prm = (p.s0, p.s1, p.p0, p.p1, p.d0, p.d1)
+    if sink.needs(0):
+        sink.add(0, conv_2d_back_kernel(ctx, x, g, k.ne, *prm))
+    if sink.needs(1):
+        sink.add(1, conv_2d_back_input(ctx, k, g, x.ne, *prm))
 
 
 def pool_2d(ctx: Context, a: Tensor, op: int, k0: int, k1: int, s0: int, s1: int, p0: float,

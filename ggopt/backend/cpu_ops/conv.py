@@ -1,13 +1,15 @@
-"""Convolution and pooling compilers (kernels: ``_kernels/_conv.pyx``)."""
+"""Convolution and pooling compilers (kernels: ``_kernels/_conv.pyx``, the direct
+convolution ``_kernels/_conv2d.pyx``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 import ggopt._kernels._conv as _conv
+import ggopt._kernels._conv2d as _conv2d
 
 from ...ops._base import params_of
-from ...ops.conv import Im2ColParams, PoolParams
+from ...ops.conv import Conv2DParams, Im2ColParams, PoolParams
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
 from . import conv_sparse
@@ -48,6 +50,32 @@ def _im2col(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 @COMPILERS.register(Op.IM2COL_BACK)
 def _im2col_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     return _im2col_step(be, node, srcs[1], mem(node), mem(srcs[0]), back=True)
+
+
+def _conv_params(node: Tensor) -> tuple[int, int, int, int, int, int]:
+    p = params_of(node, Conv2DParams)
+    return p.s0, p.s1, p.p0, p.p1, p.d0, p.d1
+
+
+@COMPILERS.register(Op.CONV_2D)
+def _conv_2d(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    k, x, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    prm = _conv_params(node)
+    return lambda: _conv2d.conv_2d(k, x, d, *prm, be.n_threads)
+
+
+@COMPILERS.register(Op.CONV_2D_BACK_INPUT)
+def _conv_2d_back_input(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    k, g, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    prm = _conv_params(node)
+    return lambda: _conv2d.conv_2d_back_input(k, g, d, *prm, be.n_threads)
+
+
+@COMPILERS.register(Op.CONV_2D_BACK_KERNEL)
+def _conv_2d_back_kernel(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    x, g, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    prm = _conv_params(node)
+    return lambda: _conv2d.conv_2d_back_kernel(x, g, d, *prm, be.n_threads)
 
 
 @COMPILERS.register(Op.POOL_2D)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...ops._base import params_of
-from ...ops.conv import OP_POOL_MAX, Im2ColParams, PoolParams
+from ...ops.conv import OP_POOL_MAX, Conv2DParams, Im2ColParams, PoolParams
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
 from ._base import COMPILERS, F32, Srcs, split_axes
@@ -41,16 +41,15 @@ def _window(src: Any, y0: int, x0: int, oh: int, ow: int, s1: int, s0: int) -> A
     return src[:, :, y0:y0 + (oh - 1) * s1 + 1:s1, x0:x0 + (ow - 1) * s0 + 1:s0]
 
 
-@COMPILERS.register(Op.IM2COL)
-def _im2col(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    # d[n, oh, ow, (ic*KH + kh)*KW + kw] = x[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]
-    xp = be.xp
-    k, x, d = srcs[0], mem(srcs[1]), mem(node)
-    kw_, kh_ = k.ne[0], k.ne[1]
-    s0, s1, p0, p1, d0, d1 = _geometry(params_of(node, Im2ColParams))
-    n, ic, _, _ = x.shape
-    _, oh, ow, _ = d.shape
-    d6 = split_axes(xp, d, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+Geometry = tuple[int, int, int, int, int, int]
+
+
+def _unfolder(xp: Any, x: Any, d6: Any, kh_: int, kw_: int, geom: Geometry) -> Step:
+    """The step that fills ``d6`` (N, OH, OW, IC, KH, KW) with the windows of ``x`` (N, IC,
+    IH, IW): ``d6[n, oh, ow, ic, kh, kw] = x[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]``,
+    0 outside ``x``."""
+    s0, s1, p0, p1, d0, d1 = geom
+    oh, ow = d6.shape[1], d6.shape[2]
     src, load = _padded_source(xp, x, p1, p0, (oh - 1) * s1 + (kh_ - 1) * d1 + 1,
                                (ow - 1) * s0 + (kw_ - 1) * d0 + 1, 0.0)
     pairs = [(d6[:, :, :, :, kh, kw],
@@ -66,32 +65,113 @@ def _im2col(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     return step
 
 
-@COMPILERS.register(Op.IM2COL_BACK)
-def _im2col_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    # every input pixel receives the sum of the g entries im2col read it into
-    xp = be.xp
-    g, k, d = mem(srcs[0]), srcs[1], mem(node)
-    kw_, kh_ = k.ne[0], k.ne[1]
-    s0, s1, p0, p1, d0, d1 = _geometry(params_of(node, Im2ColParams))
+def _folder(xp: Any, d: Any, part: Any, kh_: int, kw_: int, geom: Geometry) -> Step:
+    """The step that writes into ``d`` (N, IC, IH, IW) the adjoint of :func:`_unfolder`:
+    every pixel gets the sum of the entries of ``part(kh, kw)`` (N, IC, OH, OW) read from
+    it."""
+    s0, s1, p0, p1, d0, d1 = geom
     n, ic, ih, iw = d.shape
-    _, oh, ow, _ = g.shape
-    g6 = split_axes(xp, g, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+    oh, ow = part(0, 0).shape[2:]
     need_h = (oh - 1) * s1 + (kh_ - 1) * d1 + 1
     need_w = (ow - 1) * s0 + (kw_ - 1) * d0 + 1
     direct = p0 == 0 and p1 == 0 and need_h <= ih and need_w <= iw
     acc = d if direct else xp.zeros((n, ic, max(need_h, ih + p1), max(need_w, iw + p0)),
                                     dtype=xp.float32)
     inner = acc[:, :, p1:p1 + ih, p0:p0 + iw]
-    pairs = [(_window(acc, kh * d1, kw * d0, oh, ow, s1, s0),
-              g6[:, :, :, :, kh, kw].transpose(0, 3, 1, 2))
+    pairs = [(_window(acc, kh * d1, kw * d0, oh, ow, s1, s0), part(kh, kw))
              for kh in range(kh_) for kw in range(kw_)]
 
     def step() -> None:
         acc[...] = 0
-        for win, part in pairs:
-            xp.add(win, part, out=win)
+        for win, contribution in pairs:
+            xp.add(win, contribution, out=win)
         if not direct:
             d[...] = inner
+
+    return step
+
+
+@COMPILERS.register(Op.IM2COL)
+def _im2col(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    k, x, d = srcs[0], mem(srcs[1]), mem(node)
+    kw_, kh_ = k.ne[0], k.ne[1]
+    n, ic, _, _ = x.shape
+    _, oh, ow, _ = d.shape
+    d6 = split_axes(be.xp, d, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+    return _unfolder(be.xp, x, d6, kh_, kw_, _geometry(params_of(node, Im2ColParams)))
+
+
+@COMPILERS.register(Op.IM2COL_BACK)
+def _im2col_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    g, k, d = mem(srcs[0]), srcs[1], mem(node)
+    kw_, kh_ = k.ne[0], k.ne[1]
+    n, ic, _, _ = d.shape
+    _, oh, ow, _ = g.shape
+    g6 = split_axes(be.xp, g, [(n,), (oh,), (ow,), (ic, kh_, kw_)])
+    return _folder(be.xp, d, lambda kh, kw: g6[:, :, :, :, kh, kw].transpose(0, 3, 1, 2),
+                   kh_, kw_, _geometry(params_of(node, Im2ColParams)))
+
+
+def _conv_geometry(node: Tensor) -> Geometry:
+    p = params_of(node, Conv2DParams)
+    return p.s0, p.s1, p.p0, p.p1, p.d0, p.d1
+
+
+def _patches(xp: Any, x: Any, k_ne: tuple[int, ...], oh: int, ow: int,
+             geom: Geometry) -> tuple[Any, Step]:
+    """A patch array (N, OH*OW, IC*KH*KW) of ``x`` and the step filling it."""
+    n, ic = x.shape[0], x.shape[1]
+    kw_, kh_ = k_ne[0], k_ne[1]
+    cols = xp.empty((n, oh, ow, ic, kh_, kw_), dtype=xp.float32)
+    return cols.reshape(n, oh * ow, ic * kh_ * kw_), _unfolder(xp, x, cols, kh_, kw_, geom)
+
+
+@COMPILERS.register(Op.CONV_2D)
+def _conv_2d(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # d[n, oc, m] = sum_k kernel[oc, k] * patches[n, m, k]
+    xp = be.xp
+    k, x, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    n, oc, oh, ow = d.shape
+    cols, unfold = _patches(xp, x, srcs[0].ne, oh, ow, _conv_geometry(node))
+    d3 = d.reshape(n, oc, oh * ow)
+
+    def step() -> None:
+        unfold()
+        xp.matmul(k.reshape(oc, -1), cols.transpose(0, 2, 1), out=d3)
+
+    return step
+
+
+@COMPILERS.register(Op.CONV_2D_BACK_INPUT)
+def _conv_2d_back_input(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # the patch gradient kernel^T @ g, folded back onto the image
+    xp = be.xp
+    k, g, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    n, oc, oh, ow = g.shape
+    ic, kh_, kw_ = k.shape[1], k.shape[2], k.shape[3]
+    dcols = xp.empty((n, ic * kh_ * kw_, oh * ow), dtype=xp.float32)
+    d6 = dcols.reshape(n, ic, kh_, kw_, oh, ow)
+    fold = _folder(xp, d, lambda kh, kw: d6[:, :, kh, kw], kh_, kw_, _conv_geometry(node))
+
+    def step() -> None:
+        xp.matmul(k.reshape(oc, -1).T, g.reshape(n, oc, oh * ow), out=dcols)
+        fold()
+
+    return step
+
+
+@COMPILERS.register(Op.CONV_2D_BACK_KERNEL)
+def _conv_2d_back_kernel(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # d[oc, k] = sum over n, m of g[n, oc, m] * patches[n, m, k]
+    xp = be.xp
+    x, g, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    n, oc, oh, ow = g.shape
+    cols, unfold = _patches(xp, x, node.ne, oh, ow, _conv_geometry(node))
+    d2 = d.reshape(oc, -1)
+
+    def step() -> None:
+        unfold()
+        d2[...] = xp.tensordot(g.reshape(n, oc, oh * ow), cols, axes=([0, 2], [0, 1]))
 
     return step
 
