@@ -304,6 +304,7 @@ def test_adamw(benchmark, ratio_to, impl):
 # --- element-wise kernels over [500, 500] vs one streaming copy -----------------------------
 
 EW_SHAPE = (1, 1, BATCH, N_HIDDEN)  # a hidden layer at batch 500, ggml [500, 500]
+EW_TARGET = 0.9  # issue 14: one thread, at least 0.9 of np.copyto's speed
 
 
 def _ew_case(op: str, impl: str):
@@ -346,10 +347,14 @@ def test_elementwise(benchmark, ratio_to, op, impl):
     step, d, expected = _ew_case(op, impl)
     benchmark(step)
     np.testing.assert_array_equal(d, expected)
-    if benchmark.stats is not None:  # bytes of the copy: read and write the output's size
-        benchmark.extra_info["copy_GBps"] = round(2 * d.nbytes / benchmark.stats.stats.median
-                                                  / 1e9, 2)
-    ratio_to(impl, copyto=round(1 / 1.3, 3) if impl == "ggopt_1t" else None, numpy=None,
+    if benchmark.stats is not None:
+        median = benchmark.stats.stats.median
+        # bytes of the copy (read and write the output's size), and of every array the op
+        # streams: relu_back reads two full arrays, so it moves 1.5x a copy's bytes
+        streams = 3 if op == "relu_back" and impl != "copyto" else 2
+        benchmark.extra_info["copy_GBps"] = round(2 * d.nbytes / median / 1e9, 2)
+        benchmark.extra_info["streamed_GBps"] = round(streams * d.nbytes / median / 1e9, 2)
+    ratio_to(impl, copyto=EW_TARGET if impl == "ggopt_1t" else None, numpy=None,
              ggopt_1t=None)
 
 
