@@ -109,6 +109,24 @@ def test_binary_broadcast(rng, op, bshape, n_threads):
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
+@pytest.mark.parametrize("bshape", [(1, 13, 1, 1), (7, 1, 1, 1), (7, 13, 1, 1), (1, 1, 1, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("size", ["small", "big"])
+def test_binary_per_plane_broadcast(rng, bshape, size, n_threads):
+    """One b value per dense (i3, i2) plane (a conv bias): each plane runs as one row, also when
+    a thread's range starts or ends inside a plane."""
+    shape = SHAPE if size == "small" else (7, 13, 43, 71)  # above the parallel threshold
+    a = rng.standard_normal(shape).astype(np.float32)
+    b = rng.standard_normal(bshape).astype(np.float32)
+    for ld in ("contiguous", "strided"):
+        dst = layout(np.zeros(shape, np.float32), ld)
+        E.binary(E.BIN_ADD, a, b, dst, n_threads)
+        np.testing.assert_array_equal(dst, a + b)
+        E.binary(E.BIN_DIV, a[:, :, ::2], b, dst[:, :, ::2], n_threads)  # rows far apart
+        np.testing.assert_array_equal(dst[:, :, ::2], a[:, :, ::2] / b)
+
+
+@pytest.mark.parametrize("n_threads", THREADS)
 @pytest.mark.parametrize("la", ["contiguous", "strided"])
 def test_binary_tiling(rng, la, n_threads):
     # ggml's repeat broadcast: b's dims divide a's without being 1

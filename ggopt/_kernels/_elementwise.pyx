@@ -367,6 +367,23 @@ cdef void _prepare_binary(Job *j, int op, const float[:, :, :, :] a,
         arr4_flatten(&j.x)
         arr4_flatten(&j.y)
         arr4_flatten(&j.d)
+    elif j.y.n[2] == 1 and j.y.n[3] == 1 and _rows_contig(&j.x) and _rows_contig(&j.d):
+        # b is one value per (i3, i2) plane (a per-channel bias): each plane of a and dst is
+        # one run against one b value, not ne1 short rows
+        _merge_rows(&j.x)
+        _merge_rows(&j.d)
+
+
+cdef inline bint _rows_contig(const Arr4 *a) noexcept nogil:
+    """True when dims 1 and 0 (NumPy's last two) of the float32 array are one dense plane."""
+    return (a.n[3] == 1 or a.s[3] == 4) and (a.n[2] == 1 or a.s[2] == 4 * a.n[3])
+
+
+cdef inline void _merge_rows(Arr4 *a) noexcept nogil:
+    """View each dense (i3, i2) plane as one row."""
+    a.n[3] *= a.n[2]
+    a.n[2] = 1
+    a.s[3] = 4
 
 
 # ----------------------------------------------------------------------------------------------
