@@ -7,8 +7,47 @@ import numpy as np
 import pytest
 from ggopt._kernels._gemm import GemmPlan
 
+from ggopt._kernels import _gemm
+from ggopt.backend import blas
 from ggopt.backend.blas import SerialBlas
 from ggopt.errors import InvalidValueError, ShapeError
+
+
+@pytest.fixture(params=["chosen", "scipy"], autouse=True)
+def which_sgemm(request):
+    """Every test runs on the sgemm ggopt chose (NumPy's ILP64 OpenBLAS in NumPy's wheels)
+    and on SciPy's."""
+    blas.products_blas()
+    if request.param == "chosen":
+        yield
+        return
+    ilp64 = _gemm.ilp64_sgemm_in_use()
+    if not ilp64:
+        pytest.skip("SciPy's sgemm is the chosen one")
+    address = _numpy_sgemm_address()
+    _gemm.use_ilp64_sgemm(0)
+    try:
+        yield
+    finally:
+        _gemm.use_ilp64_sgemm(address)
+
+
+def _numpy_sgemm_address():
+    import ctypes
+
+    name = blas.products_blas().split("(")[1].rstrip(")")
+    for lib in __import__("threadpoolctl").threadpool_info():
+        if "numpy" in lib["filepath"]:
+            return ctypes.cast(getattr(ctypes.CDLL(lib["filepath"]), name), ctypes.c_void_p).value
+    raise AssertionError("NumPy's BLAS not found")
+
+
+def test_the_choice_is_named_and_stable(request):
+    if request.node.callspec.params["which_sgemm"] == "scipy":
+        pytest.skip("checks the choice itself")
+    name = blas.products_blas()
+    assert name == blas.products_blas()
+    assert ("NumPy" in name) == _gemm.ilp64_sgemm_in_use()
 
 
 def _rand(shape, seed):

@@ -14,6 +14,7 @@ column-major ``out^T (c, r) = y^T (c, k) @ x^T (k, r)``.
 """
 
 from cython.parallel cimport prange
+from libc.stdint cimport int64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
 
@@ -40,6 +41,30 @@ cdef extern from *:
     """
     void ggopt_add_rows(float *acc, long lda, const float *c, long ldc, int n,
                         int m) noexcept nogil
+
+
+# An ILP64 Fortran sgemm (64-bit integers), e.g. the OpenBLAS NumPy's wheels ship; when set
+# (use_ilp64_sgemm) every product calls it instead of SciPy's LP64 one.
+ctypedef void (*sgemm64_fn)(const char *, const char *, const int64_t *, const int64_t *,
+                            const int64_t *, const float *, const float *, const int64_t *,
+                            const float *, const int64_t *, const float *, float *,
+                            const int64_t *) noexcept nogil
+cdef sgemm64_fn _sgemm64 = NULL
+
+
+def use_ilp64_sgemm(size_t address) -> None:
+    """Call the ILP64 ``sgemm`` at ``address`` (0: SciPy's) for every product from now on.
+
+    The address must be a Fortran-convention ``sgemm`` with 64-bit integers (NumPy's OpenBLAS
+    ``scipy_sgemm_64_``); ``backend/blas.py`` finds it and checks it on a small product.
+    """
+    global _sgemm64
+    _sgemm64 = <sgemm64_fn>address
+
+
+def ilp64_sgemm_in_use() -> bool:
+    """Whether products call an ILP64 sgemm (see :func:`use_ilp64_sgemm`)."""
+    return _sgemm64 != NULL
 
 
 cdef struct Product:
@@ -200,9 +225,13 @@ cdef class GemmPlan:
 cdef void _product(Product *p) noexcept nogil:
     cdef float one = 1.0, zero = 0.0
     cdef Py_ssize_t i
+    cdef int64_t m, n, k, lda, ldb, ldc
     if p.k == 0:  # an empty sum: BLAS may not touch C with K = 0, so zero it here
         for i in range(p.n):
             memset(p.c + i * p.ldc, 0, p.m * sizeof(float))
+    elif _sgemm64 != NULL:
+        m, n, k, lda, ldb, ldc = p.m, p.n, p.k, p.lda, p.ldb, p.ldc
+        _sgemm64(&p.ta, &p.tb, &m, &n, &k, &one, p.a, &lda, p.b, &ldb, &zero, p.c, &ldc)
     else:
         sgemm(&p.ta, &p.tb, &p.m, &p.n, &p.k, &one, <float *>p.a, &p.lda, <float *>p.b,
               &p.ldb, &zero, p.c, &p.ldc)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from .. import _threads
 
-__all__ = ["SerialBlas"]
+__all__ = ["SerialBlas", "products_blas"]
 
 
 class SerialBlas:
@@ -59,3 +59,64 @@ class SerialBlas:
                 for c, n in zip(cls._controllers(), cls._saved):
                     if n != 1:
                         c.set_num_threads(n)
+
+
+_products_blas: str | None = None  # what the GemmPlans call, once chosen
+_choose_lock = threading.Lock()
+
+
+def products_blas() -> str:
+    """Choose, once per process, the ``sgemm`` that the matrix products call; returns its name.
+
+    NumPy's own OpenBLAS when NumPy ships an ILP64 build that exports ``scipy_sgemm_64_`` (or
+    ``sgemm_64_``), as NumPy's wheels do: ggopt's products then run on the BLAS NumPy's
+    ``matmul`` uses (the newer of the two copies in a usual install, and the one the bench's
+    products-alone floor measures). Otherwise, or when that function fails a check on a small
+    product, SciPy's (``scipy.linalg.cython_blas``).
+    """
+    global _products_blas
+    with _choose_lock:
+        if _products_blas is None:
+            _products_blas = _choose()
+        return _products_blas
+
+
+def _choose() -> str:
+    import ctypes
+    import os
+
+    import numpy as np
+
+    from .._kernels import _gemm
+
+    numpy_dir = os.path.dirname(os.path.realpath(np.__file__))
+    for lib in _threads.threadpool_controller().lib_controllers:
+        path = os.path.realpath(lib.filepath or "")
+        if lib.internal_api != "openblas" or not path.startswith(numpy_dir):
+            continue  # only the copy inside NumPy's install (numpy.libs, numpy/.dylibs)
+        for name in ("scipy_sgemm_64_", "sgemm_64_"):
+            try:
+                address = ctypes.cast(getattr(ctypes.CDLL(path), name), ctypes.c_void_p).value
+            except (AttributeError, OSError):
+                continue
+            if address and _works(_gemm, address):
+                return f"NumPy's OpenBLAS ({name})"
+    _gemm.use_ilp64_sgemm(0)
+    return "SciPy's BLAS (sgemm)"
+
+
+def _works(gemm: Any, address: int) -> bool:
+    """Use the ILP64 sgemm at ``address`` if it multiplies a small product exactly."""
+    import numpy as np
+
+    x = np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    y = np.array([[1, 0, 2, 1], [0, 1, 1, 2]], dtype=np.float32)
+    gemm.use_ilp64_sgemm(address)
+    out = np.full((3, 4), np.nan, np.float32)
+    plan = gemm.GemmPlan()
+    plan.add(x, y.T.copy().T, out)  # y as a transposed view: both operand layouts
+    plan.run(1)
+    if np.array_equal(out, x @ y):
+        return True
+    gemm.use_ilp64_sgemm(0)
+    return False

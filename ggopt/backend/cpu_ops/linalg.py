@@ -15,6 +15,7 @@ import numpy as np
 from ... import _threads
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
+from ..blas import products_blas
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ def _gemm_plan(parts: list[Product], sums: list[tuple[np.ndarray, np.ndarray]]) 
     in place."""
     from ..._kernels._gemm import GemmPlan  # loads SciPy's BLAS on the first product
 
+    products_blas()
     plan = GemmPlan()
     for x, y, out in parts:
         if not plan.add(x, y, out):
@@ -159,6 +161,7 @@ def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placeme
     None when a piece would need a split-K partial or BLAS cannot read an operand in place."""
     from ..._kernels._gemm import GemmPlan
 
+    products_blas()
     out4 = mem(node)
     accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]
     plan = GemmPlan()
