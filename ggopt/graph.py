@@ -12,7 +12,7 @@ from .errors import DTypeError, ShapeError, StateError
 from .ops._base import BACKWARD, ignored_sources
 from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
 from .tensor import Op, Tensor
-from .types import F16, F32, I32, TensorFlag
+from .types import F16, F32, FLAG_COMPUTE, FLAG_INPUT, FLAG_LOSS, FLAG_PARAM, I32
 
 __all__ = [
     "Graph",
@@ -116,7 +116,7 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
                 break
         else:
             stack.pop()
-            if node.op is Op.NONE and not node.flags & TensorFlag.PARAM:
+            if node.op is Op.NONE and not node.flags & FLAG_PARAM:
                 new_leafs.append(node)
             else:
                 new_nodes.append(node)
@@ -131,7 +131,7 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     for t in new_nodes:
         if not t.name:
             t.name = f"node_{len(g.nodes)}"
-        t.flags |= TensorFlag.COMPUTE
+        t.flags |= FLAG_COMPUTE
         g.nodes.append(t)
     g.visited |= seen
     g.version += 1
@@ -224,10 +224,10 @@ def build_backward_expand(
     if g.grads is None:
         raise StateError("ggml_build_backward_expand: the graph has no gradient slots; create it "
                          "with new_graph_custom(ctx, size, grads=True) or graph_dup(..., True)")
-    if not any(n.flags & TensorFlag.PARAM for n in g.nodes):
+    if not any(n.flags & FLAG_PARAM for n in g.nodes):
         raise ShapeError("ggml_build_backward_expand: no parameter in the graph; did you forget "
                          "to call set_param?")
-    if not any(n.flags & TensorFlag.LOSS for n in g.nodes):
+    if not any(n.flags & FLAG_LOSS for n in g.nodes):
         raise ShapeError("ggml_build_backward_expand: no loss in the graph; did you forget to "
                          "call set_loss?")
     if grad_accs is not None and len(grad_accs) < n_fwd:
@@ -239,7 +239,7 @@ def build_backward_expand(
     for node in g.nodes:
         if node.type is I32:
             continue
-        need = bool(node.flags & (TensorFlag.PARAM | TensorFlag.LOSS))
+        need = bool(node.flags & (FLAG_PARAM | FLAG_LOSS))
         ignored = ignored_sources(node)
         for j, s in enumerate(node.src):
             if s is None or j in ignored or s not in needs_grad:
@@ -251,7 +251,7 @@ def build_backward_expand(
         if not need:
             continue
         if node.view_src is not None and node.op not in _VIEW_LIKE_WITH_GRADS and \
-                not (node.op is Op.NONE and node.flags & TensorFlag.PARAM):
+                not (node.op is Op.NONE and node.flags & FLAG_PARAM):
             raise ShapeError(f"ggml_build_backward_expand: '{node.name}' ({node.op.name}) is an "
                              "in-place result and cannot carry a gradient")
         if node.op not in BACKWARD and node.op is not Op.NONE:
@@ -268,7 +268,7 @@ def build_backward_expand(
         # a backward rule refused: leave the graph and the context as they were
         g.nodes, g.leafs, g.visited, g.grads, g.grad_accs, n_ctx, names, g.version = snapshot
         for t in ctx.tensors[n_ctx:]:
-            t.flags &= ~TensorFlag.COMPUTE
+            t.flags &= ~FLAG_COMPUTE
         del ctx.tensors[n_ctx:]
         for t, name in names.items():
             t.name = name
@@ -285,10 +285,10 @@ def _propagate(ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None
         if node not in needs_grad:
             continue
         acc = grad_accs[i] if grad_accs is not None else None
-        if acc is None and node.flags & TensorFlag.LOSS:
+        if acc is None and node.flags & FLAG_LOSS:
             acc = ctx.new_tensor(F32, node.ne)
             acc.name = f"{node.name} (grad acc)"
-            acc.flags |= TensorFlag.INPUT  # holds the seed 1.0: placed first, never overwritten
+            acc.flags |= FLAG_INPUT  # holds the seed 1.0: placed first, never overwritten
         if acc is not None:
             accs[node] = acc
             grads[node] = acc
@@ -343,7 +343,7 @@ def graph_reset(g: Graph | None) -> None:
         acc = accs.get(node)
         if acc is None:
             continue
-        if node.flags & TensorFlag.LOSS:
+        if node.flags & FLAG_LOSS:
             if acc.type is not F32 or not acc.is_scalar():
                 raise ShapeError("ggml_graph_reset: the loss gradient must be a scalar F32")
             work.append((acc, 1.0))
