@@ -101,7 +101,13 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     if not isinstance(tensor, Tensor):
         raise DTypeError(f"ggml_build_forward_expand: expected a Tensor, got "
                          f"{type(tensor).__name__}")
-    if tensor in g.visited:
+    _expand(g, tensor)
+
+
+def _expand(g: Graph, tensor: Tensor) -> None:
+    """:func:`build_forward_expand` of checked arguments."""
+    visited = g.visited
+    if tensor in visited:
         return
     new_nodes: list[Tensor] = []
     new_leafs: list[Tensor] = []
@@ -110,7 +116,7 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     while stack:
         node, srcs = stack[-1]
         for s in srcs:
-            if s is not None and s not in g.visited and s not in seen:
+            if s is not None and s not in visited and s not in seen:
                 seen.add(s)
                 stack.append((s, iter(s.src)))
                 break
@@ -133,7 +139,7 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
             t.name = f"node_{len(g.nodes)}"
         t.flags |= FLAG_COMPUTE
         g.nodes.append(t)
-    g.visited |= seen
+    visited |= seen
     g.version += 1
 
 
@@ -162,24 +168,27 @@ class _Sink:
 
     __slots__ = ("ctx", "g", "grads", "grad_accs", "node", "needs_grad", "ignored")
 
-    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor], node: Tensor) -> None:
+    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor]) -> None:
         self.ctx = ctx
         self.g = g
         self.grads, self.grad_accs = _slots(g)
         self.needs_grad = needs_grad
-        self.node = node
+        self.node: Tensor | None = None  # the node whose backward rule runs
         self.ignored: frozenset[int] = frozenset()
 
+    def _src(self, isrc: int) -> Tensor:
+        assert self.node is not None
+        return self.node.src[isrc]
+
     def needs(self, isrc: int) -> bool:
-        src = self.node.src[isrc]
-        return isrc not in self.ignored and src in self.needs_grad
+        return isrc not in self.ignored and self._src(isrc) in self.needs_grad
 
     def _set(self, src: Tensor, grad: Tensor) -> None:
         self.grads[src] = grad
-        build_forward_expand(self.g, grad)
+        _expand(self.g, grad)
 
     def add(self, isrc: int, t: Tensor) -> None:
-        src = self.node.src[isrc]
+        src = self._src(isrc)
         prev = self.grads.get(src)
         if prev is None:
             self._set(src, t)
@@ -189,7 +198,7 @@ class _Sink:
             self._set(src, add(self.ctx, prev, t))
 
     def sub(self, isrc: int, t: Tensor) -> None:
-        src = self.node.src[isrc]
+        src = self._src(isrc)
         prev = self.grads.get(src)
         if prev is None:
             self._set(src, neg(self.ctx, t))
@@ -293,13 +302,14 @@ def _propagate(ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None
             accs[node] = acc
             grads[node] = acc
 
+    sink = _Sink(ctx, g, needs_grad)
     for i in range(n_fwd - 1, -1, -1):
         node = g.nodes[i]
         grad = grads.get(node)
-        if grad is None or node.op in (Op.NONE,):
+        if grad is None or node.op is Op.NONE:
             continue
         rule = BACKWARD[node.op]
-        sink = _Sink(ctx, g, needs_grad, node)
+        sink.node = node
         sink.ignored = ignored_sources(node)
         rule(ctx, node, grad, sink)
         for s in node.src:

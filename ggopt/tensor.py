@@ -286,9 +286,13 @@ def _numpy_ndim(ne: tuple[int, int, int, int]) -> int:
     return 1
 
 
+#: bytes per element by type (GGType.size, without the property and dtype lookups)
+_ITEMSIZE = {t: t.size for t in GGType}
+
+
 def contiguous_strides(type: GGType, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
     """Byte strides of a densely packed tensor of shape ``ne``."""
-    nb0 = type.size
+    nb0 = _ITEMSIZE[type]
     nb1 = nb0 * ne[0]
     nb2 = nb1 * ne[1]
     nb3 = nb2 * ne[2]

@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import graph as _graph
 from .. import ops
-from ..backend import Scheduler, alloc_ctx_tensors, tensor_set
+from ..backend import Scheduler, alloc_ctx_tensors
+from ..backend.buffer import fill_tensor
 from ..context import Context
 from ..errors import ShapeError, StateError
 from ..tensor import Tensor
@@ -78,13 +79,13 @@ class Persistent:
     def reset_grads(self, momenta: bool) -> None:
         """Zero the accumulators (the loss's holds the seed 1) and optionally the moments."""
         for acc in self.param_accs.values():
-            tensor_set(acc, np.zeros(acc.nelements(), dtype=np.float32))
+            fill_tensor(acc, 0.0)
         if self.loss_acc is not None:
-            tensor_set(self.loss_acc, np.ones(1, dtype=np.float32))
+            fill_tensor(self.loss_acc, 1.0)
         if momenta:
             for m, v in self.moments.values():
-                tensor_set(m, np.zeros(m.nelements(), dtype=np.float32))
-                tensor_set(v, np.zeros(v.nelements(), dtype=np.float32))
+                fill_tensor(m, 0.0)
+                fill_tensor(v, 0.0)
 
     def step_params(self, spec: Spec) -> Tensor:
         """The host tensor of the optimizer's per-step values, made on first use."""
