@@ -16,9 +16,9 @@ Flags are ``-O3 -fno-math-errno -fno-trapping-math -ffp-contract=off`` and never
 selects such as ``x > 0 ? x : 0`` vectorize), and ``-ffp-contract=off`` keeps ``a*b + c`` two
 roundings, as in NumPy. Reassociation, finite-math and reciprocal approximations stay off.
 
-The hot C loops are also built a second time for AVX2 (x86-64-v3) and picked when the module
-loads, on GCC >= 12 with glibc (``GGOPT_MULTIVERSION`` in ``ggopt/_kernels/_common.pxd``); with
-contraction off both copies compute the same bits.
+The hot C loops are also built for AVX-512 (x86-64-v4) and AVX2 (x86-64-v3) and picked when
+the module loads, on GCC >= 12 with glibc (``GGOPT_MULTIVERSION`` in
+``ggopt/_kernels/_common.pxd``); with contraction off every copy computes the same bits.
 """
 
 from __future__ import annotations

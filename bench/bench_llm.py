@@ -1,13 +1,14 @@
 """The LLM example beside a PyTorch reference: same model, same init, same data order.
 
 ``python -m bench.bench_llm`` (from the repository root) trains the default model of
-``python -m ggopt.examples.llm train``
-with ggopt (dynamic graphs, as the example) and then the same model in PyTorch (eager,
-``torch.optim.AdamW`` with ggml's hyper-parameters), feeding PyTorch exactly the windows, in
-exactly the order, that ggopt's shuffles produced. It prints both validation-loss curves, their
-relative difference, the step time and tokens/s of both, and where ggopt's dynamic-graph time
-goes per micro-batch. ``--max-bytes`` shortens the corpus for a quick check.
-Not part of the pytest run (no test functions).
+``python -m ggopt.examples.llm train`` with ggopt (dynamic graphs, as the example) and the same
+model in PyTorch (eager, ``torch.optim.AdamW`` with ggml's hyper-parameters), feeding PyTorch
+exactly the windows, in exactly the order, that ggopt's shuffles produced. The two alternate in
+blocks of ``--block`` optimizer steps (ggopt's block, then PyTorch's same steps), so that a
+change of load on a shared machine hits both sides alike. It prints both validation-loss
+curves and their relative difference, the step time (median over blocks, and the mean) and
+tokens/s of both, and where ggopt's dynamic-graph time goes per micro-batch. ``--max-bytes``
+shortens the corpus for a quick check. Not part of the pytest run (no test functions).
 """
 
 from __future__ import annotations
@@ -56,59 +57,74 @@ def torch_forward(torch, cfg, w, tokens):
     return norm(x, w["output_norm.weight"]) @ w["output.weight"].T
 
 
-def run_ggopt(cfg, tp, dataset, nepoch, seed):
-    """Train with the example's Trainer; return val losses, the window order of each epoch,
-    the seconds per optimizer step and the Timing."""
+class TorchModel:
+    """The PyTorch side: weights, AdamW, the dataset's windows as int64 tensors."""
+
+    def __init__(self, cfg, tp, dataset, seed, threads):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.torch, self.cfg, self.tp = torch, cfg, tp
+        self.w = {k: torch.tensor(v, requires_grad=True)
+                  for k, v in llm_model.init_weights(cfg, seed).items()}
+        self.opt = torch.optim.AdamW(self.w.values(), lr=tp.lr, betas=(0.9, 0.999), eps=1e-8,
+                                     weight_decay=tp.wd)
+        self.data = torch.tensor(dataset.data.numpy().astype(np.int64))
+        self.labels = torch.tensor(dataset.labels.numpy().astype(np.int64))
+
+    def loss(self, idx):
+        z = torch_forward(self.torch, self.cfg, self.w, self.data[idx])
+        return self.torch.nn.functional.cross_entropy(z.reshape(-1, self.cfg.n_vocab),
+                                                      self.labels[idx].reshape(-1))
+
+    def train(self, order, ub0, ub1):
+        """Micro-batches ``ub0 .. ub1-1`` of ``order`` (whole optimizer steps)."""
+        ub, period = self.tp.n_ubatch, self.tp.opt_period
+        for i in range(ub0, ub1):
+            (self.loss(order[i * ub:(i + 1) * ub]) / period).backward()
+            if (i + 1) % period == 0:
+                self.opt.step()
+                self.opt.zero_grad()
+
+    def validate(self, order, ub0, ub1):
+        ub = self.tp.n_ubatch
+        with self.torch.no_grad():
+            return float(np.mean([self.loss(order[i * ub:(i + 1) * ub]).item()
+                                  for i in range(ub0, ub1)]))
+
+
+def run(cfg, tp, dataset, nepoch, seed, threads, block):
+    """Train both, alternating blocks of ``block`` optimizer steps; return the validation
+    losses of both per epoch, the seconds per optimizer step of every block of both, and
+    ggopt's Timing."""
     model = llm_model.build_model(cfg, Scheduler([cpu_init()]))
     llm_model.set_weights(model, llm_model.init_weights(cfg, seed), "init")
     trainer = llm_train.Trainer(model, tp)
-    ntrain, _ = trainer.split(dataset)
-    val, orders = [], []
+    ref = TorchModel(cfg, tp, dataset, seed, threads)
+    ntrain, nval = trainer.split(dataset)
+    period = tp.opt_period
+    val_g, val_t, step_g, step_t = [], [], [], []
     for _ in range(nepoch):
-        train_r, val_r = ggopt.opt.Result(), ggopt.opt.Result()
-        trainer.epoch(dataset, train_r, val_r, silent=True)
-        orders.append(dataset.permutation.copy())
-        val.append(val_r.loss()[0])
+        dataset.shuffle(trainer.opt_ctx, ntrain * tp.n_ubatch)  # as Trainer.epoch
+        order = ref.torch.tensor(dataset.permutation.copy())
+        result = ggopt.opt.Result()
+        for s0 in range(0, ntrain // period, block):
+            s1 = min(ntrain // period, s0 + block)
+            t0 = time.perf_counter()
+            for ibatch in range(s0 * period, s1 * period):
+                trainer.microbatch(dataset, ibatch, True, result)
+            t1 = time.perf_counter()
+            ref.train(order, s0 * period, s1 * period)
+            t2 = time.perf_counter()
+            step_g.append((t1 - t0) / (s1 - s0))
+            step_t.append((t2 - t1) / (s1 - s0))
+        result = ggopt.opt.Result()
+        for ibatch in range(ntrain, ntrain + nval):
+            trainer.microbatch(dataset, ibatch, False, result)
+        val_g.append(result.loss()[0])
+        val_t.append(ref.validate(order, ntrain, ntrain + nval))
     trainer.close()
-    t = trainer.timing
-    return val, orders, t.total / t.n * tp.opt_period, t
-
-
-def run_torch(cfg, tp, dataset, orders, seed, threads):
-    import torch
-
-    torch.set_num_threads(threads)
-    w = {k: torch.tensor(v, requires_grad=True)
-         for k, v in llm_model.init_weights(cfg, seed).items()}
-    opt = torch.optim.AdamW(w.values(), lr=tp.lr, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=tp.wd)
-    data = torch.tensor(dataset.data.numpy().astype(np.int64))
-    labels = torch.tensor(dataset.labels.numpy().astype(np.int64))
-    ub = tp.n_ubatch
-    nub = dataset.ndata // ub
-    ntrain = int(nub * (1 - tp.val_split))
-    ntrain -= ntrain % tp.opt_period
-    val, step_s = [], []
-
-    def loss_of(idx):
-        z = torch_forward(torch, cfg, w, data[idx])
-        return torch.nn.functional.cross_entropy(z.reshape(-1, cfg.n_vocab),
-                                                 labels[idx].reshape(-1))
-
-    for order in orders:
-        order = torch.tensor(order)
-        t0 = time.perf_counter()
-        for i in range(ntrain):
-            loss = loss_of(order[i * ub:(i + 1) * ub]) / tp.opt_period
-            loss.backward()
-            if (i + 1) % tp.opt_period == 0:
-                opt.step()
-                opt.zero_grad()
-        step_s.append((time.perf_counter() - t0) / (ntrain // tp.opt_period))
-        with torch.no_grad():
-            val.append(float(np.mean([loss_of(order[i * ub:(i + 1) * ub]).item()
-                                      for i in range(ntrain, nub)])))
-    return val, float(np.mean(step_s))
+    return val_g, val_t, np.array(step_g), np.array(step_t), trainer.timing
 
 
 def main(argv=None) -> int:
@@ -117,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--block", type=int, default=10,
+                   help="optimizer steps per block: ggopt and PyTorch alternate by blocks")
     args = p.parse_args(argv)
     ggopt.set_n_threads(args.threads)
     cfg, tp = llm_model.Config(), llm_train.TrainParams()
@@ -125,15 +143,21 @@ def main(argv=None) -> int:
         tokens = tokens[:args.max_bytes]
     dataset = llm_data.make_dataset(tokens, cfg.n_ctx, cfg.n_ctx // 2)
     ntok_step = cfg.n_ctx * tp.n_batch
-    print(f"{len(tokens)} bytes, {dataset.ndata} windows; {cfg}; {tp}; {args.threads} threads")
+    print(f"{len(tokens)} bytes, {dataset.ndata} windows; {cfg}; {tp}; {args.threads} threads; "
+          f"blocks of {args.block} steps")
 
-    val_g, orders, step_g, timing = run_ggopt(cfg, tp, dataset, args.epochs, args.seed)
-    val_t, step_t = run_torch(cfg, tp, dataset, orders, args.seed, args.threads)
+    val_g, val_t, step_g, step_t, timing = run(cfg, tp, dataset, args.epochs, args.seed,
+                                               args.threads, max(1, args.block))
     for e, (a, b) in enumerate(zip(val_g, val_t), 1):
         print(f"epoch {e}: val loss ggopt {a:.5f}  torch {b:.5f}  rel diff {abs(a - b) / b:.2%}")
-    print(f"step (n_batch={tp.n_batch}x{cfg.n_ctx} tokens): ggopt {1e3 * step_g:.1f} ms "
-          f"({ntok_step / step_g:.0f} tok/s), torch {1e3 * step_t:.1f} ms "
-          f"({ntok_step / step_t:.0f} tok/s), ratio ggopt/torch {step_g / step_t:.2f}")
+    g, t = float(np.median(step_g)), float(np.median(step_t))
+    print(f"step (n_batch={tp.n_batch}x{cfg.n_ctx} tokens, median of {len(step_g)} blocks): "
+          f"ggopt {1e3 * g:.1f} ms ({ntok_step / g:.0f} tok/s), torch {1e3 * t:.1f} ms "
+          f"({ntok_step / t:.0f} tok/s), ratio ggopt/torch {g / t:.2f}; means "
+          f"{1e3 * step_g.mean():.1f} / {1e3 * step_t.mean():.1f} ms "
+          f"(ratio {step_g.mean() / step_t.mean():.2f}); ratio per block: min "
+          f"{np.min(step_g / step_t):.2f}, median {np.median(step_g / step_t):.2f}, "
+          f"max {np.max(step_g / step_t):.2f}")
     print(f"ggopt dynamic graphs per micro-batch: build + prepare_alloc + alloc "
           f"{1e3 * timing.build / timing.n:.2f} ms of {1e3 * timing.total / timing.n:.2f} ms "
           f"({100 * timing.build_share:.1f} %)")

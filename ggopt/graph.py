@@ -12,7 +12,7 @@ from .errors import DTypeError, ShapeError, StateError
 from .ops._base import BACKWARD, ignored_sources
 from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
 from .tensor import Op, Tensor
-from .types import F16, F32, I32, TensorFlag
+from .types import F16, F32, FLAG_COMPUTE, FLAG_INPUT, FLAG_LOSS, FLAG_PARAM, I32
 
 __all__ = [
     "Graph",
@@ -101,7 +101,13 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     if not isinstance(tensor, Tensor):
         raise DTypeError(f"ggml_build_forward_expand: expected a Tensor, got "
                          f"{type(tensor).__name__}")
-    if tensor in g.visited:
+    _expand(g, tensor)
+
+
+def _expand(g: Graph, tensor: Tensor) -> None:
+    """:func:`build_forward_expand` of checked arguments."""
+    visited = g.visited
+    if tensor in visited:
         return
     new_nodes: list[Tensor] = []
     new_leafs: list[Tensor] = []
@@ -110,13 +116,13 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     while stack:
         node, srcs = stack[-1]
         for s in srcs:
-            if s is not None and s not in g.visited and s not in seen:
+            if s is not None and s not in visited and s not in seen:
                 seen.add(s)
                 stack.append((s, iter(s.src)))
                 break
         else:
             stack.pop()
-            if node.op is Op.NONE and not node.flags & TensorFlag.PARAM:
+            if node.op is Op.NONE and not node.flags & FLAG_PARAM:
                 new_leafs.append(node)
             else:
                 new_nodes.append(node)
@@ -131,9 +137,9 @@ def build_forward_expand(g: Graph, tensor: Tensor) -> None:
     for t in new_nodes:
         if not t.name:
             t.name = f"node_{len(g.nodes)}"
-        t.flags |= TensorFlag.COMPUTE
+        t.flags |= FLAG_COMPUTE
         g.nodes.append(t)
-    g.visited |= seen
+    visited |= seen
     g.version += 1
 
 
@@ -162,24 +168,27 @@ class _Sink:
 
     __slots__ = ("ctx", "g", "grads", "grad_accs", "node", "needs_grad", "ignored")
 
-    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor], node: Tensor) -> None:
+    def __init__(self, ctx: Context, g: Graph, needs_grad: set[Tensor]) -> None:
         self.ctx = ctx
         self.g = g
         self.grads, self.grad_accs = _slots(g)
         self.needs_grad = needs_grad
-        self.node = node
+        self.node: Tensor | None = None  # the node whose backward rule runs
         self.ignored: frozenset[int] = frozenset()
 
+    def _src(self, isrc: int) -> Tensor:
+        assert self.node is not None
+        return self.node.src[isrc]
+
     def needs(self, isrc: int) -> bool:
-        src = self.node.src[isrc]
-        return isrc not in self.ignored and src in self.needs_grad
+        return isrc not in self.ignored and self._src(isrc) in self.needs_grad
 
     def _set(self, src: Tensor, grad: Tensor) -> None:
         self.grads[src] = grad
-        build_forward_expand(self.g, grad)
+        _expand(self.g, grad)
 
     def add(self, isrc: int, t: Tensor) -> None:
-        src = self.node.src[isrc]
+        src = self._src(isrc)
         prev = self.grads.get(src)
         if prev is None:
             self._set(src, t)
@@ -189,7 +198,7 @@ class _Sink:
             self._set(src, add(self.ctx, prev, t))
 
     def sub(self, isrc: int, t: Tensor) -> None:
-        src = self.node.src[isrc]
+        src = self._src(isrc)
         prev = self.grads.get(src)
         if prev is None:
             self._set(src, neg(self.ctx, t))
@@ -224,10 +233,10 @@ def build_backward_expand(
     if g.grads is None:
         raise StateError("ggml_build_backward_expand: the graph has no gradient slots; create it "
                          "with new_graph_custom(ctx, size, grads=True) or graph_dup(..., True)")
-    if not any(n.flags & TensorFlag.PARAM for n in g.nodes):
+    if not any(n.flags & FLAG_PARAM for n in g.nodes):
         raise ShapeError("ggml_build_backward_expand: no parameter in the graph; did you forget "
                          "to call set_param?")
-    if not any(n.flags & TensorFlag.LOSS for n in g.nodes):
+    if not any(n.flags & FLAG_LOSS for n in g.nodes):
         raise ShapeError("ggml_build_backward_expand: no loss in the graph; did you forget to "
                          "call set_loss?")
     if grad_accs is not None and len(grad_accs) < n_fwd:
@@ -239,7 +248,7 @@ def build_backward_expand(
     for node in g.nodes:
         if node.type is I32:
             continue
-        need = bool(node.flags & (TensorFlag.PARAM | TensorFlag.LOSS))
+        need = bool(node.flags & (FLAG_PARAM | FLAG_LOSS))
         ignored = ignored_sources(node)
         for j, s in enumerate(node.src):
             if s is None or j in ignored or s not in needs_grad:
@@ -251,7 +260,7 @@ def build_backward_expand(
         if not need:
             continue
         if node.view_src is not None and node.op not in _VIEW_LIKE_WITH_GRADS and \
-                not (node.op is Op.NONE and node.flags & TensorFlag.PARAM):
+                not (node.op is Op.NONE and node.flags & FLAG_PARAM):
             raise ShapeError(f"ggml_build_backward_expand: '{node.name}' ({node.op.name}) is an "
                              "in-place result and cannot carry a gradient")
         if node.op not in BACKWARD and node.op is not Op.NONE:
@@ -268,7 +277,7 @@ def build_backward_expand(
         # a backward rule refused: leave the graph and the context as they were
         g.nodes, g.leafs, g.visited, g.grads, g.grad_accs, n_ctx, names, g.version = snapshot
         for t in ctx.tensors[n_ctx:]:
-            t.flags &= ~TensorFlag.COMPUTE
+            t.flags &= ~FLAG_COMPUTE
         del ctx.tensors[n_ctx:]
         for t, name in names.items():
             t.name = name
@@ -285,21 +294,22 @@ def _propagate(ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None
         if node not in needs_grad:
             continue
         acc = grad_accs[i] if grad_accs is not None else None
-        if acc is None and node.flags & TensorFlag.LOSS:
+        if acc is None and node.flags & FLAG_LOSS:
             acc = ctx.new_tensor(F32, node.ne)
             acc.name = f"{node.name} (grad acc)"
-            acc.flags |= TensorFlag.INPUT  # holds the seed 1.0: placed first, never overwritten
+            acc.flags |= FLAG_INPUT  # holds the seed 1.0: placed first, never overwritten
         if acc is not None:
             accs[node] = acc
             grads[node] = acc
 
+    sink = _Sink(ctx, g, needs_grad)
     for i in range(n_fwd - 1, -1, -1):
         node = g.nodes[i]
         grad = grads.get(node)
-        if grad is None or node.op in (Op.NONE,):
+        if grad is None or node.op is Op.NONE:
             continue
         rule = BACKWARD[node.op]
-        sink = _Sink(ctx, g, needs_grad, node)
+        sink.node = node
         sink.ignored = ignored_sources(node)
         rule(ctx, node, grad, sink)
         for s in node.src:
@@ -343,7 +353,7 @@ def graph_reset(g: Graph | None) -> None:
         acc = accs.get(node)
         if acc is None:
             continue
-        if node.flags & TensorFlag.LOSS:
+        if node.flags & FLAG_LOSS:
             if acc.type is not F32 or not acc.is_scalar():
                 raise ShapeError("ggml_graph_reset: the loss gradient must be a scalar F32")
             work.append((acc, 1.0))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .errors import StateError
-from .types import GGML_MAX_DIMS, GGType, TensorFlag
+from .types import FLAG_PARAM, GGML_MAX_DIMS, GGType, TensorFlag
 
 if TYPE_CHECKING:
     from .context import Context
@@ -23,6 +23,10 @@ __all__ = ["Op", "UnaryOp", "Tensor", "VIEW_OPS", "Memory"]
 
 class Op(enum.Enum):
     """Graph operations (ggml's ``enum ggml_op`` names)."""
+
+    # members are singletons compared by identity: hash them by identity too, in C (Enum's
+    # own __hash__ is a Python function, and every op lookup in a registry pays for it)
+    __hash__ = object.__hash__
 
     NONE = "none"
     DUP = "dup"
@@ -84,6 +88,8 @@ class Op(enum.Enum):
 
 class UnaryOp(enum.Enum):
     """Element-wise functions behind ``Op.UNARY`` (ggml's ``enum ggml_unary_op`` names)."""
+
+    __hash__ = object.__hash__  # as Op's
 
     ABS = "abs"
     NEG = "neg"
@@ -165,7 +171,8 @@ class Tensor:
         self.op = op
         self.op_params = op_params
         self.src = src
-        self.flags = TensorFlag(0)
+        #: the :class:`TensorFlag` bits, as a plain int (ggml's ``int32_t flags``)
+        self.flags = 0
         self.name = ""
         self.view_src = view_src
         self.view_offs = view_offs
@@ -229,12 +236,12 @@ class Tensor:
         return self.ne == other.ne
 
     # --- flags ---------------------------------------------------------------------------
-    def has_flag(self, flag: TensorFlag) -> bool:
+    def has_flag(self, flag: TensorFlag | int) -> bool:
         return bool(self.flags & flag)
 
     @property
     def is_param(self) -> bool:
-        return bool(self.flags & TensorFlag.PARAM)
+        return bool(self.flags & FLAG_PARAM)
 
     # --- memory --------------------------------------------------------------------------
     @property
@@ -282,9 +289,13 @@ def _numpy_ndim(ne: tuple[int, int, int, int]) -> int:
     return 1
 
 
+#: bytes per element by type (GGType.size, without the property and dtype lookups)
+_ITEMSIZE = {t: t.size for t in GGType}
+
+
 def contiguous_strides(type: GGType, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
     """Byte strides of a densely packed tensor of shape ``ne``."""
-    nb0 = type.size
+    nb0 = _ITEMSIZE[type]
     nb1 = nb0 * ne[0]
     nb2 = nb1 * ne[1]
     nb3 = nb2 * ne[2]

@@ -12,6 +12,7 @@ from .errors import DTypeError
 
 __all__ = [
     "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "type_size", "np_dtype", "GGML_MAX_DIMS",
+    "FLAG_INPUT", "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
 ]
 
 GGML_MAX_DIMS = 4
@@ -60,6 +61,15 @@ class TensorFlag(enum.IntFlag):
     PARAM = 4
     LOSS = 8
     COMPUTE = 16
+
+
+# The flags as plain ints: ``Tensor.flags`` holds an int, and IntFlag arithmetic runs in
+# Python (about 1 us per ``&``), which graph building and planning do thousands of times.
+FLAG_INPUT = int(TensorFlag.INPUT)
+FLAG_OUTPUT = int(TensorFlag.OUTPUT)
+FLAG_PARAM = int(TensorFlag.PARAM)
+FLAG_LOSS = int(TensorFlag.LOSS)
+FLAG_COMPUTE = int(TensorFlag.COMPUTE)
 
 
 def as_type(t: GGType | int) -> GGType:

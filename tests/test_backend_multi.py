@@ -17,7 +17,6 @@ from helpers import new_tensor
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-from ggopt.backend.buffer import fill_tensor
 from ggopt.backend.xp import ArrayBackend, numpy_backend
 from ggopt.backend.xp_ops import COMPILERS
 from ggopt.errors import DTypeError, InvalidValueError, ShapeError, StateError
@@ -558,7 +557,7 @@ def test_numpy_backend_is_not_host_and_transfers():
     np.testing.assert_array_equal(gb.tensor_get(t), data)
     with pytest.raises(ggopt.StateError, match="tensor_get"):
         t.numpy()
-    fill_tensor(t, 2.5)
+    gb.tensor_fill(t, 2.5)
     np.testing.assert_array_equal(gb.tensor_get(t), np.full((2, 3), 2.5, F32))
 
 

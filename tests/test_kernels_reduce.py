@@ -174,6 +174,27 @@ def test_argmax_ties_and_infinities():
     np.testing.assert_array_equal(dst, [2, 3, 3, 3])
 
 
+def test_argmax_nan_rows_keep_ggmls_sequential_rule(rng):
+    # contiguous rows without NaN take a two-pass vector path; rows with a NaN the sequential
+    # definition (the running maximum restarts after a NaN): both against a Python loop
+    def ref(row):
+        m, idx = -np.inf, 0
+        for i, v in enumerate(row):
+            m = m if m > v else v
+            if m == v:
+                idx = i
+        return idx
+
+    a = rng.integers(-3, 4, (64, 37)).astype(np.float32)
+    a[::3, rng.integers(0, 37, 22)] = np.nan
+    a[5] = np.nan
+    a[7, :5] = [np.inf, -np.inf, np.nan, -0.0, 0.0]
+    for view in (a, np.ascontiguousarray(a.T).T):
+        dst = np.empty(64, np.int32)
+        R.argmax(view, dst, 2)
+        np.testing.assert_array_equal(dst, [ref(r) for r in a])
+
+
 def test_argmax_errors():
     short, wide_ints = np.full(2, 7, np.int32), np.full(3, 7, np.int64)
     with pytest.raises(ShapeError, match="one entry per row"):

@@ -80,3 +80,17 @@ def test_errors():
         _call(x, pos, np.ones(2, np.float32), x.copy(), 6, False, DEFAULT, 1.0, 1)
     with pytest.raises(ShapeError, match="dst"):
         _call(x, pos, None, np.zeros((1, 4, 3, 7), np.float32), 6, False, DEFAULT, 1.0, 1)
+
+
+@pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
+def test_position_tables_give_the_bits_of_per_token_tables(rng, neox):
+    # positions repeated over sequences share one cos/sin table per position; a far position
+    # (span longer than the tokens) makes every token build its own: the same bits either way
+    T, B = 40, 3
+    x = rng.standard_normal((1, T * B + 1, 4, 16)).astype(np.float32)
+    pos = np.append(np.tile(np.arange(T, dtype=np.int32), B), np.int32(10**6))
+    for n_threads in (1, 2):
+        shared, own = np.empty_like(x[:, :-1]), np.empty_like(x)
+        _call(x[:, :-1], pos[:-1], None, shared, 12, neox, YARN, 1.0, n_threads)
+        _call(x, pos, None, own, 12, neox, YARN, 1.0, n_threads)
+        assert shared.tobytes() == own[:, :-1].tobytes()

@@ -9,6 +9,8 @@ sums double. ``dst`` may be the memory of ``a`` (or of a mask of a's shape): eve
 read before the same element is written.
 """
 
+from libc.stdint cimport int32_t
+
 from ggopt._kernels._common cimport (
     Arr4,
     arr4_set,
@@ -23,7 +25,43 @@ from ggopt.errors import ShapeError
 
 cdef extern from *:
     """
+    #include <string.h>
+
     #define GGOPT_AAT(p, s, i) (*(const float *)((const char *)(p) + (i) * (s)))
+
+    #if defined(__GNUC__)
+    typedef float ggopt_att_f8 __attribute__((vector_size(32)));
+    typedef int32_t ggopt_att_i8 __attribute__((vector_size(32)));
+
+    /* The row length after dropping the masked-out tail (s*x + slope*m == -inf), eight
+       elements at a time while all eight are -inf, then one at a time. */
+    GGOPT_ROW_INLINE Py_ssize_t ggopt_masked_len(const float *fx, const float *fm, Py_ssize_t n,
+                                                  float s, float slope) {
+        const ggopt_att_f8 ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                                   -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        const ggopt_att_f8 sv = {s, s, s, s, s, s, s, s};
+        const ggopt_att_f8 lv = {slope, slope, slope, slope, slope, slope, slope, slope};
+        while (n >= 8) {
+            ggopt_att_f8 xv, mv;
+            memcpy(&xv, fx + n - 8, sizeof xv);
+            memcpy(&mv, fm + n - 8, sizeof mv);
+            ggopt_att_i8 keep = (sv * xv + lv * mv) != ninf;
+            keep |= __builtin_shuffle(keep, (ggopt_att_i8){4, 5, 6, 7, 0, 1, 2, 3});
+            keep |= __builtin_shuffle(keep, (ggopt_att_i8){2, 3, 0, 1, 6, 7, 4, 5});
+            keep |= __builtin_shuffle(keep, (ggopt_att_i8){1, 0, 3, 2, 5, 4, 7, 6});
+            if (keep[0]) break;
+            n -= 8;
+        }
+        while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
+        return n;
+    }
+    #else
+    GGOPT_ROW_INLINE Py_ssize_t ggopt_masked_len(const float *fx, const float *fm, Py_ssize_t n,
+                                                  float s, float slope) {
+        while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
+        return n;
+    }
+    #endif
     #define GGOPT_AAT_W(p, s, i) (*(float *)((char *)(p) + (i) * (s)))
 
     /* softmax(s*x + slope*m) over one row into d; m may be NULL (no mask). */
@@ -40,7 +78,7 @@ cdef extern from *:
                are skipped. A row masked out entirely is computed in full (NaN, as in ggml). */
             Py_ssize_t n_all = n;
             if (fm) {
-                while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
+                n = ggopt_masked_len(fx, fm, n, s, slope);
                 if (n == 0) n = n_all;
             }
             float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
@@ -69,18 +107,23 @@ cdef extern from *:
                 }
             }
             for (int k = 0; k < 8; k++) mx = mx > m8[k] ? mx : m8[k];
+            /* The exps and the scaling run on to a multiple of 16 elements inside the row, so
+               that short rows take no scalar tail: the extra elements are overwritten with
+               zeros below (the sum still covers exactly n elements). */
+            Py_ssize_t nv = (n + 15) / 16 * 16;
+            nv = nv < n_all ? nv : n_all;
             if (fm)
-                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
+                for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
             else
-                for (Py_ssize_t i = 0; i < n; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
+                for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
             double a[4] = {0, 0, 0, 0};
             Py_ssize_t i = 0;
             for (; i + 4 <= n; i += 4)
                 for (int k = 0; k < 4; k++) a[k] += (double)fd[i + k];
             for (; i < n; i++) a[0] += (double)fd[i];
             float inv = (float)(1.0 / ((a[0] + a[1]) + (a[2] + a[3])));
-            for (i = 0; i < n; i++) fd[i] *= inv;
-            for (; i < n_all; i++) fd[i] = 0.0f;
+            for (i = 0; i < nv; i++) fd[i] *= inv;
+            for (i = n; i < n_all; i++) fd[i] = 0.0f;
             return;
         }
         for (Py_ssize_t i = 0; i < n; i++) {

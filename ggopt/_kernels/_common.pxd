@@ -29,15 +29,17 @@ cdef extern from *:
        functions and their derivatives, the optimizer updates */
     #include "scalar_math.h"
 
-    /* Mark the loops that are worth a second, AVX2, copy of their machine code: GCC builds both
-       and picks one when the module loads (an ifunc, so glibc on x86-64 only). Only the speed
-       differs: setup.py compiles with -ffp-contract=off, so no FMA changes a rounding.
+    /* Mark the loops that are worth more copies of their machine code, for AVX-512
+       (x86-64-v4) and AVX2 (x86-64-v3): GCC builds all three and picks one when the module
+       loads (an ifunc, so glibc on x86-64 only). Only the speed differs: setup.py compiles
+       with -ffp-contract=off, so no FMA changes a rounding (tests/test_kernels_no_fma.py), and
+       vectorized loops keep the order of every floating-point reduction of the source.
        Helpers called from such loops are GGOPT_ROW_INLINE: always inlined, so that they take
        the instruction set of their caller. */
     #if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && \
         defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
     #define GGOPT_MULTIVERSION \
-        __attribute__((unused, target_clones("arch=x86-64-v3", "default")))
+        __attribute__((unused, target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
     #elif defined(__GNUC__)
     #define GGOPT_MULTIVERSION __attribute__((unused))
     #else

@@ -25,6 +25,56 @@ from ggopt._kernels._common cimport (
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
+cdef extern from *:
+    """
+    #include <string.h>
+
+    typedef float ggopt_f8 __attribute__((vector_size(32)));
+    typedef int32_t ggopt_i8 __attribute__((vector_size(32)));
+
+    /* ggml_vec_argmax_f32 of a contiguous row without NaN: the running maximum only grows,
+       so the last index at which x equals it is the last index of the row's maximum. Eight
+       lanes keep the maximum of their elements and the last index reaching it (selects and
+       compares only, exact); then the lanes are merged. -1 when the row holds a NaN (the
+       caller runs the sequential definition then). */
+    GGOPT_MULTIVERSION
+    static int32_t ggopt_argmax_no_nan(const float *x, Py_ssize_t n) {
+        ggopt_f8 m = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        ggopt_i8 at = {0, 0, 0, 0, 0, 0, 0, 0}, bad = {0, 0, 0, 0, 0, 0, 0, 0};
+        ggopt_i8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            ggopt_f8 v;
+            memcpy(&v, x + i, sizeof v);
+            ggopt_i8 ge = v >= m;
+            m = (ggopt_f8)((ge & (ggopt_i8)v) | (~ge & (ggopt_i8)m));
+            at = (ge & (lane + (int32_t)i)) | (~ge & at);
+            bad |= v != v;
+        }
+        float mt = -INFINITY;
+        int32_t best = -1;
+        int nan = 0;
+        for (; i < n; i++) {
+            float v = x[i];
+            nan |= v != v;
+            if (v >= mt) {
+                mt = v;
+                best = (int32_t)i;
+            }
+        }
+        for (int k = 0; k < 8; k++) nan |= bad[k] != 0;
+        if (nan) return -1;
+        float top = mt;
+        for (int k = 0; k < 8; k++) top = top > m[k] ? top : m[k];
+        if (mt != top) best = -1;
+        for (int k = 0; k < 8; k++)
+            if (m[k] == top && at[k] > best) best = at[k];
+        return best;
+    }
+    """
+    int32_t ggopt_argmax_no_nan(const float *x, Py_ssize_t n) noexcept nogil
+
 # Below this many elements a kernel stays on one thread.
 cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 
@@ -295,6 +345,11 @@ cdef inline int32_t _argmax_row(const char *p, Py_ssize_t s, Py_ssize_t n) noexc
     cdef float m = -INFINITY, v
     cdef int32_t idx = 0
     cdef Py_ssize_t i
+    if s == 4:
+        idx = ggopt_argmax_no_nan(<const float *>p, n)
+        if idx >= 0:
+            return idx
+        idx = 0
     for i in range(n):
         v = (<const float *>(p + i * s))[0]
         m = m if m > v else v

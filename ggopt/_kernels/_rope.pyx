@@ -10,11 +10,15 @@ llama) or the two halves (``i, i + n_dims/2``, NEOX mode). Pair ``i`` turns by
 computed as ggml does: the power by repeated float32 multiplication, cosf/sinf, the YaRN
 ramp over ``corr_dims``, and the magnitude scale ``attn_factor`` (times ``1 + 0.1 ln(1/s)``
 when ``ext_factor != 0``). The gradient rotates by ``-theta`` with the same magnitude
-(``sin_sign = -1``). Tokens are split evenly between threads; each thread builds the cos/sin
-table of its tokens, so results do not depend on the thread count. ``dst`` may be ``x``.
+(``sin_sign = -1``). The cos/sin table of a position is a function of the position alone: when
+the positions span no more values than there are tokens (a batch of sequences repeats them),
+the tables of the whole span are built once, split between threads, and each token looks its
+table up; otherwise each token builds its own. Tokens are split evenly between threads. Either
+way every element is the same float32 expression, so results do not depend on the thread count
+or the path. ``dst`` may be ``x``.
 """
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 
 from cython.parallel cimport prange
@@ -78,11 +82,39 @@ cdef extern from *:
     #define GGOPT_RX(i) (*(const float *)(x + (i) * xs))
     #define GGOPT_RD(i) (*(float *)(d + (i) * ds))
 
-    /* One row of ne0 elements: rotate the first n_dims, copy the rest. */
-    static void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
-                               Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
-                               const float *cache) {
+    /* One row of ne0 elements: rotate the first n_dims, copy the rest. Contiguous rows take
+       loops over float pointers that vectorize, with the same operations in the same order.
+       NORMAL mode computes the even and the odd results in separate loops (into tmp, 2*half
+       floats), then interleaves them: one loop over interleaved pairs would be vectorized by
+       GCC 12 as complex multiplication, with fused multiply-adds despite -ffp-contract=off. */
+    GGOPT_ROW_INLINE void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
+                                         Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
+                                         const float *cache, float *tmp) {
         Py_ssize_t half = n_dims / 2;
+        if (xs == 4 && ds == 4) {
+            const float *fx = (const float *)x;
+            float *fd = (float *)d;
+            if (neox) {
+                for (Py_ssize_t i = 0; i < half; i++) {
+                    float c = cache[2 * i], s = cache[2 * i + 1];
+                    float x0 = fx[i], x1 = fx[i + half];
+                    fd[i] = x0 * c - x1 * s;
+                    fd[i + half] = x0 * s + x1 * c;
+                }
+            } else {
+                float *ev = tmp, *od = tmp + half;
+                for (Py_ssize_t i = 0; i < half; i++)
+                    ev[i] = fx[2 * i] * cache[2 * i] - fx[2 * i + 1] * cache[2 * i + 1];
+                for (Py_ssize_t i = 0; i < half; i++)
+                    od[i] = fx[2 * i] * cache[2 * i + 1] + fx[2 * i + 1] * cache[2 * i];
+                for (Py_ssize_t i = 0; i < half; i++) {
+                    fd[2 * i] = ev[i];
+                    fd[2 * i + 1] = od[i];
+                }
+            }
+            for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) fd[i0] = fx[i0];
+            return;
+        }
         for (Py_ssize_t i0 = 0; i0 < n_dims; i0 += 2) {
             float c = cache[i0], s = cache[i0 + 1];
             Py_ssize_t k0 = neox ? i0 / 2 : i0;
@@ -93,6 +125,31 @@ cdef extern from *:
         }
         for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) GGOPT_RD(i0) = GGOPT_RX(i0);
     }
+
+    /* Tokens t0 .. t1-1 of the flattened (ne3, ne2) index, n1 rows each. With a table, the
+       cos/sin of position p are table[(p - pmin) * n_dims ...]; without, they are built into
+       scratch per token. scratch: 2 * n_dims floats of this thread. */
+    GGOPT_MULTIVERSION
+    static void ggopt_rope_tokens(const ggopt_rope_t *r, const char *xb, const Py_ssize_t *xst,
+                                  char *db, const Py_ssize_t *dst, const char *pb,
+                                  Py_ssize_t ps, const char *ff, Py_ssize_t ffs, Py_ssize_t n2,
+                                  Py_ssize_t n1, Py_ssize_t ne0, int neox, Py_ssize_t t0,
+                                  Py_ssize_t t1, const float *table, int64_t pmin,
+                                  float *scratch) {
+        float *tmp = scratch + r->n_dims;
+        for (Py_ssize_t t = t0; t < t1; t++) {
+            Py_ssize_t i3 = t / n2, i2 = t % n2;
+            int32_t p = *(const int32_t *)(pb + i2 * ps);
+            const float *cs = scratch;
+            if (table) cs = table + ((int64_t)p - pmin) * r->n_dims;
+            else ggopt_rope_cache(r, (float)p, ff, ffs, scratch);
+            const char *xr = xb + i3 * xst[0] + i2 * xst[1];
+            char *dr = db + i3 * dst[0] + i2 * dst[1];
+            for (Py_ssize_t i1 = 0; i1 < n1; i1++)
+                ggopt_rope_row(dr + i1 * dst[2], dst[3], xr + i1 * xst[2], xst[3], ne0,
+                               r->n_dims, neox, cs, tmp);
+        }
+    }
     """
     ctypedef struct ggopt_rope_t:
         float theta_scale, freq_scale, ext_factor, attn_factor, sin_sign
@@ -102,8 +159,11 @@ cdef extern from *:
                               float beta_slow, float *dims) noexcept nogil
     void ggopt_rope_cache(const ggopt_rope_t *r, float p, const char *ff, Py_ssize_t ffs,
                           float *cache) noexcept nogil
-    void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs, Py_ssize_t ne0,
-                        Py_ssize_t n_dims, int neox, const float *cache) noexcept nogil
+    void ggopt_rope_tokens(const ggopt_rope_t *r, const char *xb, const Py_ssize_t *xst,
+                           char *db, const Py_ssize_t *dst, const char *pb, Py_ssize_t ps,
+                           const char *ff, Py_ssize_t ffs, Py_ssize_t n2, Py_ssize_t n1,
+                           Py_ssize_t ne0, int neox, Py_ssize_t t0, Py_ssize_t t1,
+                           const float *table, int64_t pmin, float *scratch) noexcept nogil
     float powf(float, float) noexcept nogil
 
 # Below this many elements a call stays on one thread (a rotated pair costs a few flops and a
@@ -111,23 +171,12 @@ cdef extern from *:
 cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 14)
 
 
-cdef void _tokens(const ggopt_rope_t *r, char *xb, Py_ssize_t xst[4], char *db,
-                  Py_ssize_t dst_[4], const char *pb, Py_ssize_t ps, const char *ff,
-                  Py_ssize_t ffs, Py_ssize_t n2, Py_ssize_t n1, Py_ssize_t ne0, int neox,
-                  Py_ssize_t t0, Py_ssize_t t1, float *cache) noexcept nogil:
-    """Tokens ``t0 .. t1-1`` of the flattened (ne3, ne2) index."""
-    cdef Py_ssize_t t, i1, i2, i3
-    cdef char *xr
-    cdef char *dr
-    for t in range(t0, t1):
-        i3 = t // n2
-        i2 = t % n2
-        ggopt_rope_cache(r, <float>(<const int32_t *>(pb + i2 * ps))[0], ff, ffs, cache)
-        xr = xb + i3 * xst[0] + i2 * xst[1]
-        dr = db + i3 * dst_[0] + i2 * dst_[1]
-        for i1 in range(n1):
-            ggopt_rope_row(dr + i1 * dst_[2], dst_[3], xr + i1 * xst[2], xst[3], ne0, r.n_dims,
-                           neox, cache)
+cdef void _tables(const ggopt_rope_t *r, const char *ff, Py_ssize_t ffs, int64_t p0,
+                  int64_t p1, int64_t pmin, float *table) noexcept nogil:
+    """The cos/sin tables of positions ``p0 .. p1-1`` (row ``p - pmin`` of ``table``)."""
+    cdef int64_t p
+    for p in range(p0, p1):
+        ggopt_rope_cache(r, <float><int32_t>p, ff, ffs, table + (p - pmin) * r.n_dims)
 
 
 def rope(const float[:, :, :, :] x not None, const int32_t[:] pos not None, object freq_factors,
@@ -182,19 +231,39 @@ def rope(const float[:, :, :, :] x not None, const int32_t[:] pos not None, obje
     cdef const char *pb = <const char *>&pos[0]
     cdef Py_ssize_t ps = pos.strides[0]
     cdef int neox_i = neox
+    cdef int64_t pmin, pmax, span, pv
+    cdef float *table = NULL
+    pmin = pmax = (<const int32_t *>pb)[0]
+    for k in range(1, n2):
+        pv = (<const int32_t *>(pb + k * ps))[0]
+        pmin = min(pmin, pv)
+        pmax = max(pmax, pv)
+    span = pmax - pmin + 1
     if nt < 2 or ntok < 2 or ntok * n1 * ne0 < _PAR_MIN_WORK:
         nt = 1
-    cache = <float *>malloc(nt * n_dims * sizeof(float))  # one cos/sin table per thread
+    # per thread 2*n_dims floats of scratch (a token's table, the row's temporaries); then,
+    # when the span is short, one table per position of the span, shared by all tokens
+    cdef Py_ssize_t ntab = span * n_dims if span <= ntok else 0
+    cache = <float *>malloc((nt * 2 * n_dims + ntab) * sizeof(float))
     if cache == NULL:
         raise MemoryError("rope (ggml_rope_ext): no memory for the cos/sin tables")
+    if ntab:
+        table = cache + nt * 2 * n_dims
     try:
         if nt == 1:
             with nogil:
-                _tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i, 0, ntok,
-                        cache)
+                if table != NULL:
+                    _tables(&r, ff, ffs, pmin, pmax + 1, pmin, table)
+                ggopt_rope_tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i,
+                                  0, ntok, table, pmin, cache)
             return
+        if table != NULL:
+            for k in prange(nt, nogil=True, num_threads=n_threads, schedule="static"):
+                _tables(&r, ff, ffs, pmin + span * k // nt, pmin + span * (k + 1) // nt, pmin,
+                        table)
         for k in prange(nt, nogil=True, num_threads=n_threads, schedule="static"):
-            _tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i,
-                    ntok * k // nt, ntok * (k + 1) // nt, cache + k * n_dims)
+            ggopt_rope_tokens(&r, xb, xst, db, dst_, pb, ps, ff, ffs, n2, n1, ne0, neox_i,
+                              ntok * k // nt, ntok * (k + 1) // nt, table, pmin,
+                              cache + k * 2 * n_dims)
     finally:
         free(cache)

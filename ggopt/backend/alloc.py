@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Callable, Iterable
 
 from ..tensor import Op, Tensor
-from ..types import TensorFlag
+from ..types import FLAG_INPUT, FLAG_OUTPUT
 from .buffer import align
 
 __all__ = ["FreeList", "plan_memory", "INPLACE_OPS", "MemoryPlan"]
@@ -123,13 +123,13 @@ def plan_memory(
     for t in extra:
         place(t)
     for t in list(leafs) + nodes:
-        if t.flags & TensorFlag.INPUT:
+        if t.flags & FLAG_INPUT:
             place(t)
     pinned = set(offsets)  # never freed
     keep = set(keep)
 
     def release(t: Tensor) -> None:
-        if t in offsets and t not in pinned and t not in keep and not t.flags & TensorFlag.OUTPUT:
+        if t in offsets and t not in pinned and t not in keep and not t.flags & FLAG_OUTPUT:
             free.free(offsets[t], t.nbytes())
             pinned.add(t)  # freed once
 
@@ -143,7 +143,7 @@ def plan_memory(
             if node.op in INPLACE_OPS:
                 for s in node.src:
                     if (s is not None and s in offsets and s not in pinned and s.view_src is None
-                            and not s.flags & TensorFlag.OUTPUT and s not in keep
+                            and not s.flags & FLAG_OUTPUT and s not in keep
                             and children.get(s, 0) == 1
                             and views.get(s, 0) == 0 and _same_layout(s, node)):
                         offsets[node] = offsets[s]

@@ -66,6 +66,10 @@ class Backend:
     name = "backend"
     #: True when buffers are host RAM (NumPy arrays), so tensors there have a NumPy view.
     is_host = False
+    #: True when every step :meth:`compile_node` returns reads and writes only the arrays that
+    #: the placement gave it (never a tensor object), so that the scheduler may run the same
+    #: steps for another graph of the same structure and memory (see ``plan_cache``).
+    steps_bind_memory = False
 
     # --- hooks --------------------------------------------------------------------------------
     def _alloc(self, nbytes: int) -> Any:

@@ -11,7 +11,7 @@ from ..tensor import Tensor
 if TYPE_CHECKING:
     from .base import Backend
 
-__all__ = ["Buffer", "ALIGNMENT", "align", "buffer_of", "fill_tensor", "init_view"]
+__all__ = ["Buffer", "ALIGNMENT", "align", "buffer_of", "init_view"]
 
 #: Byte alignment of every tensor placed in a buffer (a cache line; enough for AVX-512).
 ALIGNMENT = 64
@@ -68,9 +68,3 @@ def init_view(t: Tensor) -> None:
         t.buffer = src.buffer
         t.offset = src.offset + t.view_offs
 
-
-def fill_tensor(t: Tensor, value: float) -> None:
-    """Set every element of ``t`` to ``value`` on whatever backend holds it."""
-    if t.buffer is None:
-        raise StateError(f"tensor '{t.name}' has no memory; allocate its context or graph first")
-    t.buffer.fill(t, value)

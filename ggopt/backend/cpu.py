@@ -30,6 +30,7 @@ class CPUBackend(Backend):
 
     name = "CPU"
     is_host = True
+    steps_bind_memory = True  # every compiler in cpu_ops binds arrays only
 
     def __init__(self, n_threads: int | None = None) -> None:
         self._n_threads = _check_n_threads("ggml_backend_cpu_init", n_threads)

@@ -5,6 +5,9 @@ A graph is compiled once into *splits* (runs of consecutive nodes on one backend
 of zero-argument steps) plus a memory plan per backend; the compiled form is cached per graph
 and reused as long as the graph and the memory of its fixed tensors did not change, so
 switching between a few static graphs costs a dictionary lookup and a pointer update per tensor.
+A new graph with the structure of one compiled before (dynamic graphs: a fresh graph per
+micro-batch) takes that graph's plan, found by its structural signature (:mod:`.plan_cache`),
+when every step of the plan reads and writes only memory (no tensor object).
 """
 
 from __future__ import annotations
@@ -14,15 +17,16 @@ import weakref
 from collections.abc import Sequence
 
 from ..context import Context
-from ..errors import DTypeError, ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..graph import Graph
 from ..tensor import VIEW_OPS, Op, Tensor
-from ..types import TensorFlag
+from ..types import FLAG_INPUT
 from .alloc import plan_memory
 from .base import Backend, Placement, Step
 from .blas import SerialBlas
 from .buffer import Buffer, buffer_of, init_view
 from .fusion import count_uses
+from .plan_cache import PlanCache, graph_signature
 
 __all__ = ["Scheduler"]
 
@@ -43,7 +47,8 @@ class _Split:
 class _Compiled:
     """A graph compiled for this scheduler's backends and buffers."""
 
-    __slots__ = ("version", "placed", "views", "fixed", "splits", "sizes", "buffers", "steps")
+    __slots__ = ("version", "placed", "views", "fixed", "splits", "sizes", "buffers", "steps",
+                 "layout")
 
     def __init__(self) -> None:
         self.version = -1
@@ -54,6 +59,39 @@ class _Compiled:
         self.sizes: dict[Backend, int] = {}
         self.buffers: dict[Backend, Buffer] = {}
         self.steps: list[Step] = []
+        #: placed, views and fixed with positions in ``leafs + nodes`` for tensors (plans
+        #: shared by signature; fixed holds the buffers the signature names by id)
+        self.layout: tuple[list[tuple[int, Backend, int]], list[int],
+                           list[tuple[int, Buffer, int]]] | None = None
+
+    def share(self, g: Graph) -> bool:
+        """Record the layout of ``g``'s plan so that other graphs can take it; False when the
+        plan cannot serve another graph (a step bound to a tensor object)."""
+        if any(s.copies or not s.backend.steps_bind_memory for s in self.splits):
+            return False
+        pos = {t: i for i, t in enumerate(g.leafs + g.nodes)}
+        placed = [(pos.get(t, -1), b, off) for t, b, off in self.placed]
+        views = [pos.get(t, -1) for t in self.views]
+        fixed = [(pos.get(t, -1), buf, off) for t, buf, off in self.fixed]
+        if any(i < 0 for i, _, _ in placed + fixed) or any(i < 0 for i in views):
+            return False
+        self.layout = placed, views, fixed
+        return True
+
+    def rebind(self, g: Graph) -> _Compiled:
+        """This plan for ``g``, a graph of the same signature: the same steps and memory, with
+        ``g``'s tensors in the places of the original graph's."""
+        assert self.layout is not None
+        placed, views, fixed = self.layout
+        tensors = g.leafs + g.nodes
+        out = _Compiled()
+        out.version = g.version
+        out.placed = [(tensors[i], b, off) for i, b, off in placed]
+        out.views = [tensors[i] for i in views]
+        out.fixed = [(tensors[i], buf, off) for i, buf, off in fixed]
+        out.splits, out.sizes, out.buffers = self.splits, self.sizes, self.buffers
+        out.steps, out.layout = self.steps, self.layout
+        return out
 
 
 class Scheduler:
@@ -68,9 +106,12 @@ class Scheduler:
     compute and reading the outputs). Without it, another thread may allocate its own graph in
     between; then :meth:`graph_compute` of yours raises StateError (it never computes the other
     graph), and so does reading a compute tensor of a graph that is no longer allocated.
+
+    ``plan_cache``: how many compiled plans to keep by graph signature for new graphs of a
+    known structure (0: compile every new graph).
     """
 
-    def __init__(self, backends: Sequence[Backend]) -> None:
+    def __init__(self, backends: Sequence[Backend], plan_cache: int = 8) -> None:
         backends = list(backends)
         if not backends:
             raise ShapeError("ggml_backend_sched_new: at least one backend is needed")
@@ -82,9 +123,16 @@ class Scheduler:
             raise ShapeError("ggml_backend_sched_new: a backend is listed twice")
         if not backends[-1].is_host:
             raise ShapeError("ggml_backend_sched_new: the last backend must be the CPU backend")
+        if isinstance(plan_cache, bool) or not isinstance(plan_cache, int):
+            raise DTypeError(f"ggml_backend_sched_new: plan_cache must be an int, got "
+                             f"{plan_cache!r}")
+        if plan_cache < 0:
+            raise InvalidValueError(f"ggml_backend_sched_new: plan_cache must be >= 0, got "
+                                    f"{plan_cache}")
         self.backends = backends
         self._buffers: dict[Backend, Buffer] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
+        self._plans: PlanCache[_Compiled] = PlanCache(plan_cache)  # by graph signature
         self._current: _Compiled | None = None
         self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
@@ -145,7 +193,7 @@ class Scheduler:
                              "reset() first")
         comp = self._cache.get(g)
         if comp is None or not self._still_valid(g, comp):
-            comp = self._compile(g)
+            comp = self._plan(g)
             self._cache[g] = comp
         for t, backend, off in comp.placed:
             t.buffer = comp.buffers[backend]
@@ -206,6 +254,19 @@ class Scheduler:
         return self._memory_backend(t)
 
     # --- compilation --------------------------------------------------------------------------
+    def _plan(self, g: Graph) -> _Compiled:
+        """``g`` compiled, or the plan of an earlier graph of the same signature."""
+        key = graph_signature(g) if self._plans.size > 0 else None
+        if key is not None:
+            shared = self._plans.get(key)
+            if shared is not None and all(self._buffers.get(b) is buf
+                                          for b, buf in shared.buffers.items()):
+                return shared.rebind(g)
+        comp = self._compile(g)
+        if key is not None and comp.share(g):
+            self._plans.put(key, comp)
+        return comp
+
     def _still_valid(self, g: Graph, comp: _Compiled) -> bool:
         if comp.version != g.version:
             return False
@@ -229,7 +290,7 @@ class Scheduler:
         where: dict[Tensor, Backend] = {}
         for t in g.leafs:
             b = self._memory_backend(t)
-            if b is None and t.flags & TensorFlag.INPUT:
+            if b is None and t.flags & FLAG_INPUT:
                 b = cpu
             if b is not None:
                 where[t] = b
@@ -237,7 +298,7 @@ class Scheduler:
             b = self._memory_backend(node)
             if b is None and node.view_src is not None:
                 b = where.get(node.view_src)
-            if b is None and node.flags & TensorFlag.INPUT and node.op is Op.NONE:
+            if b is None and node.flags & FLAG_INPUT and node.op is Op.NONE:
                 b = cpu
             if b is None:
                 b = next((x for x in self.backends if x.supports_op(node)), cpu)
@@ -309,6 +370,7 @@ class Scheduler:
                 buf.lock = self._lock
                 self._buffers[b] = buf
                 self._cache.clear()  # every cached plan pointed into the old buffer
+                self._plans.clear()
             if buf is not None:
                 comp.buffers[b] = buf
             for t, off in plan.offsets.items():

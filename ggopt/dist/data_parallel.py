@@ -25,7 +25,7 @@ from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
 from ..opt.enums import BuildType
 from ..tensor import Tensor
-from ..types import TensorFlag
+from ..types import FLAG_PARAM
 from .comm import Communicator
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ class DataParallel:
         spec, built, persist = c._spec, c._b, c._persist
         assert built is not None and persist is not None  # set up after the first build
         assert c._inputs is not None and c._outputs is not None
-        params = [n for n in built.gf.nodes if n.flags & TensorFlag.PARAM]
+        params = [n for n in built.gf.nodes if n.flags & FLAG_PARAM]
         self.comm.agree(_FN, "the optimization", {
             "parameters (name, type, ne)": [(p.name, p.type.name, tuple(p.ne)) for p in params],
             "inputs ne": tuple(c._inputs.ne),

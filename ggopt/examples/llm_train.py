@@ -157,7 +157,9 @@ class Trainer:
         """``(training micro-batches, validation micro-batches)`` of ``dataset``."""
         return split(dataset.ndata, self.tp)
 
-    def _microbatch(self, dataset: Dataset, ibatch: int, train: bool, result: Result) -> None:
+    def microbatch(self, dataset: Dataset, ibatch: int, train: bool, result: Result) -> None:
+        """Train on (``train``) or evaluate micro-batch ``ibatch`` of ``dataset``'s current
+        order, adding to ``result``; as :meth:`epoch` does for each of its micro-batches."""
         t0 = time.perf_counter()
         if not self.tp.static:
             ctx = ggopt.Context()
@@ -197,7 +199,7 @@ class Trainer:
                                   (False, val_ids, result_val)):
             t_start = time_us()
             for i, ibatch in enumerate(ids):
-                self._microbatch(dataset, ibatch, part, result)
+                self.microbatch(dataset, ibatch, part, result)
                 if not silent:
                     epoch_callback_progress_bar(part, self.opt_ctx, dataset, result, i + 1,
                                                 len(ids), t_start, stream=progress)

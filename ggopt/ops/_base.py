@@ -90,7 +90,8 @@ def check_type(fn: str, name: str, t: object, *types: GGType) -> Tensor:
 
 def check_f32(fn: str, **tensors: Tensor) -> None:
     for name, t in tensors.items():
-        check_type(fn, name, t, F32)
+        if type(t) is not Tensor or t.type is not F32:
+            check_type(fn, name, t, F32)
 
 
 def unary_f32(fn: str, op: Op, ctx: Context, a: Tensor) -> Tensor:
@@ -108,7 +109,7 @@ def check_ctx(fn: str, ctx: object) -> Context:
 
 def can_repeat(small: Tensor, big: Tensor) -> bool:
     """True when ``small`` tiles ``big`` exactly (ggml_can_repeat)."""
-    if big.nelements() == 0:
+    if small.ne == big.ne or big.nelements() == 0:
         return True
     return all(s > 0 and b % s == 0 for s, b in zip(small.ne, big.ne))
 

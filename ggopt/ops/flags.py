@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
-from ..types import F32, TensorFlag
+from ..types import F32, FLAG_INPUT, FLAG_LOSS, FLAG_OUTPUT, FLAG_PARAM
 from ._base import check_tensor, ne_str
 
 __all__ = ["set_input", "set_output", "set_param", "set_loss", "set_name", "get_name"]
@@ -12,14 +12,14 @@ __all__ = ["set_input", "set_output", "set_param", "set_loss", "set_name", "get_
 
 def set_input(t: Tensor) -> None:
     """Flag ``t`` as a graph input: allocated first, never overwritten (ggml_set_input)."""
-    check_tensor("set_input", "t", t).flags |= TensorFlag.INPUT
+    check_tensor("set_input", "t", t).flags |= FLAG_INPUT
 
 
 def set_output(t: Tensor) -> None:
     """Flag ``t`` (and the tensors it views) as an output: kept readable after compute."""
     node: Tensor | None = check_tensor("set_output", "t", t)
     while node is not None:
-        node.flags |= TensorFlag.OUTPUT
+        node.flags |= FLAG_OUTPUT
         node = node.view_src
 
 
@@ -29,7 +29,7 @@ def set_param(t: Tensor) -> None:
     if t.op is not Op.NONE:
         raise ShapeError(f"ggml_set_param: tensor '{t.name}' is the result of op {t.op.name}; "
                          "only tensors created directly in a context can be parameters")
-    t.flags |= TensorFlag.PARAM
+    t.flags |= FLAG_PARAM
 
 
 def set_loss(t: Tensor) -> None:
@@ -38,7 +38,7 @@ def set_loss(t: Tensor) -> None:
     if not t.is_scalar() or t.type is not F32:
         raise ShapeError(f"ggml_set_loss: the loss must be a scalar F32 tensor, got "
                          f"{t.type.name} ne={ne_str(t)}")
-    t.flags |= TensorFlag.LOSS
+    t.flags |= FLAG_LOSS
 
 
 def set_name(t: Tensor, name: str) -> Tensor:

@@ -19,7 +19,7 @@ from ..backend import Scheduler, alloc_ctx_tensors, tensor_fill
 from ..context import Context
 from ..errors import ShapeError, StateError
 from ..tensor import Tensor
-from ..types import F32, TensorFlag
+from ..types import F32, FLAG_LOSS, FLAG_PARAM
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 
 __all__ = ["Spec", "Persistent", "build"]
@@ -107,7 +107,7 @@ class Persistent:
             spec.optimizer is OptimizerType.ADAMW
         )
         new = self.ctx_static.new_tensor
-        params = [node for node in gf.nodes if node.flags & TensorFlag.PARAM]
+        params = [node for node in gf.nodes if node.flags & FLAG_PARAM]
         for node in params if accumulate else ():  # one block of memory (data-parallel sums it)
             param_accs[node] = ops.set_name(new(F32, node.ne), f"{node.name} (grad acc)")
         for node in params:
@@ -166,7 +166,7 @@ def build(spec: Spec, persist: Persistent, ctx_compute: Context, gf: _graph.Grap
             f"inputs '{inputs.name}' must be allocated statically: allocate its context "
             f"(ggopt.backend.alloc_ctx_tensors) before creating the context ({fn})"
         )
-    if any(node.flags & TensorFlag.LOSS for node in gf.nodes):
+    if any(node.flags & FLAG_LOSS for node in gf.nodes):
         raise StateError(f"support for extra loss terms not implemented: the forward graph "
                          f"already has a LOSS node ({fn})")
     need_grads = not persist.allocated or build_type >= BuildType.GRAD
@@ -174,13 +174,13 @@ def build(spec: Spec, persist: Persistent, ctx_compute: Context, gf: _graph.Grap
     accumulate = spec.build_type >= BuildType.GRAD and not (
         spec.static_graphs and spec.build_type is BuildType.OPT and spec.opt_period == 1
     )
-    if need_grads and not any(node.flags & TensorFlag.PARAM for node in gf.nodes):
+    if need_grads and not any(node.flags & FLAG_PARAM for node in gf.nodes):
         raise ShapeError(
             f"the forward graph has no parameter; did you forget to call set_param? ({fn})"
         )
     if need_grads and persist.allocated and accumulate:
         for node in gf.nodes:
-            if node.flags & TensorFlag.PARAM and node not in persist.param_accs:
+            if node.flags & FLAG_PARAM and node not in persist.param_accs:
                 raise ShapeError(
                     f"parameter '{node.name}' was not in the first graph; dynamic graphs "
                     f"must keep the parameters of the first build ({fn})"
@@ -214,9 +214,9 @@ def build(spec: Spec, persist: Persistent, ctx_compute: Context, gf: _graph.Grap
         loss_acc = persist.loss_acc
     grad_accs: list[Tensor | None] = []
     for node in gf.nodes:
-        if node.flags & TensorFlag.LOSS:
+        if node.flags & FLAG_LOSS:
             grad_accs.append(loss_acc)
-        elif node.flags & TensorFlag.PARAM:
+        elif node.flags & FLAG_PARAM:
             grad_accs.append(param_accs.get(node))
         else:
             grad_accs.append(None)
@@ -239,7 +239,7 @@ def _build_opt(spec: Spec, persist: Persistent, moments: dict[Tensor, tuple[Tens
     step_params = persist.step_params(spec)
     name = optimizer_name(spec.optimizer)
     for node in reversed(gf.nodes):
-        if not node.flags & TensorFlag.PARAM:
+        if not node.flags & FLAG_PARAM:
             continue
         grad = _graph.graph_get_grad(gb_opt, node)
         if grad is None:

@@ -22,7 +22,7 @@ from ..backend import tensor_get, tensor_set
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..io import gguf
 from ..tensor import Tensor
-from ..types import TensorFlag
+from ..types import FLAG_PARAM
 from .checkpoint_file import (
     ARCH_KEY,
     ARCHITECTURE,
@@ -140,7 +140,7 @@ def _check_usable(ctx: OptContext, fn: str) -> None:
 
 
 def _graph_params(nodes: list[Tensor], fn: str) -> list[Tensor]:
-    params = [n for n in nodes if n.flags & TensorFlag.PARAM]
+    params = [n for n in nodes if n.flags & FLAG_PARAM]
     seen: set[str] = set()
     for p in params:
         if not p.name or p.name in seen or p.name.startswith(RESERVED):

@@ -13,7 +13,6 @@ from collections.abc import Iterable, Iterator
 from ..context import Context
 from ..graph import Graph
 from ..tensor import Tensor
-from ..types import TensorFlag
 
 __all__ = ["graph_rollback"]
 
@@ -28,7 +27,7 @@ def graph_rollback(g: Graph, contexts: Iterable[Context | None],
                    None if g.grads is None else dict(g.grads),
                    None if g.grad_accs is None else dict(g.grad_accs))
     saved_ctxs = [(c, len(c.tensors), c._mem_used) for c in ctxs]
-    marked: dict[Tensor, tuple[TensorFlag, str]] = {}
+    marked: dict[Tensor, tuple[int, str]] = {}
     stack = [t for t in tensors if t is not None]
     for t in [*g.nodes, *g.leafs, *(t for c in ctxs for t in c.tensors)]:
         marked[t] = (t.flags, t.name)
