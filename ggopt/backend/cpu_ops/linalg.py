@@ -56,34 +56,44 @@ def _cut(rows: int, inner: int, cols: int) -> str | None:
     return "inner" if inner >= _SPLIT_MIN_INNER else None
 
 
-def _slices(x: np.ndarray, y: np.ndarray, out: np.ndarray
-            ) -> tuple[list[Product], list[tuple[np.ndarray, np.ndarray]]]:
-    """``out = x @ y`` as (x, y, out) products whose bounds depend only on the shapes.
+#: ``(x, y, out, acc)``: one product ``out = x @ y``, then ``acc += out`` unless acc is None
+Piece = tuple[np.ndarray, np.ndarray, np.ndarray, "np.ndarray | None"]
+#: ``(out, scratch)``: a split-K partial to add into ``out`` once every piece is done
+Sum = tuple[np.ndarray, np.ndarray]
 
-    Returns the products and the (out, scratch) pairs to add once they are all done: a long
-    reduction with a small output is cut in two along it, the second half into a scratch array.
+
+def _pieces(x: np.ndarray, y: np.ndarray, out: np.ndarray, acc: np.ndarray | None = None
+            ) -> tuple[list[Piece], list[Sum]]:
+    """``out = x @ y`` (then ``acc += out``) as pieces whose bounds depend only on the shapes.
+
+    A long reduction with a small output is cut in two along it, the second half into a
+    scratch array added afterwards (never with ``acc``: the caller checks ``_cut`` first).
     """
     cut = _cut(x.shape[0], x.shape[1], y.shape[1])
     if cut == "rows":
-        return [(x[r0:r1], y, out[r0:r1]) for r0, r1 in _halves(x.shape[0])], []
+        return [(x[r0:r1], y, out[r0:r1], None if acc is None else acc[r0:r1])
+                for r0, r1 in _halves(x.shape[0])], []
     if cut == "cols":
-        return [(x, y[:, c0:c1], out[:, c0:c1]) for c0, c1 in _halves(y.shape[1])], []
+        return [(x, y[:, c0:c1], out[:, c0:c1], None if acc is None else acc[:, c0:c1])
+                for c0, c1 in _halves(y.shape[1])], []
     if cut == "inner":
+        assert acc is None
         (k0, k1), (k2, k3) = _halves(x.shape[1])
         scratch = np.empty_like(out)  # owned by the step, made once at compile time
-        return [(x[:, k0:k1], y[k0:k1], out), (x[:, k2:k3], y[k2:k3], scratch)], [(out, scratch)]
-    return [(x, y, out)], []
+        return [(x[:, k0:k1], y[k0:k1], out, None), (x[:, k2:k3], y[k2:k3], scratch, None)], \
+            [(out, scratch)]
+    return [(x, y, out, acc)], []
 
 
-def _gemm_plan(parts: list[Product], sums: list[tuple[np.ndarray, np.ndarray]]) -> Any:
-    """The products and split-K sums as one GemmPlan, or None if BLAS cannot read an operand
+def _gemm_plan(pieces: list[Piece], sums: list[Sum]) -> Any:
+    """The pieces and split-K sums as one GemmPlan, or None if BLAS cannot read an operand
     in place."""
     from ..._kernels._gemm import GemmPlan  # loads SciPy's BLAS on the first product
 
     products_blas()
     plan = GemmPlan()
-    for x, y, out in parts:
-        if not plan.add(x, y, out):
+    for x, y, out, acc in pieces:
+        if not plan.add(x, y, out, acc):
             return None
     for out, scratch in sums:
         if not out.flags.c_contiguous:
@@ -92,27 +102,26 @@ def _gemm_plan(parts: list[Product], sums: list[tuple[np.ndarray, np.ndarray]]) 
     return plan
 
 
-def _matmul_step(be: CPUBackend, pairs: list[Product]) -> Step:
+def _matmul_step(be: CPUBackend, products: list[Product]) -> Step:
     """``out = x @ y`` per (x, y, out) slice, on single-threaded BLAS.
 
     Each product is cut into pieces by its shape alone and the pieces are spread over
     ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
     result does not depend on the thread count.
     """
-    parts: list[Product] = []
-    sums: list[tuple[np.ndarray, np.ndarray]] = []
-    for x, y, out in pairs:
-        p, s = _slices(x, y, out)
-        parts += p
+    pieces: list[Piece] = []
+    sums: list[Sum] = []
+    for x, y, out in products:
+        p, s = _pieces(x, y, out)
+        pieces += p
         sums += s
-    plan = _gemm_plan(parts, sums)
+    plan = _gemm_plan(pieces, sums)
     if plan is not None:
         return lambda: plan.run(be.n_threads)
-    return _numpy_step(be, parts, sums)
+    return _numpy_step(be, [(x, y, out) for x, y, out, _ in pieces], sums)
 
 
-def _numpy_step(be: CPUBackend, parts: list[Product],
-                sums: list[tuple[np.ndarray, np.ndarray]]) -> Step:
+def _numpy_step(be: CPUBackend, parts: list[Product], sums: list[Sum]) -> Step:
     """The same pieces on NumPy's ``matmul``, for operands without a unit stride."""
     def run(group: list[Product]) -> Step:
         def task() -> None:
@@ -159,25 +168,13 @@ def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placeme
     product is added into ``acc`` by the thread that computed it, while it is still in cache
     (``backend/fusion.py``). The same operations as the two nodes apart, so the same bits.
     None when a piece would need a split-K partial or BLAS cannot read an operand in place."""
-    from ..._kernels._gemm import GemmPlan
-
-    products_blas()
     out4 = mem(node)
     accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]
-    plan = GemmPlan()
+    pieces: list[Piece] = []
     for (x, y, out), acc2 in zip(_products(node.op, mem(srcs[0]), mem(srcs[1]), out4), accs,
                                  strict=True):
-        cut = _cut(x.shape[0], x.shape[1], y.shape[1])
-        if cut == "inner":
+        if _cut(x.shape[0], x.shape[1], y.shape[1]) == "inner":
             return None
-        if cut == "rows":
-            pieces = [(x[r0:r1], y, out[r0:r1], acc2[r0:r1]) for r0, r1 in _halves(x.shape[0])]
-        elif cut == "cols":
-            pieces = [(x, y[:, c0:c1], out[:, c0:c1], acc2[:, c0:c1])
-                      for c0, c1 in _halves(y.shape[1])]
-        else:
-            pieces = [(x, y, out, acc2)]
-        for px, py, pout, pacc in pieces:
-            if not plan.add(px, py, pout, pacc):
-                return None
-    return lambda: plan.run(be.n_threads)
+        pieces += _pieces(x, y, out, acc2)[0]
+    plan = _gemm_plan(pieces, [])
+    return None if plan is None else (lambda: plan.run(be.n_threads))
