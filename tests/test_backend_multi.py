@@ -230,7 +230,9 @@ def _rows_cases() -> list[OpCase]:
     ]
 
 
-_CONV = [(1, 1, 1, 1, 1, 1), (2, 2, 0, 0, 1, 1), (1, 2, 2, 1, 2, 1)]
+_CONV = [(1, 1, 1, 1, 1, 1), (2, 2, 0, 0, 1, 1), (1, 2, 2, 1, 2, 1),
+         # paddings, strides and dilations far beyond the image: no padded copy of it
+         (2**16, 2**16, 2**20, 2**20, 1, 1), (2**29, 2**29, 2**29, 2**29, 2**29, 2**29)]
 
 
 def _conv_out(size, k, s, p, d):

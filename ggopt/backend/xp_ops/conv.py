@@ -1,4 +1,7 @@
-"""Convolution and pooling array compilers: shifted strided windows, no Python loops per pixel."""
+"""Convolution and pooling array compilers: shifted strided windows, no Python loops per pixel.
+
+im2col and the convolutions read and write only the in-image part of each window (no padded
+copy of the input), so paddings, strides and dilations far beyond the image cost no memory."""
 
 from __future__ import annotations
 
@@ -44,21 +47,42 @@ def _window(src: Any, y0: int, x0: int, oh: int, ow: int, s1: int, s0: int) -> A
 Geometry = tuple[int, int, int, int, int, int]
 
 
+def _span(n_out: int, off: int, s: int, size: int) -> tuple[slice, slice]:
+    """For a window tap at offset ``off`` (``k*d - p``) and stride ``s``: the output indices
+    ``o < n_out`` that read inside an axis of ``size`` (``0 <= o*s + off < size``, a range),
+    and the input positions they read. Only these are touched, so no padded copy of the
+    input is made (paddings and dilations may be far larger than the image)."""
+    lo = max(0, -(off // s))
+    hi = min(n_out, (size - 1 - off) // s + 1) if size - 1 - off >= 0 else 0
+    if hi <= lo:
+        return slice(0, 0), slice(0, 0)
+    return slice(lo, hi), slice(lo * s + off, (hi - 1) * s + off + 1, s)
+
+
 def _unfolder(xp: Any, x: Any, d6: Any, kh_: int, kw_: int, geom: Geometry) -> Step:
     """The step that fills ``d6`` (N, OH, OW, IC, KH, KW) with the windows of ``x`` (N, IC,
     IH, IW): ``d6[n, oh, ow, ic, kh, kw] = x[n, ic, oh*s1 + kh*d1 - p1, ow*s0 + kw*d0 - p0]``,
     0 outside ``x``."""
     s0, s1, p0, p1, d0, d1 = geom
     oh, ow = d6.shape[1], d6.shape[2]
-    src, load = _padded_source(xp, x, p1, p0, (oh - 1) * s1 + (kh_ - 1) * d1 + 1,
-                               (ow - 1) * s0 + (kw_ - 1) * d0 + 1, 0.0)
-    pairs = [(d6[:, :, :, :, kh, kw],
-              _window(src, kh * d1, kw * d0, oh, ow, s1, s0).transpose(0, 2, 3, 1))
-             for kh in range(kh_) for kw in range(kw_)]
+    ih, iw = x.shape[2], x.shape[3]
+    pairs = []
+    zeros = []
+    for kh in range(kh_):
+        for kw in range(kw_):
+            out = d6[:, :, :, :, kh, kw]
+            (oy, iy), (ox, ix) = _span(oh, kh * d1 - p1, s1, ih), _span(ow, kw * d0 - p0, s0, iw)
+            if oy.stop == oy.start or ox.stop == ox.start:
+                zeros.append(out)
+                continue
+            pairs.append((out[:, oy, ox], x[:, :, iy, ix].transpose(0, 2, 3, 1)))
+            zeros += [out[:, :oy.start], out[:, oy.stop:], out[:, oy, :ox.start],
+                      out[:, oy, ox.stop:]]
+    zeros = [z for z in zeros if z.size]
 
     def step() -> None:
-        if load is not None:
-            load()
+        for z in zeros:
+            z[...] = 0
         for out, win in pairs:
             out[...] = win
 
@@ -70,23 +94,19 @@ def _folder(xp: Any, d: Any, part: Any, kh_: int, kw_: int, geom: Geometry) -> S
     every pixel gets the sum of the entries of ``part(kh, kw)`` (N, IC, OH, OW) read from
     it."""
     s0, s1, p0, p1, d0, d1 = geom
-    n, ic, ih, iw = d.shape
+    ih, iw = d.shape[2], d.shape[3]
     oh, ow = part(0, 0).shape[2:]
-    need_h = (oh - 1) * s1 + (kh_ - 1) * d1 + 1
-    need_w = (ow - 1) * s0 + (kw_ - 1) * d0 + 1
-    direct = p0 == 0 and p1 == 0 and need_h <= ih and need_w <= iw
-    acc = d if direct else xp.zeros((n, ic, max(need_h, ih + p1), max(need_w, iw + p0)),
-                                    dtype=xp.float32)
-    inner = acc[:, :, p1:p1 + ih, p0:p0 + iw]
-    pairs = [(_window(acc, kh * d1, kw * d0, oh, ow, s1, s0), part(kh, kw))
-             for kh in range(kh_) for kw in range(kw_)]
+    pairs = []
+    for kh in range(kh_):
+        for kw in range(kw_):
+            (oy, iy), (ox, ix) = _span(oh, kh * d1 - p1, s1, ih), _span(ow, kw * d0 - p0, s0, iw)
+            if oy.stop > oy.start and ox.stop > ox.start:
+                pairs.append((d[:, :, iy, ix], part(kh, kw)[:, :, oy, ox]))
 
     def step() -> None:
-        acc[...] = 0
+        d[...] = 0
         for win, contribution in pairs:
             xp.add(win, contribution, out=win)
-        if not direct:
-            d[...] = inner
 
     return step
 
