@@ -58,6 +58,11 @@ def test_mul_mat_transposed_a(ctx):
     _unchanged(ctx, lambda: ggopt.mul_mat(ctx, at, b), ShapeError, "transposed")
 
 
+def test_mul_mat_empty_reduction_says_so(ctx):
+    a, b = ctx.new_tensor_2d(ggopt.F32, 0, 3), ctx.new_tensor_2d(ggopt.F32, 0, 4)
+    _unchanged(ctx, lambda: ggopt.mul_mat(ctx, a, b), ShapeError, "ne\\[0\\] = 0")
+
+
 def test_cross_entropy_loss_shape_mismatch(ctx):
     a, b = ctx.new_tensor_2d(ggopt.F32, 10, 4), ctx.new_tensor_2d(ggopt.F32, 10, 5)
     _unchanged(ctx, lambda: ggopt.cross_entropy_loss(ctx, a, b), ShapeError,

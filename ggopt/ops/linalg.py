@@ -30,6 +30,9 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
         raise ShapeError(f"ggml_mul_mat: a {ne_str(a)} cannot be broadcast over b {ne_str(b)} "
                          "in dims 2 and 3")
     if a.is_transposed():
+        if a.ne[0] == 0:  # contiguous with ne0 = 0: nb[1] = 0 < nb[0], which ggml also refuses
+            raise ShapeError(f"ggml_mul_mat: a {ne_str(a)} has ne[0] = 0; ggml refuses an "
+                             "empty reduction (it reads as transposed: nb[1] < nb[0])")
         raise ShapeError("ggml_mul_mat: a must not be transposed (use cont first)")
     return ctx.new_op(F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), Op.MUL_MAT, (a, b))
 
