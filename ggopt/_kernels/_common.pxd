@@ -100,6 +100,18 @@ cdef inline int check_non_negative(str fn, str name, long value) except -1:
     return 0
 
 
+cdef inline int check_strides_pads_dilations(str fn, int s0, int s1, int p0, int p1, int d0,
+                                             int d1) except -1:
+    """A window's strides and dilations >= 1 and paddings >= 0 (InvalidValueError)."""
+    check_positive(fn, "s0", s0)
+    check_positive(fn, "s1", s1)
+    check_non_negative(fn, "p0", p0)
+    check_non_negative(fn, "p1", p1)
+    check_positive(fn, "d0", d0)
+    check_positive(fn, "d1", d1)
+    return 0
+
+
 cdef struct Arr4:
     char *data
     Py_ssize_t n[4]   # shape, NumPy order (ne3, ne2, ne1, ne0)

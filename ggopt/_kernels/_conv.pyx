@@ -20,9 +20,9 @@ from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._common cimport (
     check_n_threads,
-    check_non_negative,
     check_positive,
     check_shape,
+    check_strides_pads_dilations,
 )
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -44,12 +44,7 @@ cdef int _check_window(str fn, int k0, int k1, int s0, int s1, int p0, int p1, i
     """Window sizes, strides and dilations >= 1, paddings >= 0."""
     check_positive(fn, "k0 (window width)", k0)
     check_positive(fn, "k1 (window height)", k1)
-    check_positive(fn, "s0", s0)
-    check_positive(fn, "s1", s1)
-    check_non_negative(fn, "p0", p0)
-    check_non_negative(fn, "p1", p1)
-    check_positive(fn, "d0", d0)
-    check_positive(fn, "d1", d1)
+    check_strides_pads_dilations(fn, s0, s1, p0, p1, d0, d1)
     return 0
 
 

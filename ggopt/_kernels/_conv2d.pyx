@@ -33,7 +33,11 @@ from scipy.linalg.cython_blas cimport sgemm
 
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
-from ggopt._kernels._common cimport check_n_threads, check_non_negative, check_positive, check_shape
+from ggopt._kernels._common cimport (
+    check_n_threads,
+    check_shape,
+    check_strides_pads_dilations,
+)
 from ggopt._kernels._conv2d_blocks cimport (
     Geometry,
     Image,
@@ -70,12 +74,7 @@ cdef int _set_geometry(str fn, Geometry* g, Py_ssize_t N, Py_ssize_t IC, Py_ssiz
                        Py_ssize_t IW, Py_ssize_t OC, Py_ssize_t KH, Py_ssize_t KW, int s0,
                        int s1, int p0, int p1, int d0, int d1) except -1:
     """Check the window parameters and fill ``g`` (the output size follows from them)."""
-    check_positive(fn, "s0", s0)
-    check_positive(fn, "s1", s1)
-    check_non_negative(fn, "p0", p0)
-    check_non_negative(fn, "p1", p1)
-    check_positive(fn, "d0", d0)
-    check_positive(fn, "d1", d1)
+    check_strides_pads_dilations(fn, s0, s1, p0, p1, d0, d1)
     if KH < 1 or KW < 1 or KH > BLAS_INT_LIMIT or KW > BLAS_INT_LIMIT:
         raise ShapeError(f"{fn}: the kernel must be at least 1x1 and below 2**31 a side, got "
                          f"KH={KH}, KW={KW}")
