@@ -548,6 +548,31 @@ def test_optimizer_step_refuses_moments_on_another_backend():
 # --- the backend itself -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("back", [False, True])
+def test_array_backend_pooling_with_absurd_padding_is_refused_and_recovers(back):
+    """The array backends pool a padded copy of the input: padding far beyond the image is an
+    OutOfMemoryError at alloc_graph (not a bare MemoryError), and the scheduler stays usable."""
+    ctx_w, ctx = ggopt.Context(), ggopt.Context()
+    x = ctx_w.new_tensor_4d(ggopt.F32, 8, 8, 2, 1)
+    ggopt.set_param(x)
+    sched = gb.Scheduler([numpy_backend(), gb.cpu_init()])
+    gb.alloc_ctx_tensors(ctx_w, sched.backends[0])
+    gb.tensor_set(x, np.ones(128, F32))
+    y = ggopt.pool_2d(ctx, x, ggopt.OP_POOL_MAX, 3, 3, 2**20, 2**20, 2**20, 2**20)
+    if back:
+        y = ggopt.pool_2d_back(ctx, y, x, ggopt.OP_POOL_MAX, 3, 3, 2**20, 2**20, 2**20, 2**20)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, y)
+    with pytest.raises(ggopt.OutOfMemoryError, match="padded copy"):
+        sched.alloc_graph(g)
+    ok = ggopt.scale(ctx, x, 2.0)
+    g2 = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g2, ok)
+    sched.reset()
+    sched.graph_compute(g2)
+    np.testing.assert_array_equal(gb.tensor_get(ok).reshape(-1), np.full(128, 2.0, F32))
+
+
 def test_numpy_backend_is_not_host_and_transfers():
     be = numpy_backend()
     assert not be.is_host and be.name == "NumPy"

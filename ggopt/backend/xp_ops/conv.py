@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...errors import OutOfMemoryError
 from ...ops._base import params_of
 from ...ops.conv import OP_POOL_MAX, Conv2DParams, Im2ColParams, PoolParams
 from ...tensor import Op, Tensor
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 
 
 FLT_MAX = F32(np.finfo(np.float32).max)
+#: Pooling's padded copy of its input may always take this many bytes (or 16x the input).
+_PAD_LIMIT = 1 << 30
 
 
 def _padded_source(xp: Any, x: Any, p1: int, p0: int, need_h: int, need_w: int,
@@ -30,7 +33,18 @@ def _padded_source(xp: Any, x: Any, p1: int, p0: int, need_h: int, need_w: int,
     n, c, h, w = x.shape
     if p0 == 0 and p1 == 0 and need_h <= h and need_w <= w:
         return x, None
-    buf = xp.full((n, c, max(need_h, h + p1), max(need_w, w + p0)), fill, dtype=xp.float32)
+    shape = (n, c, max(need_h, h + p1), max(need_w, w + p0))
+    nbytes = 4 * n * c * shape[2] * shape[3]
+    if nbytes > max(_PAD_LIMIT, 16 * 4 * x.size):
+        raise OutOfMemoryError(
+            f"pooling on {xp.__name__}: padding (p0={p0}, p1={p1}) and the windows need a padded "
+            f"copy of the input of shape {shape} ({nbytes / 2**30:.3g} GiB), more than 16x the "
+            "input and 1 GiB; the CPU backend pools without one")
+    try:
+        buf = xp.full(shape, fill, dtype=xp.float32)
+    except MemoryError as e:
+        raise OutOfMemoryError(f"pooling on {xp.__name__}: no memory for a padded copy of the "
+                               f"input of shape {shape}") from e
     inner = buf[:, :, p1:p1 + h, p0:p0 + w]
 
     def load() -> None:
