@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import layout
 from threadpoolctl import threadpool_limits
 
 from ggopt._kernels import _conv, _conv2d
@@ -149,22 +150,13 @@ def test_mnist_shapes_do_not_depend_on_the_thread_count():
 
 
 def _layout(a: np.ndarray, kind: str) -> np.ndarray:
-    """An array equal to ``a`` with the memory layout named by ``kind``."""
-    if kind == "strided":
-        base = np.full(a.shape[:-1] + (2 * a.shape[-1] + 1,), np.nan, a.dtype)
-        base[..., 1::2] = a
-        return base[..., 1::2]
+    """An array equal to ``a`` with the memory layout named by ``kind``: the image layouts
+    (last two axes swapped, channels last), else ``helpers.layout``'s."""
     if kind == "transposed":
         return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
-    if kind == "reversed":
-        return np.ascontiguousarray(a[:, ::-1, ::-1])[:, ::-1, ::-1]
     if kind == "channels_last":
         return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
-    if kind == "readonly":
-        b = a.copy()
-        b.setflags(write=False)
-        return b
-    raise ValueError(kind)
+    return layout(a, kind)
 
 
 @pytest.mark.parametrize("kind", ["strided", "transposed", "reversed", "channels_last",
