@@ -20,7 +20,12 @@ import time
 
 import numpy as np
 
-import ggopt
+try:  # before ggopt, so that PyTorch's OpenMP runtime sees a PyTorch user's environment
+    import torch  # noqa: F401
+except ImportError:
+    pass
+
+import ggopt  # noqa: E402
 from ggopt.backend import Scheduler, cpu_init
 from ggopt.examples import llm_data, llm_model, llm_train
 

@@ -1,10 +1,11 @@
 """Proof that a computation really ran on a second OS thread, and sizes that make it do so.
 
 A kernel decides between its serial path and an OpenMP region from two facts only: more than
-one thread was asked for, and the work reaches its threshold (``min_parallel_work``, scaled up
-when ``OMP_WAIT_POLICY=PASSIVE``, which ``import ggopt`` sets; each kernel module reads it once,
-when it loads). So "does this call go parallel?" has the same answer for 2 threads and for any
-larger count, and a larger count makes the answer visible:
+one thread was asked for, and the work reaches its threshold (``min_parallel_work``, scaled
+up when idle OpenMP threads sleep at once, e.g. ``OMP_WAIT_POLICY=PASSIVE``; each kernel
+module reads the environment once, when it loads). So "does this call go parallel?" has the
+same answer for 2 threads and for any larger count, and a larger count makes the answer
+visible:
 
 libgomp keeps the workers of its last team parked in a pool and creates threads only when a
 team needs more workers than the pool holds. The pool never holds more workers than the largest
@@ -29,7 +30,7 @@ import ggopt
 #: The element count above which every element-wise, reduction and softmax kernel starts a
 #: team, under the wait policy in effect (the kernels' largest base is 1 << 15 work units; an
 #: element costs at least one). Read in this process, whose environment the kernels saw when
-#: they loaded: tests that change OMP_WAIT_POLICY restore it.
+#: they loaded: tests that change the wait policy restore it.
 PARALLEL_ELEMENTS = min_parallel_work(1 << 15)
 
 

@@ -114,28 +114,34 @@ def started(n_elements):  # OS threads that one 2-thread relu over n_elements cr
     E.unary(E.UN_RELU, a, np.empty_like(a), 2)
     return len(os.listdir("/proc/self/task")) - before
 
-print(os.environ["OMP_WAIT_POLICY"], *(started(int(n)) for n in sys.argv[1:]))
+print(os.environ.get("GOMP_SPINCOUNT", "-"), *(started(int(n)) for n in sys.argv[1:]))
 """
 
 
-@pytest.mark.parametrize("policy,scaled", [("PASSIVE", True), ("passive", True), ("ACTIVE", False),
-                                           (None, True)])
-def test_thresholds_in_effect_follow_the_wait_policy(policy, scaled):
+@pytest.mark.parametrize("policy,spin,scaled,got_spin", [
+    ("PASSIVE", None, True, "-"), ("passive", None, True, "-"), ("ACTIVE", None, False, "-"),
+    (None, "0", True, "0"), ("PASSIVE", "5k", False, "5k"), (None, None, False, "10000"),
+])
+def test_thresholds_in_effect_follow_the_wait_policy(policy, spin, scaled, got_spin):
     """In a fresh process (an empty OpenMP pool, thresholds read when the kernels load), a relu
     of ``threshold - 1`` elements stays on one thread and one of ``threshold`` elements starts
-    exactly one more; the threshold is 8x higher under the PASSIVE policy ``import ggopt`` sets
-    when the variable is unset (None)."""
+    exactly one more; the threshold is 8x higher when idle threads sleep at once (PASSIVE
+    without a spin count, or GOMP_SPINCOUNT=0). With neither variable set, ``import ggopt``
+    sets a short spin (GOMP_SPINCOUNT=10000)."""
     if not sys.platform.startswith("linux") or not _threads.openmp_enabled():
         pytest.skip("needs /proc/self/task and an OpenMP build")
     base = 1 << 15  # the element-wise kernels' base amount of work; relu counts 1 per element
     scale = _openmp_helpers.PASSIVE_WORK_SCALE if scaled else 1
     threshold = base * scale
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
+    if spin is not None:
+        env["GOMP_SPINCOUNT"] = spin
     sizes = [base, threshold - 1, threshold] if scaled else [threshold - 1, threshold]
     out = subprocess.run([sys.executable, "-c", _PROBE, *map(str, sizes)], env=env,
                          capture_output=True, text=True, check=True)
-    got_policy, *started = out.stdout.split()
-    assert got_policy == (policy or "PASSIVE")
+    printed_spin, *started = out.stdout.split()
+    assert printed_spin == got_spin
     assert [int(s) for s in started] == [0] * (len(sizes) - 1) + [1]
