@@ -17,6 +17,7 @@ if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
     _os.environ["GOMP_SPINCOUNT"] = "10000"
 
 from . import errors  # noqa: E402
+from ._denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
@@ -49,7 +50,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "errors", "backend", "dist", "io", "opt", "get_n_threads", "set_n_threads",
-    "openmp_enabled", "Context", "GgoptError", "ShapeError", "InvalidValueError", "DTypeError",
+    "openmp_enabled", "get_flush_denormals", "set_flush_denormals", "Context", "GgoptError",
+    "ShapeError", "InvalidValueError", "DTypeError",
     "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
     "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",

@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 
+from .._denormals import ComputeFloatMode
 from ..context import Context
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..graph import Graph
@@ -231,7 +232,8 @@ class Scheduler:
 
     def _compute(self) -> None:
         assert self._current is not None
-        with self._blas:
+        n_threads = max((getattr(b, "n_threads", 1) for b in self.backends), default=1)
+        with self._blas, ComputeFloatMode(n_threads):
             for step in self._current.steps:
                 step()
             for b in self.backends:

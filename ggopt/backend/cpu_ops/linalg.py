@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ... import _threads
+from ..._kernels._fpmode import flushing, restore_this_thread, set_this_thread
 from ...tensor import Op, Tensor
 from ..base import Placement, Step
 from ..blas import products_blas
@@ -122,11 +123,18 @@ def _matmul_step(be: CPUBackend, products: list[Product]) -> Step:
 
 
 def _numpy_step(be: CPUBackend, parts: list[Product], sums: list[Sum]) -> Step:
-    """The same pieces on NumPy's ``matmul``, for operands without a unit stride."""
+    """The same pieces on NumPy's ``matmul``, for operands without a unit stride. Each worker
+    thread takes the calling thread's flush-to-zero state (``ggopt/_denormals.py``)."""
+    flush = [False]
+
     def run(group: list[Product]) -> Step:
         def task() -> None:
-            for x, y, out in group:
-                np.matmul(x, y, out=out)
+            saved = set_this_thread(flush[0])
+            try:
+                for x, y, out in group:
+                    np.matmul(x, y, out=out)
+            finally:
+                restore_this_thread(saved)
 
         return task
 
@@ -137,6 +145,7 @@ def _numpy_step(be: CPUBackend, parts: list[Product], sums: list[Sum]) -> Step:
         tasks = plans.get(nt)
         if tasks is None:
             tasks = plans[nt] = [run(parts[i::nt]) for i in range(nt)]
+        flush[0] = flushing()
         _threads.run_concurrently(tasks)
         for out, scratch in sums:
             np.add(out, scratch, out=out)
