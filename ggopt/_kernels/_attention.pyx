@@ -55,7 +55,68 @@ cdef extern from *:
         while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
         return n;
     }
+
+    typedef double ggopt_att_d8 __attribute__((vector_size(64)));
+
+    /* max over j < n of s*fx[j] + slope*fm[j] (fm may be NULL), eight lanes at a time; a NaN
+       propagates, as in the scalar form m = m > v ? m : v. */
+    GGOPT_ROW_INLINE float ggopt_row_max(const float *fx, const float *fm, Py_ssize_t n,
+                                          float s, float slope) {
+        const ggopt_att_f8 sv = {s, s, s, s, s, s, s, s};
+        const ggopt_att_f8 lv = {slope, slope, slope, slope, slope, slope, slope, slope};
+        ggopt_att_f8 m8 = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                           -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        Py_ssize_t j = 0;
+        for (; j + 8 <= n; j += 8) {
+            ggopt_att_f8 v, mv;
+            memcpy(&v, fx + j, sizeof v);
+            v = sv * v;
+            if (fm) {
+                memcpy(&mv, fm + j, sizeof mv);
+                v = v + lv * mv;
+            }
+            ggopt_att_i8 keep = m8 > v;
+            m8 = (ggopt_att_f8)(((ggopt_att_i8)m8 & keep) | ((ggopt_att_i8)v & ~keep));
+        }
+        float mx = -INFINITY;
+        for (int k = 0; k < 8; k++) mx = mx > m8[k] ? mx : m8[k];
+        for (; j < n; j++) {
+            float v = s * fx[j] + (fm ? slope * fm[j] : 0.0f);
+            mx = mx > v ? mx : v;
+        }
+        return mx;
+    }
+
+    /* sum over i < n of (double)fd[i]: eight double lanes, added pairwise at the end */
+    GGOPT_ROW_INLINE double ggopt_row_sum(const float *fd, Py_ssize_t n) {
+        ggopt_att_d8 a8 = {0, 0, 0, 0, 0, 0, 0, 0};
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            ggopt_att_f8 e;
+            memcpy(&e, fd + i, sizeof e);
+            a8 += __builtin_convertvector(e, ggopt_att_d8);
+        }
+        double a = ((a8[0] + a8[1]) + (a8[2] + a8[3])) + ((a8[4] + a8[5]) + (a8[6] + a8[7]));
+        for (; i < n; i++) a += (double)fd[i];
+        return a;
+    }
     #else
+    GGOPT_ROW_INLINE float ggopt_row_max(const float *fx, const float *fm, Py_ssize_t n,
+                                          float s, float slope) {
+        float mx = -INFINITY;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            float v = s * fx[j] + (fm ? slope * fm[j] : 0.0f);
+            mx = mx > v ? mx : v;
+        }
+        return mx;
+    }
+
+    GGOPT_ROW_INLINE double ggopt_row_sum(const float *fd, Py_ssize_t n) {
+        double a = 0;
+        for (Py_ssize_t i = 0; i < n; i++) a += (double)fd[i];
+        return a;
+    }
+
     GGOPT_ROW_INLINE Py_ssize_t ggopt_masked_len(const float *fx, const float *fm, Py_ssize_t n,
                                                   float s, float slope) {
         while (n > 0 && s * fx[n - 1] + slope * fm[n - 1] == -INFINITY) n--;
@@ -81,32 +142,7 @@ cdef extern from *:
                 n = ggopt_masked_len(fx, fm, n, s, slope);
                 if (n == 0) n = n_all;
             }
-            float m8[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                           -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            Py_ssize_t j = 0;
-            /* the row max with eight independent lanes, so that it vectorizes */
-            if (fm) {
-                for (; j + 8 <= n; j += 8)
-                    for (int k = 0; k < 8; k++) {
-                        float v = s * fx[j + k] + slope * fm[j + k];
-                        m8[k] = m8[k] > v ? m8[k] : v;
-                    }
-                for (; j < n; j++) {
-                    float v = s * fx[j] + slope * fm[j];
-                    m8[0] = m8[0] > v ? m8[0] : v;
-                }
-            } else {
-                for (; j + 8 <= n; j += 8)
-                    for (int k = 0; k < 8; k++) {
-                        float v = s * fx[j + k];
-                        m8[k] = m8[k] > v ? m8[k] : v;
-                    }
-                for (; j < n; j++) {
-                    float v = s * fx[j];
-                    m8[0] = m8[0] > v ? m8[0] : v;
-                }
-            }
-            for (int k = 0; k < 8; k++) mx = mx > m8[k] ? mx : m8[k];
+            mx = ggopt_row_max(fx, fm, n, s, slope);
             /* The exps and the scaling run on to a multiple of 16 elements inside the row, so
                that short rows take no scalar tail: the extra elements are overwritten with
                zeros below (the sum still covers exactly n elements). */
@@ -116,12 +152,8 @@ cdef extern from *:
                 for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
             else
                 for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
-            double a[4] = {0, 0, 0, 0};
-            Py_ssize_t i = 0;
-            for (; i + 4 <= n; i += 4)
-                for (int k = 0; k < 4; k++) a[k] += (double)fd[i + k];
-            for (; i < n; i++) a[0] += (double)fd[i];
-            float inv = (float)(1.0 / ((a[0] + a[1]) + (a[2] + a[3])));
+            float inv = (float)(1.0 / ggopt_row_sum(fd, n));
+            Py_ssize_t i;
             for (i = 0; i < nv; i++) fd[i] *= inv;
             for (i = n; i < n_all; i++) fd[i] = 0.0f;
             return;
