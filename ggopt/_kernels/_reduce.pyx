@@ -263,6 +263,8 @@ def repeat_back(const float[:, :, :, :] src not None, float[:, :, :, :] dst not 
     if p.dst.n[3] == 1 and p.src.n[3] > 1:
         _repeat_back_rows(&p, n_threads)
         return
+    if _repeat_back_one_row(&p, n_threads):
+        return
     with nogil:
         drive_elements(p.dst.n, _repeat_back_piece, &p, arr4_size(&p.src) >= _PAR_MIN_WORK,
                        n_threads)
@@ -270,6 +272,29 @@ def repeat_back(const float[:, :, :, :] src not None, float[:, :, :, :] dst not 
 
 cdef extern from *:
     """
+    /* d[i] = r_0[i] + r_1[i] + ... + r_{m-1}[i] for i < n (row r_k at s + k*rs bytes), in float
+       and in row order (repeat_back's order), 64 columns at a time kept in registers. */
+    GGOPT_MULTIVERSION
+    static void ggopt_sum_rows64(float *d, const char *s, Py_ssize_t rs, Py_ssize_t m,
+                                 Py_ssize_t n) {
+        Py_ssize_t c = 0;
+        for (; c + 64 <= n; c += 64) {
+            float acc[64];
+            const float *r = (const float *)s + c;
+            for (int i = 0; i < 64; i++) acc[i] = r[i];
+            for (Py_ssize_t k = 1; k < m; k++) {
+                r = (const float *)(s + k * rs) + c;
+                for (int i = 0; i < 64; i++) acc[i] += r[i];
+            }
+            for (int i = 0; i < 64; i++) d[c + i] = acc[i];
+        }
+        for (; c < n; c++) {
+            float a = ((const float *)s)[c];
+            for (Py_ssize_t k = 1; k < m; k++) a += ((const float *)(s + k * rs))[c];
+            d[c] = a;
+        }
+    }
+
     /* Sum of n contiguous floats in double, in eight interleaved partial sums (so that it
        vectorizes); built for AVX2 as well (GGOPT_MULTIVERSION). */
     GGOPT_MULTIVERSION
@@ -283,6 +308,40 @@ cdef extern from *:
     }
     """
     double _sum_f32_contig8 "ggopt_sum_f32_contig8" (const float *f, Py_ssize_t n) noexcept nogil
+    void _sum_rows64 "ggopt_sum_rows64" (float *d, const char *s, Py_ssize_t rs, Py_ssize_t m,
+                                         Py_ssize_t n) noexcept nogil
+
+# columns per piece of repeat_back into one row (a multiple of the 64 ggopt_sum_rows64 keeps)
+cdef Py_ssize_t _ONE_ROW_COLS = 64
+
+
+cdef bint _repeat_back_one_row(const Pair *p, int n_threads) noexcept:
+    """repeat_back of rows into one row of their length (a bias or norm-weight gradient),
+    when src's rows are evenly spaced and both have unit column strides: fixed pieces of
+    columns, each summed over the rows in order (the bits of the general path, faster).
+    False, and nothing done, for other shapes."""
+    cdef Py_ssize_t rows = p.src.n[0] * p.src.n[1] * p.src.n[2], n = p.src.n[3], rs = p.src.s[2]
+    cdef Py_ssize_t npieces, i, c0
+    if p.dst.n[0] != 1 or p.dst.n[1] != 1 or p.dst.n[2] != 1 or p.dst.n[3] != n or rows < 1:
+        return False
+    if p.src.s[3] != 4 or p.dst.s[3] != 4:
+        return False
+    if (p.src.n[1] > 1 and p.src.s[1] != p.src.n[2] * rs) or \
+            (p.src.n[0] > 1 and p.src.s[0] != p.src.n[1] * p.src.n[2] * rs):
+        return False
+    npieces = (n + _ONE_ROW_COLS - 1) // _ONE_ROW_COLS
+    cdef bint par = n_threads > 1 and npieces > 1 and rows * n >= _PAR_MIN_WORK
+    cdef float *d = <float *>p.dst.data
+    with nogil:
+        if par:
+            for i in prange(npieces, num_threads=n_threads, schedule="static"):
+                _sum_rows64(d + i * _ONE_ROW_COLS, p.src.data + i * _ONE_ROW_COLS * 4, rs, rows,
+                            min(_ONE_ROW_COLS, n - i * _ONE_ROW_COLS))
+        else:
+            for i in range(npieces):
+                c0 = i * _ONE_ROW_COLS
+                _sum_rows64(d + c0, p.src.data + c0 * 4, rs, rows, min(_ONE_ROW_COLS, n - c0))
+    return True
 
 # repeat_back into ne0 == 1 sums src in at most this many groups of its outermost index
 cdef Py_ssize_t _ROWS_GROUPS = 32

@@ -13,7 +13,7 @@ from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
 from ..types import F32
 from ._base import GradSink, backward, check_ctx, check_f32, ne_str, params_of, unary_f32
-from .elementwise import mul, silu
+from .elementwise import mul
 from .reduce import sum as _sum
 from .views import concat, view_4d
 
@@ -78,13 +78,14 @@ def _halves(ctx: Context, a: Tensor) -> tuple[Tensor, Tensor]:
 
 @backward(Op.GLU)
 def _glu_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    # y = silu(x) * u: dx = silu'(x) * u * g, du = silu(x) * g
+    # y = silu(x) * u: dx = silu'(x) * u * g, du = silu(x) * g. ggml builds du as
+    # mul(silu(x), g); swiglu_split(x, g) is the same arithmetic in one pass (the same bits).
     if len(node.src) == 2:
         x, u = node.src
         if sink.needs(0):
             sink.add(0, silu_back(ctx, mul(ctx, g, u), x))
         if sink.needs(1):
-            sink.add(1, mul(ctx, silu(ctx, x), g))
+            sink.add(1, swiglu_split(ctx, x, g))
         return
     if sink.needs(0):
         swapped = params_of(node, GluParams).swapped
@@ -92,7 +93,7 @@ def _glu_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
         if swapped:
             x, u = u, x
         dx = silu_back(ctx, mul(ctx, g, u), x)
-        du = mul(ctx, silu(ctx, x), g)
+        du = swiglu_split(ctx, x, g)
         sink.add(0, concat(ctx, du, dx, 0) if swapped else concat(ctx, dx, du, 0))
 
 
