@@ -63,6 +63,20 @@ def test_fused_sum_equals_product_then_add_bit_for_bit(op, n_threads):
     np.testing.assert_array_equal(got, acc0 + alone)
 
 
+@pytest.mark.parametrize("op", ["mul_mat", "out_prod"])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_fused_split_reduction_equals_product_then_add_bit_for_bit(op, n_threads):
+    """A weight gradient's long reduction (k >= 4x the output's sides) is cut in two halves,
+    summed, then added into the accumulator: the same bits as the product node alone plus
+    the add, for any thread count."""
+    got, acc0, alone, n_steps = _setup(op, k=2051, m=129, n=67, n_threads=n_threads)
+    assert n_steps == 1
+    np.testing.assert_array_equal(got, acc0 + alone)
+    if op == "mul_mat":  # numpy: B (n, k) @ A (m, k).T
+        ref = _rand((67, 2051), 2).astype(np.float64) @ _rand((129, 2051), 1).T
+        np.testing.assert_allclose(alone, ref, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("case", ["out_too", "second_use"])
 def test_no_fusion_when_the_product_is_read_elsewhere(case):
     got, acc0, alone, n_steps = _setup("out_prod", **{case: True})

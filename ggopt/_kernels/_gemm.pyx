@@ -54,6 +54,12 @@ cdef extern from *:
         }
     }
 
+    /* a[i] += b[i] for i < n */
+    GGOPT_MULTIVERSION
+    static void ggopt_add_vec(float *a, const float *b, Py_ssize_t n) {
+        for (Py_ssize_t i = 0; i < n; i++) a[i] += b[i];
+    }
+
     /* dst[i + j*m] = src[j + i*lds] for i < m, j < k: 16 source rows at a time, so that
        both sides stream (16 reads along each row, 16 contiguous writes per column) */
     static void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) {
@@ -69,6 +75,7 @@ cdef extern from *:
     void ggopt_add_rows(float *acc, long lda, const float *c, long ldc, int n,
                         int m) noexcept nogil
     void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) noexcept nogil
+    void ggopt_add_vec(float *a, const float *b, Py_ssize_t n) noexcept nogil
 
 
 # An ILP64 Fortran sgemm (64-bit integers), e.g. the OpenBLAS NumPy's wheels ship; when set
@@ -115,6 +122,7 @@ cdef struct Product:
 cdef struct Sum:
     float *out        # a C-contiguous block of size elements
     const float *part
+    float *acc        # NULL, or a block that out is added to afterwards
     Py_ssize_t size
 
 
@@ -224,25 +232,31 @@ cdef class GemmPlan:
         self.keep += [x, y, out, acc]
         return True
 
-    def add_sum(self, float[::1] out not None, const float[::1] part not None) -> None:
-        """After the products, ``out += part`` (a split-K partial; both contiguous)."""
-        if out.shape[0] != part.shape[0]:
+    def add_sum(self, float[::1] out not None, const float[::1] part not None,
+                float[::1] acc=None) -> None:
+        """After the products, ``out += part`` (a split-K partial; both contiguous), then
+        ``acc += out`` when ``acc`` is given (contiguous, not overlapping ``out``)."""
+        if out.shape[0] != part.shape[0] or (acc is not None and acc.shape[0] != out.shape[0]):
             raise ShapeError(f"GemmPlan.add_sum: out has {out.shape[0]} elements, part "
-                             f"{part.shape[0]}")
+                             f"{part.shape[0]}" + ("" if acc is None else
+                                                   f", acc {acc.shape[0]}"))
         if out.shape[0] == 0:
             return
+        cdef float *acc_data = NULL
+        if acc is not None:
+            acc_data = &acc[0]
         cdef Sum *grown = <Sum *>realloc(self.sums, (self.n_sums + 1) * sizeof(Sum))
         if grown == NULL:
             raise MemoryError("GemmPlan.add_sum: out of memory")
         self.sums = grown
-        self.sums[self.n_sums] = Sum(&out[0], &part[0], out.shape[0])
+        self.sums[self.n_sums] = Sum(&out[0], &part[0], acc_data, out.shape[0])
         self.n_sums += 1
-        self.keep += [out, part]
+        self.keep += [out, part, acc]
 
     def run(self, int n_threads) -> None:
         """Run every product (on up to ``n_threads`` threads), then the sums."""
         check_n_threads("GemmPlan.run", n_threads)
-        cdef Py_ssize_t i, j
+        cdef Py_ssize_t i
         cdef int team = <int>min(<Py_ssize_t>n_threads, self.n_products)
         cdef float *scratch = NULL
         if self.pack_elements:
@@ -259,8 +273,9 @@ cdef class GemmPlan:
                 for i in range(self.n_products):
                     _product(&self.products[i], scratch)
             for i in range(self.n_sums):
-                for j in range(self.sums[i].size):
-                    self.sums[i].out[j] += self.sums[i].part[j]
+                ggopt_add_vec(self.sums[i].out, self.sums[i].part, self.sums[i].size)
+                if self.sums[i].acc != NULL:
+                    ggopt_add_vec(self.sums[i].acc, self.sums[i].out, self.sums[i].size)
         free(scratch)
 
 
