@@ -79,7 +79,19 @@ cdef extern from *:
     }
 
     /* Contiguous loops, one per op so that each vectorizes (see GGOPT_MULTIVERSION). */
-    #define GGOPT_LOOP(expr) for (Py_ssize_t i = 0; i < n; i++) d[i] = (expr); break
+    /* The elements before d reaches a 64-byte boundary (at most n; none if d is not float
+       aligned): the loops take them one by one, so that the vector stores that follow never
+       straddle two cache lines (as memcpy does; NumPy's arrays are 16-byte aligned). */
+    static inline Py_ssize_t ggopt_peel(const float *d, Py_ssize_t n) {
+        uintptr_t a = (uintptr_t)d;
+        Py_ssize_t h = (a & 3) ? 0 : (Py_ssize_t)(((64 - (a & 63)) & 63) >> 2);
+        return h < n ? h : n;
+    }
+    #define GGOPT_LOOP(expr) { \
+        Py_ssize_t i = 0, h_ = ggopt_peel(d, n); \
+        for (; i < h_; i++) d[i] = (expr); \
+        for (; i < n; i++) d[i] = (expr); \
+    } break
 
     GGOPT_MULTIVERSION
     static void ggopt_binary_vv(int op, float *d, const float *x, const float *y, Py_ssize_t n) {
@@ -88,6 +100,22 @@ cdef extern from *:
         case GGOPT_SUB: GGOPT_LOOP(x[i] - y[i]);
         case GGOPT_MUL: GGOPT_LOOP(x[i] * y[i]);
         default: GGOPT_LOOP(x[i] / y[i]);
+        }
+    }
+
+    /* rows [r0, r1) of dense (rows, n) arrays: d = x op y, y one row of n shared by all */
+    GGOPT_MULTIVERSION
+    static void ggopt_binary_rows(int op, float *dd, const float *xx, const float *y,
+                                  Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t n) {
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            float *d = dd + r * n;
+            const float *x = xx + r * n;
+            switch (op) {
+            case GGOPT_ADD: GGOPT_LOOP(x[i] + y[i]);
+            case GGOPT_SUB: GGOPT_LOOP(x[i] - y[i]);
+            case GGOPT_MUL: GGOPT_LOOP(x[i] * y[i]);
+            default: GGOPT_LOOP(x[i] / y[i]);
+            }
         }
     }
 
@@ -139,7 +167,9 @@ cdef extern from *:
 
     GGOPT_MULTIVERSION
     static void ggopt_scale_v(float *d, const float *x, Py_ssize_t n, float s, float b) {
-        for (Py_ssize_t i = 0; i < n; i++) d[i] = s * x[i] + b;
+        Py_ssize_t i = 0, h = ggopt_peel(d, n);
+        for (; i < h; i++) d[i] = s * x[i] + b;
+        for (; i < n; i++) d[i] = s * x[i] + b;
     }
     """
     enum:
@@ -165,6 +195,8 @@ cdef extern from *:
     float ggopt_binary1(int op, float x, float y) noexcept nogil
     float ggopt_unary1(int uop, float x) noexcept nogil
     float ggopt_unary_back1(int uop, float x, float g) noexcept nogil
+    void ggopt_binary_rows(int op, float *dd, const float *xx, const float *y, Py_ssize_t r0,
+                           Py_ssize_t r1, Py_ssize_t n) noexcept nogil
     void ggopt_binary_vv(int op, float *d, const float *x, const float *y,
                          Py_ssize_t n) noexcept nogil
     void ggopt_binary_vs(int op, float *d, const float *x, float c, Py_ssize_t n) noexcept nogil
@@ -399,8 +431,39 @@ def binary(int op, const float[:, :, :, :] a not None, const float[:, :, :, :] b
     check_n_threads("binary", n_threads)
     cdef Job j
     _prepare_binary(&j, op, a, b, dst, "binary")
+    if _one_row_of_b(&j):
+        _binary_rows(&j, n_threads)
+        return
     with nogil:
         _drive(&j, 1, n_threads)
+
+
+# rows per piece of _binary_rows
+cdef Py_ssize_t _ROWS_PIECE = 16
+
+
+cdef bint _one_row_of_b(const Job *j) noexcept nogil:
+    """True when b is one dense row added to every row of dense a and dst (a bias)."""
+    return (j.y.n[0] == 1 and j.y.n[1] == 1 and j.y.n[2] == 1 and j.y.n[3] == j.x.n[3]
+            and j.x.n[3] > 1 and (j.y.s[3] == 4) and arr4_c_contig(&j.x)
+            and arr4_c_contig(&j.d))
+
+
+cdef void _binary_rows(const Job *j, int n_threads) noexcept:
+    """:func:`binary` with b one row: pieces of rows, each one C loop (no walk per row)."""
+    cdef Py_ssize_t n = j.x.n[3], rows = arr4_size(&j.x) // n
+    cdef Py_ssize_t npieces = (rows + _ROWS_PIECE - 1) // _ROWS_PIECE, i
+    cdef float *d = <float *>j.d.data
+    cdef const float *x = <const float *>j.x.data
+    cdef const float *y = <const float *>j.y.data
+    cdef bint par = n_threads > 1 and npieces > 1 and rows * n >= _PAR_MIN_WORK
+    with nogil:
+        if par:
+            for i in prange(npieces, num_threads=n_threads, schedule="static"):
+                ggopt_binary_rows(j.op, d, x, y, i * _ROWS_PIECE,
+                                  min(rows, (i + 1) * _ROWS_PIECE), n)
+        else:
+            ggopt_binary_rows(j.op, d, x, y, 0, rows, n)
 
 
 def unary(int uop, const float[:, :, :, :] a not None, float[:, :, :, :] dst not None,
