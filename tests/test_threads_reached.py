@@ -70,6 +70,7 @@ N_OPTIM = max(kernels_optim.SIZES)
 
 KERNEL_CASES = {
     "binary": lambda n: E.binary(E.BIN_ADD, _f32(*BIG), _f32(1, 1, 1, BIG[3]), _dst(BIG), n),
+    "binary_same_shape": lambda n: E.binary(E.BIN_MUL, _f32(*BIG), _f32(*BIG), _dst(BIG), n),
     "unary_neg": lambda n: E.unary(E.UN_NEG, _f32(*BIG), _dst(BIG), n),
     "unary_back_relu": lambda n: E.unary_back(E.UN_RELU, _f32(*BIG), _f32(*BIG), _dst(BIG), n),
     "scale": lambda n: E.scale(_f32(*BIG), _dst(BIG), 2.0, 0.0, n),

@@ -445,8 +445,8 @@ cdef Py_ssize_t _ROWS_PIECE = 16
 cdef bint _one_row_of_b(const Job *j) noexcept nogil:
     """True when b is one dense row added to every row of dense a and dst (a bias)."""
     return (j.y.n[0] == 1 and j.y.n[1] == 1 and j.y.n[2] == 1 and j.y.n[3] == j.x.n[3]
-            and j.x.n[3] > 1 and (j.y.s[3] == 4) and arr4_c_contig(&j.x)
-            and arr4_c_contig(&j.d))
+            and j.x.n[3] > 1 and arr4_size(&j.x) > j.x.n[3] and j.y.s[3] == 4
+            and arr4_c_contig(&j.x) and arr4_c_contig(&j.d))
 
 
 cdef void _binary_rows(const Job *j, int n_threads) noexcept:
