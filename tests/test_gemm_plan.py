@@ -90,6 +90,56 @@ def test_split_k_sums():
     np.testing.assert_allclose(out, x @ y, rtol=1e-5, atol=1e-5)
 
 
+def test_split_k_sums_then_the_accumulator():
+    """``add_sum(out, part, acc)``: out += part, then acc += out (a fused weight gradient)."""
+    x, y = _rand((9, 40), 3), _rand((40, 6), 4)
+    out, part, alone = (np.empty((9, 6), np.float32) for _ in range(3))
+    acc = _rand((9, 6), 5)
+    start = acc.copy()
+    plan, ref = GemmPlan(), GemmPlan()
+    for p, o in ((plan, out), (ref, alone)):
+        assert p.add(x[:, :20], y[:20], o)
+    assert plan.add(x[:, 20:], y[20:], part)
+    plan.add_sum(out.reshape(-1), part.reshape(-1), acc.reshape(-1))
+    with SerialBlas():
+        plan.run(2)
+        ref.run(1)
+    second = _rand((9, 6), 6)
+    assert ref.add(x[:, 20:], y[20:], second)  # the second half again, for the reference sum
+    with SerialBlas():
+        ref.run(1)
+    np.testing.assert_array_equal(out, alone + second)
+    np.testing.assert_array_equal(acc, start + out)
+    with pytest.raises(ShapeError, match="acc 5"):
+        plan.add_sum(out.reshape(-1), part.reshape(-1), np.empty(5, np.float32))
+
+
+@pytest.mark.parametrize("y_stride", [0, 7])
+def test_packed_transposed_operand_matches_unpacked(y_stride):
+    """A small 'T','N' product copies y^T first (every small mul_mat): the same values as the
+    unpacked call, for 1 and 3 threads alike, also when y's rows are strided."""
+    r, k, c = 40, 33, 70
+    x = _rand((r, k), 21)
+    y = _rand((c, k + y_stride), 22)[:, :k].T  # unit stride along k: transposed storage
+    results = []
+    for max_elements, min_rows in ((1 << 16, 16), (0, 1 << 30)):  # packed, then not
+        _gemm.set_packing(max_elements, min_rows)
+        try:
+            for n in (1, 3):
+                out = np.full((r, c), np.nan, np.float32)
+                plan = GemmPlan()
+                for r0, r1 in ((0, 20), (20, 40)):
+                    assert plan.add(x[r0:r1], y, out[r0:r1])
+                with SerialBlas():
+                    plan.run(n)
+                results.append(out)
+        finally:
+            _gemm.set_packing(1 << 16, 16)
+    np.testing.assert_array_equal(results[0], results[1])  # packed: 1 thread == 3 threads
+    np.testing.assert_allclose(results[0], results[2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(results[0], x @ y, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("acc_layout", ["c", "s"])
 def test_product_then_add_is_the_two_operations_bit_for_bit(acc_layout):
     """``out = x @ y; acc += out`` in one plan: the same bits as the product, then NumPy's
@@ -165,3 +215,16 @@ def test_bad_arguments():
         ro = np.empty((3, 2), np.float32)
         ro.flags.writeable = False
         plan.add(_rand((3, 4), 1), _rand((4, 2), 2), ro)
+
+
+def test_products_are_cut_by_their_shape_alone():
+    """Long reductions (weight gradients) in two halves; else rows, else columns; small
+    products whole (cpu_ops/linalg.py)."""
+    from ggopt.backend.cpu_ops.linalg import _cut
+
+    assert _cut(128, 2048, 128) == "inner"  # a weight gradient over 2048 tokens
+    assert _cut(384, 2048, 128) == "inner"
+    assert _cut(2048, 128, 384) == "rows"  # a forward product
+    assert _cut(100, 300, 500) == "cols"
+    assert _cut(500, 784, 500) == "rows"  # MNIST's fc1: K < 4x the output's sides
+    assert _cut(64, 64, 64) is None  # below the size worth two pieces
