@@ -228,3 +228,4 @@ def test_products_are_cut_by_their_shape_alone():
     assert _cut(100, 300, 500) == "cols"
     assert _cut(500, 784, 500) == "rows"  # MNIST's fc1: K < 4x the output's sides
     assert _cut(64, 64, 64) is None  # below the size worth two pieces
+    assert _cut(500, 500, 10) == "rows"  # MNIST's fc2 (2.5M multiply-adds)
