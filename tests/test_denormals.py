@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _threadcheck import large_2d
+from helpers import run
 
 import ggopt
-from ggopt import backend as gb
 from ggopt._denormals import ComputeFloatMode
 from ggopt._kernels import _elementwise as ew
 from ggopt._kernels import _fpmode
@@ -33,22 +33,7 @@ def flush_setting():
 
 def _compute(build, arrays, n_threads):
     """Result of ``build(ctx, *leafs)`` on a CPU backend of ``n_threads``."""
-    cpu = gb.cpu_init(n_threads)
-    ctx = ggopt.Context()
-    leafs = [ctx.new_tensor(ggopt.F32, a.shape[::-1]) for a in arrays]
-    for t in leafs:
-        ggopt.set_input(t)
-    gb.alloc_ctx_tensors(ctx, cpu)
-    for t, a in zip(leafs, arrays):
-        gb.tensor_set(t, a)
-    cctx = ggopt.Context()
-    out = build(cctx, *leafs)
-    ggopt.set_output(out)
-    g = ggopt.new_graph(cctx)
-    ggopt.build_forward_expand(g, out)
-    sched = gb.Scheduler([cpu])
-    sched.graph_compute(g)
-    return gb.tensor_get(out)
+    return run(build, *arrays, n_threads=n_threads)[0]
 
 
 def _tiny(shape):

@@ -54,6 +54,19 @@ def _rand(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
 
 
+def _in_two_pieces(x, y, n_threads, packed=0):
+    """``x @ y`` as one plan of two row pieces, run on ``n_threads``; ``packed`` of them copy
+    their transposed ``y`` first."""
+    out = np.full((x.shape[0], y.shape[1]), np.nan, np.float32)
+    plan, half = GemmPlan(), x.shape[0] // 2
+    for r0, r1 in ((0, half), (half, x.shape[0])):
+        assert plan.add(x[r0:r1], y, out[r0:r1])
+    assert plan.n_packed == packed
+    with SerialBlas():
+        plan.run(n_threads)
+    return out
+
+
 def _operand(shape, layout, seed):
     """A (rows, cols) float32 view: C order, a transpose (F order), or a strided slice."""
     r, c = shape
@@ -125,14 +138,8 @@ def test_packed_transposed_operand_matches_unpacked(y_stride):
     for max_elements, min_rows in ((1 << 16, 16), (0, 1 << 30)):  # packed, then not
         _gemm.set_packing(max_elements, min_rows)
         try:
-            for n in (1, 3):
-                out = np.full((r, c), np.nan, np.float32)
-                plan = GemmPlan()
-                for r0, r1 in ((0, 20), (20, 40)):
-                    assert plan.add(x[r0:r1], y, out[r0:r1])
-                with SerialBlas():
-                    plan.run(n)
-                results.append(out)
+            results += [_in_two_pieces(x, y, n, packed=2 if max_elements else 0)
+                        for n in (1, 3)]
         finally:
             _gemm.set_packing(1 << 16, 16)
     np.testing.assert_array_equal(results[0], results[1])  # packed: 1 thread == 3 threads
@@ -190,15 +197,7 @@ def test_layouts_blas_cannot_read_are_refused_untouched():
 
 def test_thread_count_never_changes_bits():
     x, y = _rand((300, 257), 9), _rand((257, 131), 10)
-    outs = []
-    for n in (1, 2, 3, 7):
-        out = np.empty((300, 131), np.float32)
-        plan = GemmPlan()
-        for r0, r1 in ((0, 150), (150, 300)):
-            assert plan.add(x[r0:r1], y, out[r0:r1])
-        with SerialBlas():
-            plan.run(n)
-        outs.append(out)
+    outs = [_in_two_pieces(x, y, n) for n in (1, 2, 3, 7)]
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
 

@@ -180,6 +180,14 @@ cdef class GemmPlan:
         """How many products the plan runs."""
         return self.n_products
 
+    @property
+    def n_packed(self) -> int:
+        """How many of them copy their transposed ``y`` first (see PACK_MAX_ELEMENTS)."""
+        cdef Py_ssize_t i, n = 0
+        for i in range(self.n_products):
+            n += self.products[i].pack
+        return n
+
     def add(self, const float[:, :] x not None, const float[:, :] y not None,
             float[:, :] out not None, float[:, :] acc=None) -> bool:
         """Append ``out = x @ y``, then ``acc += out`` when ``acc`` is given (the same rows,
