@@ -7,8 +7,9 @@ exactly the windows, in exactly the order, that ggopt's shuffles produced. The t
 blocks of ``--block`` optimizer steps (ggopt's block, then PyTorch's same steps), so that a
 change of load on a shared machine hits both sides alike. It prints both validation-loss
 curves and their relative difference, the step time (median over blocks, and the mean) and
-tokens/s of both, and where ggopt's dynamic-graph time goes per micro-batch. ``--max-bytes``
-shortens the corpus for a quick check. Not part of the pytest run (no test functions).
+tokens/s of both, and where ggopt's dynamic-graph time goes per micro-batch. ``--val-every N``
+also compares the validation losses every N steps (the curves). ``--max-bytes`` shortens the
+corpus for a quick check. Not part of the pytest run (no test functions).
 """
 
 from __future__ import annotations
@@ -98,17 +99,28 @@ class TorchModel:
                                   for i in range(ub0, ub1)]))
 
 
-def run(cfg, tp, dataset, nepoch, seed, threads, block):
+def validate_both(trainer, ref, dataset, order, ntrain, nval):
+    """Both models' mean loss over the validation micro-batches (forward only: no state
+    changes on either side)."""
+    result = ggopt.opt.Result()
+    for ibatch in range(ntrain, ntrain + nval):
+        trainer.microbatch(dataset, ibatch, False, result)
+    return result.loss()[0], ref.validate(order, ntrain, ntrain + nval)
+
+
+def run(cfg, tp, dataset, nepoch, seed, threads, block, val_every=0):
     """Train both, alternating blocks of ``block`` optimizer steps; return the validation
-    losses of both per epoch, the seconds per optimizer step of every block of both, and
-    ggopt's Timing."""
+    losses of both per epoch, the seconds per optimizer step of every block of both, ggopt's
+    Timing and the validation curve ``(step, ggopt, torch)`` every ``val_every`` steps (a
+    multiple of ``block``; 0: none) and at each epoch's end."""
     model = llm_model.build_model(cfg, Scheduler([cpu_init()]))
     llm_model.set_weights(model, llm_model.init_weights(cfg, seed), "init")
     trainer = llm_train.Trainer(model, tp)
     ref = TorchModel(cfg, tp, dataset, seed, threads)
     ntrain, nval = trainer.split(dataset)
     period = tp.opt_period
-    val_g, val_t, step_g, step_t = [], [], [], []
+    val_g, val_t, step_g, step_t, curve = [], [], [], [], []
+    done = 0
     for _ in range(nepoch):
         dataset.shuffle(trainer.opt_ctx, ntrain * tp.n_ubatch)  # as Trainer.epoch
         order = ref.torch.tensor(dataset.permutation.copy())
@@ -123,13 +135,15 @@ def run(cfg, tp, dataset, nepoch, seed, threads, block):
             t2 = time.perf_counter()
             step_g.append((t1 - t0) / (s1 - s0))
             step_t.append((t2 - t1) / (s1 - s0))
-        result = ggopt.opt.Result()
-        for ibatch in range(ntrain, ntrain + nval):
-            trainer.microbatch(dataset, ibatch, False, result)
-        val_g.append(result.loss()[0])
-        val_t.append(ref.validate(order, ntrain, ntrain + nval))
+            done += s1 - s0
+            if val_every and done % val_every == 0 and s1 < ntrain // period:
+                curve.append((done, *validate_both(trainer, ref, dataset, order, ntrain, nval)))
+        g, t = validate_both(trainer, ref, dataset, order, ntrain, nval)
+        val_g.append(g)
+        val_t.append(t)
+        curve.append((done, g, t))
     trainer.close()
-    return val_g, val_t, np.array(step_g), np.array(step_t), trainer.timing
+    return val_g, val_t, np.array(step_g), np.array(step_t), trainer.timing, curve
 
 
 def main(argv=None) -> int:
@@ -140,7 +154,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block", type=int, default=10,
                    help="optimizer steps per block: ggopt and PyTorch alternate by blocks")
+    p.add_argument("--val-every", type=int, default=0,
+                   help="also compare validation losses every N optimizer steps (a multiple "
+                        "of --block; the time of these evaluations is outside the step times)")
     args = p.parse_args(argv)
+    if args.val_every % max(1, args.block):
+        p.error("--val-every must be a multiple of --block")
     ggopt.set_n_threads(args.threads)
     cfg, tp = llm_model.Config(), llm_train.TrainParams()
     tokens = llm_data.tokenize(llm_data.read_corpus(llm_data.default_corpus_paths()))
@@ -151,8 +170,13 @@ def main(argv=None) -> int:
     print(f"{len(tokens)} bytes, {dataset.ndata} windows; {cfg}; {tp}; {args.threads} threads; "
           f"blocks of {args.block} steps")
 
-    val_g, val_t, step_g, step_t, timing = run(cfg, tp, dataset, args.epochs, args.seed,
-                                               args.threads, max(1, args.block))
+    val_g, val_t, step_g, step_t, timing, curve = run(
+        cfg, tp, dataset, args.epochs, args.seed, args.threads, max(1, args.block),
+        max(0, args.val_every))
+    if args.val_every:
+        for step, a, b in curve:
+            print(f"step {step:5d}: val loss ggopt {a:.5f}  torch {b:.5f}  "
+                  f"rel diff {abs(a - b) / b:.2%}")
     for e, (a, b) in enumerate(zip(val_g, val_t), 1):
         print(f"epoch {e}: val loss ggopt {a:.5f}  torch {b:.5f}  rel diff {abs(a - b) / b:.2%}")
     g, t = float(np.median(step_g)), float(np.median(step_t))
