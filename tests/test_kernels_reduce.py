@@ -118,6 +118,24 @@ def test_repeat_back(rng, sshape, dshape, n_threads):
         np.testing.assert_allclose(dst, expect, rtol=1e-5, atol=1e-6 * ntiles)
 
 
+@pytest.mark.parametrize("sshape", [(1, 1, 2048, 128), (1, 1, 500, 500), (3, 2, 77, 129),
+                                    (1, 1, 1, 70)])
+def test_repeat_back_into_one_row_sums_rows_in_order(rng, sshape):
+    """A norm-weight or bias gradient (dst one row of src's length): each column is the float32
+    sum of the rows in order (ggml's order, the bits of the general path), for 1, 2 and 3
+    threads; also with rows spaced apart (a column slice)."""
+    wide = rng.standard_normal(sshape[:3] + (sshape[3] + 9,)).astype(np.float32)
+    for src in (np.ascontiguousarray(wide[..., :sshape[3]]), wide[..., 3:3 + sshape[3]]):
+        rows = src.reshape(-1, sshape[3])
+        expect = rows[0].copy()
+        for r in rows[1:]:
+            expect = expect + r  # float32, row by row
+        for n in (1, 2, 3):
+            dst = np.full((1, 1, 1, sshape[3]), 123.0, np.float32)
+            R.repeat_back(src, dst, n)
+            np.testing.assert_array_equal(dst[0, 0, 0], expect)
+
+
 @pytest.mark.parametrize("sshape", [(37, 8, 28, 28), (500, 3, 6, 4), (2, 5, 30, 30)])
 def test_repeat_back_into_channels_does_not_depend_on_the_thread_count(rng, sshape):
     """A conv bias gradient (dst ne0 == 1): the same bits on 1, 2 and 3 threads, contiguous
