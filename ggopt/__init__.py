@@ -6,17 +6,13 @@ Cython + OpenMP kernels on the CPU (or CuPy on a GPU), and trained with :mod:`gg
 
 from __future__ import annotations
 
-import os as _os
-
-# Idle OpenMP threads spin for about 0.1 ms (10,000 spins), then sleep: long enough to catch
-# the next kernel of a graph compute (waking a sleeping thread costs 20-100 us on a VM), short
-# enough not to hold a core that BLAS or another process needs between computes (libgomp's own
-# default spins 30x longer). Read by libgomp when the first kernel module loads; setting
-# OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself overrides it.
-if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
-    _os.environ["GOMP_SPINCOUNT"] = "10000"
-
-from . import errors  # noqa: E402
+# First, before any kernel module loads libgomp: importing _wait_policy sets how idle OpenMP
+# threads wait (a short spin, or sleeping when several MPI ranks share this machine; the
+# user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT wins).
+from . import (
+    _wait_policy,  # noqa: F401
+    errors,  # noqa: E402
+)
 from ._denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
 from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402

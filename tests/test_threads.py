@@ -118,27 +118,32 @@ print(os.environ.get("GOMP_SPINCOUNT", "-"), *(started(int(n)) for n in sys.argv
 """
 
 
-@pytest.mark.parametrize("policy,spin,scaled,got_spin", [
-    ("PASSIVE", None, True, "-"), ("passive", None, True, "-"), ("ACTIVE", None, False, "-"),
-    (None, "0", True, "0"), ("PASSIVE", "5k", False, "5k"), (None, None, False, "10000"),
+@pytest.mark.parametrize("policy,spin,local,scaled,got_spin", [
+    ("PASSIVE", None, None, True, "-"), ("passive", None, None, True, "-"),
+    ("ACTIVE", None, None, False, "-"), (None, "0", None, True, "0"),
+    ("PASSIVE", "5k", None, False, "5k"), (None, None, None, False, "10000"),
+    (None, None, "2", True, "-"), (None, None, "1", False, "10000"),
+    ("ACTIVE", None, "2", False, "-"),
 ])
-def test_thresholds_in_effect_follow_the_wait_policy(policy, spin, scaled, got_spin):
+def test_thresholds_in_effect_follow_the_wait_policy(policy, spin, local, scaled, got_spin):
     """In a fresh process (an empty OpenMP pool, thresholds read when the kernels load), a relu
     of ``threshold - 1`` elements stays on one thread and one of ``threshold`` elements starts
     exactly one more; the threshold is 8x higher when idle threads sleep at once (PASSIVE
     without a spin count, or GOMP_SPINCOUNT=0). With neither variable set, ``import ggopt``
-    sets a short spin (GOMP_SPINCOUNT=10000)."""
+    sets a short spin (GOMP_SPINCOUNT=10000), or PASSIVE when the launcher says that several
+    processes of the job share the machine (``local``: MPI_LOCALNRANKS)."""
     if not sys.platform.startswith("linux") or not _threads.openmp_enabled():
         pytest.skip("needs /proc/self/task and an OpenMP build")
     base = 1 << 15  # the element-wise kernels' base amount of work; relu counts 1 per element
     scale = _openmp_helpers.PASSIVE_WORK_SCALE if scaled else 1
     threshold = base * scale
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-    if policy is not None:
-        env["OMP_WAIT_POLICY"] = policy
-    if spin is not None:
-        env["GOMP_SPINCOUNT"] = spin
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS",
+                        "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")}
+    for name, value in (("OMP_WAIT_POLICY", policy), ("GOMP_SPINCOUNT", spin),
+                        ("MPI_LOCALNRANKS", local)):
+        if value is not None:
+            env[name] = value
     sizes = [base, threshold - 1, threshold] if scaled else [threshold - 1, threshold]
     out = subprocess.run([sys.executable, "-c", _PROBE, *map(str, sizes)], env=env,
                          capture_output=True, text=True, check=True)
