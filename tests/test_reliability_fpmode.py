@@ -21,9 +21,9 @@ import pytest
 
 import ggopt
 from ggopt import backend as gb
-from ggopt._denormals import ComputeFloatMode
 from ggopt._kernels import _elementwise as ew
 from ggopt._kernels import _fpmode
+from ggopt.backend.cpu.denormals import ComputeFloatMode
 
 pytestmark = pytest.mark.skipif(not _fpmode.supported(),
                                 reason="flush-to-zero is set on x86 only")
@@ -88,8 +88,14 @@ class _Interrupter:
 
 
 def _interrupt_everywhere(region: Callable[[], None]) -> int:
-    """Run ``region`` once per delivery point, interrupted there; check the float mode after
-    each run; return the number of points."""
+    """Run ``region`` once per delivery point, interrupted there, until a run passes every
+    point; check the float mode after each run; return the number of runs interrupted.
+
+    (An interrupted run may change how many points later runs pass, e.g. when it stops the
+    BLAS thread limit's bookkeeping part-way; counting up until a run ends uninterrupted
+    covers every point of the runs as they are.)
+    """
+    region()  # first-use work (lazy imports, caches) out of the way
     target = 0
     while True:
         interrupter = _Interrupter(target)

@@ -1,8 +1,8 @@
 """Flush-to-zero for the threads of a compute (x86: the MXCSR bits FTZ and DAZ).
 
 With both bits set, a subnormal float32 operand reads as zero and a subnormal result is written
-as zero. The control word is per thread, so :class:`ComputeFloatMode` sets the bits on the calling
-thread and, from one OpenMP region, on the team threads that the kernels' regions of up to
+as zero. The control word is per thread, so :class:`ComputeFloatMode` sets the bits on the
+calling thread and, from one OpenMP region, on the team threads that the kernels' regions of up to
 ``n_threads`` threads reuse (libgomp keeps a pool per calling thread); on leaving it clears
 them there and restores the caller's word. Elsewhere than on x86 it changes nothing
 (:func:`supported` is False).
@@ -38,8 +38,8 @@ cdef bint _enabled = True  # ggopt.set_flush_denormals
 
 
 def set_enabled(bint on):
-    """Whether :class:`ComputeFloatMode` scopes entered from now on flush (``ggopt._denormals``
-    checks the argument)."""
+    """Whether :class:`ComputeFloatMode` scopes entered from now on flush (the caller,
+    ``ggopt.backend.cpu.denormals``, checks the argument)."""
     global _enabled
     _enabled = on
 
@@ -83,19 +83,28 @@ cdef class ComputeFloatMode:
     """The float mode of one compute: flush-to-zero on the calling thread and on the OpenMP
     team threads of up to ``n_threads`` while inside (when :func:`enabled` and
     :func:`supported`), the caller's previous state afterwards, also when the body raises or
-    is interrupted."""
+    is interrupted.
+
+    ``outer``, a context manager or None, is entered before the mode is set and left after
+    it is restored (the CPU backend's BLAS thread limit): the mode is the innermost part, set
+    and restored with no Python code in between.
+    """
 
     cdef int _n_threads
     cdef bint _active
     cdef unsigned int _saved
+    cdef object _outer
 
-    def __cinit__(self, int n_threads):
+    def __cinit__(self, int n_threads, outer=None):
         self._n_threads = n_threads
         self._active = False
         self._saved = 0
+        self._outer = outer
 
     def __enter__(self):
-        # No Python bytecode runs between setting the bits and recording the saved word.
+        if self._outer is not None:
+            self._outer.__enter__()
+        # From here to the return no Python bytecode runs, so no signal handler either.
         if _enabled and FLUSH_BITS != 0 and not self._active:
             with nogil:
                 self._saved = _begin(self._n_threads)
@@ -107,6 +116,8 @@ cdef class ComputeFloatMode:
             self._active = False
             with nogil:
                 _end(self._n_threads, self._saved)
+        if self._outer is not None:
+            self._outer.__exit__(exc_type, exc, tb)
         return False
 
 

@@ -16,7 +16,6 @@ import threading
 import weakref
 from collections.abc import Sequence
 
-from .._denormals import ComputeFloatMode
 from ..context import Context
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..graph import Graph
@@ -24,7 +23,6 @@ from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import FLAG_INPUT
 from .alloc import plan_memory
 from .base import Backend, Placement, Step
-from .blas import SerialBlas
 from .buffer import Buffer, buffer_of, init_view
 from .fusion import count_uses
 from .plan_cache import PlanCache, graph_signature
@@ -137,7 +135,6 @@ class Scheduler:
         self._current: _Compiled | None = None
         self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
-        self._blas = SerialBlas()  # BLAS on one thread during computes (see blas.py)
         self._lock = threading.RLock()
 
     def __enter__(self) -> Scheduler:
@@ -230,14 +227,22 @@ class Scheduler:
                     "call reset() and alloc_graph(g) again")
             self._compute()
 
-    def _compute(self) -> None:
+    def _compute(self, first: int = 0) -> None:
+        """Run the steps inside the compute scopes of backends ``first`` and on.
+
+        Plain nested ``with`` statements, not an ExitStack: once a scope's ``__enter__``
+        returns, its ``__exit__`` runs whatever interrupts the compute (an ExitStack's Python
+        code can be interrupted between entering a scope and registering its exit).
+        """
         assert self._current is not None
-        n_threads = max((getattr(b, "n_threads", 1) for b in self.backends), default=1)
-        with self._blas, ComputeFloatMode(n_threads):
-            for step in self._current.steps:
-                step()
-            for b in self.backends:
-                b.synchronize()
+        if first < len(self.backends):
+            with self.backends[first].compute_scope():
+                self._compute(first + 1)
+            return
+        for step in self._current.steps:
+            step()
+        for b in self.backends:
+            b.synchronize()
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""

@@ -43,7 +43,7 @@ from .enums import BuildType, OptimizerType, optimizer_name
 from .schedule import Schedule
 
 if TYPE_CHECKING:
-    from ..dist import Communicator
+    from ..distributed import Communicator
     from .build import Persistent
     from .context import OptContext
     from .dataset import Dataset
