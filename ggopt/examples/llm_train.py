@@ -23,7 +23,8 @@ import ggopt
 from .. import Tensor
 from ..backend import tensor_get, tensor_set
 from ..distributed import Communicator
-from ..errors import ShapeError
+from ..errors import InvalidValueError, ShapeError, StateError
+from ..io.paths import check_output_path
 from ..opt import (
     BuildType,
     Dataset,
@@ -37,6 +38,7 @@ from ..opt import (
     default_params,
     epoch_callback_progress_bar,
 )
+from ..opt._checks import check_float32
 from ..opt.progress import time_us
 from .llm_model import Inputs, LlamaModel, build_logits, make_inputs
 
@@ -70,10 +72,10 @@ class TrainParams:
             raise ShapeError(f"llm train: the micro-batch ({self.n_ubatch} sequences) must "
                              f"divide the batch ({self.n_batch} sequences)")
         if not 0.0 <= self.val_split < 1.0:
-            raise ShapeError(f"llm train: val_split must be in [0, 1), got {self.val_split}")
-        if not (self.lr > 0 and 0 <= self.wd <= 1):
-            raise ShapeError(f"llm train: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
-                             f"{self.wd}")
+            raise InvalidValueError(f"llm train: val_split must be in [0, 1), got "
+                                    f"{self.val_split}")
+        check_float32(self.lr, "lr", "llm train", low=0.0, low_open=True)
+        check_float32(self.wd, "wd", "llm train", low=0.0, high=1.0)
 
 
 @dataclasses.dataclass
@@ -212,7 +214,9 @@ class Trainer:
         epoch; ``resume``: load it first and continue after its epoch (bit for bit the same
         weights as an uninterrupted run)."""
         if resume and checkpoint is None:
-            raise ShapeError("llm train: resuming needs a checkpoint file")
+            raise StateError("llm train: resuming needs a checkpoint file")
+        if checkpoint is not None:
+            check_output_path(checkpoint, "llm train: checkpoint")
         history = FitHistory()
         comm = self.opt_ctx.comm
         first = 1

@@ -167,6 +167,9 @@ def _world(args: argparse.Namespace) -> distributed.Communicator | None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    out = args.out or f"{_ARCHS[args.arch]}.gguf"
+    training_cli.check_output_paths(
+        [("--out", out), ("--checkpoint", args.checkpoint), ("--plot", args.plot)])
     if args.plot:
         require_matplotlib()  # fail before training, not after
     comm = _world(args)
@@ -175,7 +178,6 @@ def _train(args: argparse.Namespace) -> int:
         return _train_rank(args, comm, nbatch)
     sched = _setup(args)
     arch = _ARCHS[args.arch]
-    out = args.out or f"{arch}.gguf"
     nepoch = args.epochs or (FULL_EPOCHS if args.data else SUBSET_EPOCHS)
     mnist = data.load_mnist(args.data)
     print(f"main: {len(mnist.train_images)} training and {len(mnist.test_images)} test images "

@@ -165,6 +165,7 @@ class OptContext(Checkpointing):
 
         if self._spec.static_graphs:
             self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
+            assert params.ctx_compute is not None and params.outputs is not None  # just checked
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
             with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
                 _graph.build_forward_expand(gf, params.outputs)

@@ -12,11 +12,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 import numpy as np
 
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
+from ..io.paths import check_output_path
 from ..tensor import Tensor
 from ._checks import check_int
 from .context import OptContext
@@ -27,10 +28,26 @@ from .progress import epoch_callback_progress_bar, format_hms, time_us
 from .result import Result
 from .schedule import Schedule
 
-__all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
+__all__ = ["EpochCallback", "EpochOptPars", "epoch", "fit", "FitHistory", "fit_split"]
 
-#: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
-EpochCallback = Callable[[bool, OptContext, Dataset, Result | None, int, int, int], None]
+if TYPE_CHECKING:
+    from ..backend.sched import Scheduler
+    from ..context import Context
+    from ..distributed.comm import Communicator
+
+
+class EpochCallback(Protocol):
+    """``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``, called
+    after every batch's eval (ggml's ``ggml_opt_epoch_callback``);
+    e.g. :func:`~ggopt.opt.progress.epoch_callback_progress_bar`."""
+
+    def __call__(self, train: bool, opt_ctx: OptContext, dataset: Dataset,
+                 result: Result | None, ibatch: int, ibatch_max: int, t_start_us: int,
+                 /) -> None: ...
+
+
+#: ``get_opt_pars(epoch) -> OptimizerParams`` as :func:`fit` calls it: with the 1-based epoch.
+EpochOptPars = Callable[[int], OptimizerParams]
 
 
 def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: str) -> None:
@@ -233,22 +250,32 @@ class FitHistory:
         self.seconds.append(seconds)
 
 
+def _check_run_inputs(fn: str, checkpoint: object, schedule: Schedule | None, nepoch: int,
+                      steps_per_epoch: int) -> None:
+    """What :func:`fit` checks before any work: the checkpoint path can be written, every
+    learning rate of the run is a usable float32."""
+    if checkpoint is not None:
+        check_output_path(checkpoint, f"checkpoint ({fn})")
+    if schedule is not None:
+        schedule.check_run(nepoch, steps_per_epoch, fn)
+
+
 def fit(
-    sched: Any,
-    ctx_compute: Any,
+    sched: Scheduler,
+    ctx_compute: Context,
     inputs: Tensor,
     outputs: Tensor,
     dataset: Dataset,
     loss_type: LossType = LossType.MEAN,
     optimizer: OptimizerType = OptimizerType.ADAMW,
-    get_opt_pars: Callable[[int], OptimizerParams] = get_default_optimizer_params,
+    get_opt_pars: EpochOptPars = get_default_optimizer_params,
     nepoch: int = 1,
     nbatch_logical: int = 1,
     val_split: float = 0.0,
     silent: bool = False,
     *,
     stream: TextIO | None = None,
-    comm: Any = None,
+    comm: Communicator | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
 ) -> FitHistory:
@@ -317,6 +344,7 @@ def fit(
     if resume and checkpoint is None:
         raise StateError(f"resume=True needs a checkpoint path ({fn})")
     schedule = get_opt_pars if isinstance(get_opt_pars, Schedule) else None
+    _check_run_inputs(fn, checkpoint, schedule, nepoch, idata_split // nbatch_logical)
 
     t_start = time.perf_counter()
     iepoch = 1
