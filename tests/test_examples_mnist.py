@@ -129,7 +129,7 @@ def test_missing_directory_or_model(tmp_path):
 def test_labels_out_of_range(tmp_path):
     _copy_bundled(tmp_path)
     idx.write(tmp_path / "t10k-labels-idx1-ubyte.gz", np.full(1000, 10, dtype=np.uint8))
-    with pytest.raises(ShapeError, match="digits 0..9, got 10"):
+    with pytest.raises(InvalidValueError, match="digits 0..9, got 10"):
         mnist_data.load_split(tmp_path, "test")
 
 

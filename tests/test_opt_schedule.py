@@ -123,10 +123,10 @@ class _Recording(opt.EpochDecayLR):
         super().__init__(*args)
         self.calls = []
 
-    def lr_at(self, step, epoch):
-        lr = super().lr_at(step, epoch)
-        self.calls.append((step, epoch, lr))
-        return lr
+    def __call__(self, userdata=None):
+        pars = super().__call__(userdata)
+        self.calls.append((self.step - 1, self.epoch, pars.adamw.alpha))
+        return pars
 
 
 def test_fit_calls_schedule_once_per_optimizer_step():

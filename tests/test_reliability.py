@@ -110,7 +110,7 @@ def test_gguf_save_refuses_unencodable_text_and_keeps_the_file(tmp_path, metadat
     path = tmp_path / "m.gguf"
     ggio.save(path, {"w": np.ones(3, np.float32)}, {"general.architecture": "x"})
     before = path.read_bytes()
-    with pytest.raises(ShapeError, match="UTF-8"):
+    with pytest.raises(InvalidValueError, match="UTF-8"):
         ggio.save(path, {"w": np.zeros(3, np.float32)},
                   {"general.architecture": "x", **metadata})
     assert path.read_bytes() == before
@@ -119,9 +119,9 @@ def test_gguf_save_refuses_unencodable_text_and_keeps_the_file(tmp_path, metadat
 
 def test_gguf_save_refuses_unencodable_names(tmp_path):
     path = tmp_path / "m.gguf"
-    with pytest.raises(ShapeError):
+    with pytest.raises(InvalidValueError):
         ggio.save(path, {"\ud800": np.ones(3, np.float32)}, {"general.architecture": "x"})
-    with pytest.raises(ShapeError, match="UTF-8"):
+    with pytest.raises(InvalidValueError, match="UTF-8"):
         ggio.save(path, {"w": np.ones(3, np.float32)}, {"general.architecture": "\ud800"})
     assert not path.exists()
 

@@ -223,8 +223,9 @@ class Trainer:
         if resume and checkpoint is not None:
             first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule) + 1
             if first > nepoch:
-                raise ShapeError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} already "
-                                 f"holds {first - 1} epochs; ask for more than that")
+                raise InvalidValueError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} "
+                                        f"already holds {first - 1} epochs; ask for more than "
+                                        "that")
         for iepoch in range(first, nepoch + 1):
             t0 = time.perf_counter()
             self.schedule.epoch = iepoch - 1
