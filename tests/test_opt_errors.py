@@ -196,7 +196,7 @@ def test_init_errors():
 def _init_left_model_unchanged(before: tuple, after: tuple) -> None:
     """A failed OptContext() must leave the model as it was: these checks run after it has
     expanded the forward graph (naming nodes, setting COMPUTE flags), which the context rolls
-    back (ggopt.opt.rollback) when a later step raises."""
+    back (ggopt.graph.graph_rollback) when a later step raises."""
     assert after == before, f"failed OptContext() changed the model: " \
         f"{first_difference(before, after)}"
 

@@ -30,6 +30,7 @@ from .. import graph as _graph
 from ..backend import tensor_get, tensor_set
 from ..context import Context
 from ..errors import DTypeError, GgoptError, InvalidValueError, StateError
+from ..graph import graph_rollback
 from ..tensor import Tensor
 from .build import Persistent, Spec, _Build, build
 from .checkpoint import Checkpointing
@@ -37,7 +38,6 @@ from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
-from .rollback import graph_rollback
 
 if TYPE_CHECKING:
     from ..distributed import Communicator
