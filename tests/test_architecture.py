@@ -171,3 +171,26 @@ def test_cuda_preamble_and_kernel_sources_compile_as_c(tmp_path):
     out = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-Wno-unused-function",
                           "-fsyntax-only", str(src)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """ggopt module -> the ggopt modules it imports (at any depth in the file)."""
+    graph: dict[str, set[str]] = {}
+    for p in ROOT.rglob("*.py"):
+        rel = p.relative_to(ROOT.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[name] = {m for m in _imports(p) if m.startswith("ggopt.")}
+    return graph
+
+
+def test_op_families_do_not_import_each_other_in_a_cycle():
+    graph = _import_graph()
+    families = {f"ggopt.ops.{f}" for f in FAMILIES}
+    for fam in families:
+        seen, todo = set(), [m for m in graph[fam] if m in families]
+        while todo:
+            m = todo.pop()
+            assert m != fam, f"{fam} imports itself through another op family"
+            if m not in seen:
+                seen.add(m)
+                todo += [n for n in graph.get(m, ()) if n in families]
