@@ -118,7 +118,7 @@ def epoch(
         raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
     # Hold the scheduler and the context for the whole epoch (other threads wait), and never
     # leave an alloc waiting for an eval that an exception or interrupt cut short.
-    with opt_ctx._spec.sched, opt_ctx._lock:
+    with opt_ctx.locked():
         try:
             if opt_ctx.comm is not None:
                 from ..dist.epoch import epoch_data_parallel
@@ -130,8 +130,7 @@ def epoch(
             _run_epoch(opt_ctx, dataset, result_train, result_eval, ibatch_split, nbatches,
                        callback_train, callback_eval)
         except BaseException:
-            if opt_ctx._eval_ready:
-                opt_ctx._abandon()
+            opt_ctx.abandon()
             raise
 
 
