@@ -26,8 +26,8 @@ NE_DATAPOINT, NDATA, NBATCH = 784, 60000, 500  # MNIST images as float32, batch 
 
 
 class OneWeight:
-    """test-opt's model (spec §7.1): ``outputs = scale(add(inputs, weights), 1)``, SUM loss,
-    AdamW; ``inputs`` and ``weights`` have one element, ``weights`` starts at 3.
+    """test-opt's model (ggml-opt-spec §7.1): ``outputs = scale(add(inputs, weights), 1)``,
+    SUM loss, AdamW; ``inputs`` and ``weights`` have one element, ``weights`` starts at 3.
 
     Static graphs are built once by the OptContext; dynamic ones are rebuilt by :meth:`step`
     in a fresh compute context before every ``alloc``.

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import ggopt
-from ggopt import dist
+from ggopt import distributed as dist
 from ggopt.backend import Scheduler, cpu_init
 from ggopt.examples import mnist_data, mnist_model
 

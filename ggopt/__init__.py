@@ -6,15 +6,15 @@ Cython + OpenMP kernels on the CPU (or CuPy on a GPU), and trained with :mod:`gg
 
 from __future__ import annotations
 
-# First, before any kernel module loads libgomp: importing _wait_policy sets how idle OpenMP
-# threads wait (a short spin, or sleeping when several MPI ranks share this machine; the
-# user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT wins).
-from . import (
-    _wait_policy,  # noqa: F401
-    errors,  # noqa: E402
-)
-from ._denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
-from ._threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
+# First, before any kernel module loads libgomp: importing the CPU backend's wait_policy sets
+# how idle OpenMP threads wait (a short spin, or sleeping when several MPI ranks share this
+# machine; the user's own OMP_WAIT_POLICY / GOMP_SPINCOUNT wins).
+# isort: off
+from .backend.cpu import wait_policy as _wait_policy  # noqa: F401
+# isort: on
+from . import errors  # noqa: E402
+from .backend.cpu.denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
+from .backend.cpu.threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
 from .errors import (
     BackendUnavailableError,
@@ -45,8 +45,9 @@ from .types import F16, F32, I32, I64, GGType, TensorFlag
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "errors", "backend", "dist", "io", "opt", "get_n_threads", "set_n_threads",
-    "openmp_enabled", "get_flush_denormals", "set_flush_denormals", "Context", "GgoptError",
+    "__version__", "errors", "backend", "distributed", "io", "opt", "get_n_threads",
+    "set_n_threads", "openmp_enabled", "get_flush_denormals", "set_flush_denormals", "Context",
+    "GgoptError",
     "ShapeError", "InvalidValueError", "DTypeError",
     "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
@@ -56,8 +57,8 @@ __all__ = [
 ]
 
 # The sub-packages (CuPy is imported only by ggopt.backend.cupy_init and mpi4py only by
-# ggopt.dist.mpi_world, never here). Importing the backend also installs the host allocator of
-# Context(no_alloc=False).
+# ggopt.distributed.mpi_world, never here). Importing the backend also installs the host
+# allocator of Context(no_alloc=False). ggopt.dist is the alias of ggopt.distributed.
 # isort: off
-from . import backend, dist, io, opt  # noqa: E402
+from . import backend, dist, distributed, io, opt  # noqa: E402, F401
 # isort: on

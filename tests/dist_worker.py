@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import ggopt
-from ggopt import dist
+from ggopt import distributed as dist
 from ggopt import ops as g
 from ggopt.backend import Scheduler, alloc_ctx_tensors, cpu_init, tensor_get, tensor_set
 from ggopt.examples import mnist_data, mnist_model

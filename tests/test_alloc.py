@@ -1,4 +1,4 @@
-"""The memory planner: ggml-alloc's properties 1-5 (spec §6.2)."""
+"""The memory planner: ggml-alloc's properties 1-5 (ggml-opt-spec §6.2)."""
 
 from __future__ import annotations
 

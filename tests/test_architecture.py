@@ -14,9 +14,9 @@ import pytest
 import ggopt
 from ggopt import opt
 from ggopt._registry import Registry
-from ggopt.backend.cpu_ops import COMPILERS as CPU_COMPILERS
-from ggopt.backend.cupy_ops import FUSED_COMPILERS
-from ggopt.backend.xp_ops import COMPILERS as XP_COMPILERS
+from ggopt.backend.array.ops import COMPILERS as XP_COMPILERS
+from ggopt.backend.cpu.ops import COMPILERS as CPU_COMPILERS
+from ggopt.backend.cuda.ops import FUSED_COMPILERS
 from ggopt.ops import BACKWARD, OP_PARAMS
 from ggopt.opt.rng import Mt19937
 from ggopt.tensor import VIEW_OPS, Op
@@ -52,23 +52,46 @@ def test_core_imports_no_backend(module):
 
 def test_import_ggopt_shows_subpackages_and_never_imports_cupy_or_mpi4py():
     code = ("import sys, ggopt; print('cupy' in sys.modules or 'mpi4py' in sys.modules, "
-            "all(n in dir(ggopt) for n in ('backend', 'opt', 'dist', 'io')))")
+            "all(n in dir(ggopt) for n in ('backend', 'opt', 'distributed', 'io')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT.parent)
     assert out.stdout.split() == ["False", "True"]
 
 
 def test_no_module_over_500_lines():
-    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 500}
+    long = {str(p.relative_to(ROOT)): n for pattern in ("*.py", "*.pyx", "*.pxd")
+            for p in ROOT.rglob(pattern) if (n := len(p.read_text().splitlines())) > 500}
     assert not long
+
+
+# The scheduler's side of the backend seam: these modules know Backend's interface only.
+GENERIC_BACKEND = ["base.py", "buffer.py", "alloc.py", "sched.py", "plan_cache.py", "fusion.py",
+                   "__init__.py"]
+DEVICE_PACKAGES = ("ggopt.backend.cpu", "ggopt.backend.array", "ggopt.backend.cuda",
+                   "ggopt._kernels")
+
+
+@pytest.mark.parametrize("module", [m for m in GENERIC_BACKEND if m != "__init__.py"])
+def test_scheduler_side_imports_nothing_device_specific(module):
+    bad = [m for m in _imports(ROOT / "backend" / module) if m.startswith(DEVICE_PACKAGES)]
+    assert not bad, f"backend/{module} imports {bad}"
+
+
+def test_backend_packages_are_grouped_by_device():
+    top = {p.name for p in (ROOT / "backend").iterdir() if p.suffix == ".py"}
+    assert top == set(GENERIC_BACKEND)
+    assert {p.name for p in (ROOT / "backend").iterdir() if p.is_dir()
+            and p.name != "__pycache__"} == {"cpu", "array", "cuda"}
+    # the CPU's process policies live with the CPU backend, not at the package's top
+    assert not any((ROOT / n).exists() for n in ("_threads.py", "_denormals.py",
+                                                 "_wait_policy.py"))
 
 
 def test_every_family_has_a_column():
     for fam in FAMILIES:
         assert (ROOT / "ops" / f"{fam}.py").exists()
-        assert (ROOT / "backend" / "cpu_ops" / f"{fam}.py").exists()
-        assert (ROOT / "backend" / "xp_ops" / f"{fam}.py").exists()
+        assert (ROOT / "backend" / "cpu" / "ops" / f"{fam}.py").exists()
+        assert (ROOT / "backend" / "array" / "ops" / f"{fam}.py").exists()
 
 
 def test_one_registry_type_everywhere():
@@ -128,8 +151,8 @@ def test_cuda_preamble_and_kernel_sources_compile_as_c(tmp_path):
     # a kernel source fails on every machine.
     import shutil
 
-    from ggopt.backend.cupy_ops import elementwise, optim
-    from ggopt.backend.cupy_ops._base import preamble
+    from ggopt.backend.cuda.ops import elementwise, optim
+    from ggopt.backend.cuda.ops._base import preamble
 
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:

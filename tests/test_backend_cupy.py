@@ -26,7 +26,7 @@ from test_backend_multi import (
 )
 
 from ggopt import backend as gb
-from ggopt.backend.cupy import CuPyBackend
+from ggopt.backend.cuda.backend import CuPyBackend
 from ggopt.errors import BackendUnavailableError, DTypeError, InvalidValueError
 
 ROOT = Path(__file__).resolve().parents[1]

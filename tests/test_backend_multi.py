@@ -17,8 +17,8 @@ from helpers import new_tensor
 import ggopt
 from ggopt import backend as gb
 from ggopt import opt
-from ggopt.backend.xp import ArrayBackend, numpy_backend
-from ggopt.backend.xp_ops import COMPILERS
+from ggopt.backend.array.backend import ArrayBackend, numpy_backend
+from ggopt.backend.array.ops import COMPILERS
 from ggopt.errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ggopt.tensor import Op, UnaryOp
 

@@ -52,10 +52,10 @@ def test_two_ranks_refuse_a_mismatching_checkpoint_together(tmp_path):
 _MID_PERIOD = """
 import sys
 import _ckpt_helpers as h
-from ggopt import dist, opt
+from ggopt import distributed, opt
 from ggopt.errors import StateError
 
-comm = dist.mpi_world()
+comm = distributed.mpi_world()
 m, ds = h.model(), h.dataset()
 params = opt.default_params(m.sched, h.CE)
 params.ctx_compute, params.inputs, params.outputs = m.ctx_compute, m.images, m.logits

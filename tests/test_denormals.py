@@ -14,10 +14,10 @@ from _threadcheck import large_2d
 from helpers import run
 
 import ggopt
-from ggopt._denormals import ComputeFloatMode
 from ggopt._kernels import _elementwise as ew
 from ggopt._kernels import _fpmode
-from ggopt.backend.cpu_ops import linalg
+from ggopt.backend.cpu.denormals import ComputeFloatMode
+from ggopt.backend.cpu.ops import linalg
 
 pytestmark = pytest.mark.skipif(not _fpmode.supported(),
                                 reason="flush-to-zero is set on x86 only")

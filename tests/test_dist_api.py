@@ -1,4 +1,4 @@
-"""ggopt.dist without an MPI job: imports, launcher detection, argument errors."""
+"""ggopt.distributed without an MPI job: imports, launcher detection, argument errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import ggopt
-from ggopt import dist
+from ggopt import distributed as dist
 from ggopt.backend import Scheduler, cpu_init
 from ggopt.opt import LossType, OptContext, default_params
 
@@ -23,8 +23,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_import_ggopt_never_imports_mpi4py():
     proc = _python(
-        "import sys, ggopt, ggopt.opt, ggopt.dist, ggopt.examples.mnist\n"
-        "from ggopt.dist import data_parallel, epoch\n"
+        "import sys, ggopt, ggopt.opt, ggopt.distributed, ggopt.examples.mnist\n"
+        "from ggopt.distributed import data_parallel, epoch\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mpi4py'))\n"
     )
     assert proc.returncode == 0, proc.stderr
@@ -34,9 +34,9 @@ def test_import_ggopt_never_imports_mpi4py():
 def test_mpi_world_without_mpi4py_says_how_to_install():
     proc = _python(
         "import sys; sys.modules['mpi4py'] = None\n"
-        "import ggopt.dist\n"
+        "import ggopt.distributed\n"
         "try:\n"
-        "    ggopt.dist.mpi_world()\n"
+        "    ggopt.distributed.mpi_world()\n"
         "except ggopt.BackendUnavailableError as exc:\n"
         "    print(exc)\n"
     )
@@ -58,7 +58,7 @@ def test_launched_by_mpi_reads_the_launchers_environment(env, expected):
 def test_opt_params_comm_must_be_a_communicator():
     params = default_params(Scheduler([cpu_init()]), LossType.MEAN)
     params.comm = "COMM_WORLD"
-    with pytest.raises(ggopt.DTypeError, match="ggopt.dist.Communicator"):
+    with pytest.raises(ggopt.DTypeError, match="ggopt.distributed.Communicator"):
         OptContext(params)
 
 

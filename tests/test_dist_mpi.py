@@ -165,7 +165,7 @@ def test_rank_that_raises_ends_every_rank(tmp_path):
     code, out = worker(2, "fault", str(tmp_path), "raise")
     assert code != 0, out
     assert "RuntimeError: rank 1 fails on purpose" in out
-    assert "ggopt.dist: rank 1 of 2: failed with RuntimeError" in out
+    assert "ggopt.distributed: rank 1 of 2: failed with RuntimeError" in out
 
 
 def test_rank_that_is_killed_ends_every_rank(tmp_path):

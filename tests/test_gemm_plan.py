@@ -8,8 +8,8 @@ import pytest
 from ggopt._kernels._gemm import GemmPlan
 
 from ggopt._kernels import _gemm
-from ggopt.backend import blas
-from ggopt.backend.blas import SerialBlas
+from ggopt.backend.cpu import blas
+from ggopt.backend.cpu.blas import SerialBlas
 from ggopt.errors import InvalidValueError, ShapeError
 
 
@@ -219,7 +219,7 @@ def test_bad_arguments():
 def test_products_are_cut_by_their_shape_alone():
     """Long reductions (weight gradients) in two halves; else rows, else columns; small
     products whole (cpu_ops/linalg.py)."""
-    from ggopt.backend.cpu_ops.linalg import _cut
+    from ggopt.backend.cpu.ops.linalg import _cut
 
     assert _cut(128, 2048, 128) == "inner"  # a weight gradient over 2048 tokens
     assert _cut(384, 2048, 128) == "inner"

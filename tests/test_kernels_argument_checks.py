@@ -33,7 +33,7 @@ from ggopt._kernels import (
     _rope,
     _softmax,
 )
-from ggopt._threads import MAX_N_THREADS
+from ggopt.backend.cpu.threads import MAX_N_THREADS
 from ggopt.errors import InvalidValueError, ShapeError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -55,7 +55,7 @@ for n in (10**3, 10**5, 2**31, 2**63, -1, 0):
     probe(f"cpu_init({n})", lambda: gb.cpu_init(n))
     probe(f"set_n_threads method({n})", lambda: gb.cpu_init().set_n_threads(n))
 parallel_compute()
-ggopt.set_n_threads(ggopt._threads.MAX_N_THREADS)
+ggopt.set_n_threads(ggopt.backend.cpu.threads.MAX_N_THREADS)
 parallel_compute()
 """,
     "sizes": """
@@ -128,7 +128,7 @@ def test_absurd_arguments_never_kill_the_interpreter(group):
 @pytest.mark.parametrize("value", ["100000", "2147483648"])
 def test_absurd_omp_num_threads_never_kills_the_interpreter(value):
     out = _run("""
-assert 1 <= ggopt.get_n_threads() <= ggopt._threads.MAX_N_THREADS
+assert 1 <= ggopt.get_n_threads() <= ggopt.backend.cpu.threads.MAX_N_THREADS
 parallel_compute()
 """, OMP_NUM_THREADS=value)
     assert out.returncode == 0, out.stderr[-2000:]

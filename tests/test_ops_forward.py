@@ -785,7 +785,7 @@ def test_cpy_reshapes_in_ggml_order(rng):
     assert_close(out, x.T.reshape(-1))
 
 
-# --- optimizer steps (spec §2.10) -------------------------------------------------------
+# --- optimizer steps (ggml-opt-spec §2.10) -------------------------------------------------------
 
 
 def _opt_step(build, w, *others):

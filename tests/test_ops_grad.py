@@ -232,7 +232,8 @@ def test_mlp_bias_relu_cross_entropy():
 
 
 def test_conv_bias_relu_pool_dense():
-    """spec §8.3's CNN in miniature: conv + bias + relu + max-pool, NHWC flatten, dense, CE."""
+    """ggml-opt-spec §8.3's CNN in miniature: conv + bias + relu + max-pool, NHWC flatten,
+    dense, CE."""
 
     def build(c, k, kb, dw, db, x, y):
         n = x.ne[3]

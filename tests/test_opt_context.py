@@ -1,5 +1,5 @@
 """The optimization context's state machine: losses, properties, resets, the deliberate
-differences from ggml (Q2, Q4, Q6) and memory planning once per graph switch."""
+differences from ggml (ggml-opt-spec Q2, Q4, Q6) and memory planning once per graph switch."""
 
 from __future__ import annotations
 
@@ -117,7 +117,8 @@ def test_mean_loss_and_its_gradient():
 
 
 def test_forward_eval_does_not_advance_period():
-    # Q2, deliberate difference. ggml gives weights 3,3,3,0,0 and accumulators 1,1,2,3,1.
+    # ggml-opt-spec Q2, deliberate difference. ggml gives weights 3,3,3,0,0 and accumulators
+    # 1,1,2,3,1.
     cd = make_ctx_data(opt.OptimizerType.SGD, optimizer_defaults=False, nbatch_logical=2)
     weights, accs = [], []
     for backward in (True, False, True, True, True):
@@ -140,7 +141,7 @@ def test_accumulators_reset_at_first_alloc_of_new_period_even_if_forward():
 
 @pytest.mark.parametrize("opt_period", [1, 2])
 def test_grad_build_type_computes_gradients_only(opt_period):
-    # Q4, deliberate difference: ggml aborts on BuildType.GRAD.
+    # ggml-opt-spec Q4, deliberate difference: ggml aborts on BuildType.GRAD.
     cd = make_ctx_data(opt.OptimizerType.ADAMW, nbatch_logical=opt_period,
                        build_type=opt.BuildType.GRAD)
     assert cd.opt_ctx.build_type is opt.BuildType.GRAD

@@ -1,5 +1,5 @@
 """Dynamic graphs: rebuilt per batch after prepare_alloc, same weights as static graphs, and
-the deliberate fix of ggml's never-zeroed accumulators (Q1)."""
+the deliberate fix of ggml's never-zeroed accumulators (ggml-opt-spec Q1)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_dynamic_context_properties():
 
 
 def test_accumulators_rezeroed_each_period_q1():
-    # ggml (measured, Q1): weights 2, 0, -3, -7, -12, -18 because gradients keep summing.
+    # ggml (measured, ggml-opt-spec Q1): weights 2, 0, -3, -7, -12, -18 because gradients keep
+    # summing.
     dyn = Dynamic(opt.OptimizerType.SGD, pars=get_test_opt_pars)
     weights, losses = [], []
     for x in range(6):
@@ -105,7 +106,8 @@ def test_dynamic_equals_static(optimizer, opt_period, loss_type):
 
 
 def test_dynamic_reset_and_grad_acc_after_eval():
-    # ggml: reset is a no-op and grad_acc crashes once eval has dropped the graphs (Q6).
+    # ggml: reset is a no-op and grad_acc crashes once eval has dropped the graphs
+    # (ggml-opt-spec Q6).
     dyn = Dynamic(opt.OptimizerType.SGD, opt_period=4, pars=get_test_opt_pars)
     dyn.step(True, 0.0)
     dyn.step(True, 1.0)

@@ -1,4 +1,4 @@
-"""ggml test-opt: test_epoch_vs_fit and test_idata_split (spec §7.5-7.6), fit's split
+"""ggml test-opt: test_epoch_vs_fit and test_idata_split (ggml-opt-spec §7.5-7.6), fit's split
 arithmetic, its output and history, and reproducibility across thread counts."""
 
 from __future__ import annotations

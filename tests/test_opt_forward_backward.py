@@ -1,4 +1,4 @@
-"""ggml test-opt: test_grad and test_forward_backward (spec §7.3-7.4), AdamW and SGD."""
+"""ggml test-opt: test_grad and test_forward_backward (ggml-opt-spec §7.3-7.4), AdamW and SGD."""
 
 from __future__ import annotations
 

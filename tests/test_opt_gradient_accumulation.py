@@ -1,4 +1,4 @@
-"""ggml test-opt: test_gradient_accumulation (spec §7.7) plus its SGD counterpart."""
+"""ggml test-opt: test_gradient_accumulation (ggml-opt-spec §7.7) plus its SGD counterpart."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The progress bar's exact format (spec §4.2)."""
+"""The progress bar's exact format (ggml-opt-spec §4.2)."""
 
 from __future__ import annotations
 

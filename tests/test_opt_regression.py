@@ -1,4 +1,4 @@
-"""ggml test-opt: test_regression (spec §7.8), with bit-exact data (Appendix B.3)."""
+"""ggml test-opt: test_regression (ggml-opt-spec §7.8), with bit-exact data (Appendix B.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Result statistics (spec §2.9) on hand-fed evaluations."""
+"""Result statistics (ggml-opt-spec §2.9) on hand-fed evaluations."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_initial_result():
     r = Result()
     assert r.ndata == 0
     loss, unc = r.loss()
-    assert loss == 0.0 and math.isnan(unc)  # ggml crashes here (Q7)
+    assert loss == 0.0 and math.isnan(unc)  # ggml crashes here (ggml-opt-spec Q7)
     acc, acc_unc = r.accuracy()
     assert math.isnan(acc) and math.isnan(acc_unc)
     assert r.pred().dtype == np.int32 and r.pred().size == 0

@@ -19,7 +19,7 @@ import ggopt  # noqa: E402
 from ggopt import GgoptError  # noqa: E402
 from ggopt import backend as gb  # noqa: E402
 from ggopt._kernels import _conv  # noqa: E402
-from ggopt.backend.cpu_ops import conv_sparse  # noqa: E402
+from ggopt.backend.cpu.ops import conv_sparse  # noqa: E402
 
 F32 = ggopt.F32
 

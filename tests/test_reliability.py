@@ -45,7 +45,7 @@ def test_absurd_thread_counts_are_refused(n):
 def test_thread_count_limit_is_at_least_the_cpu_count():
     # MAX_N_THREADS itself is used in a child process (tests/test_no_crash_subprocess.py): here
     # it would leave that many BLAS and OpenMP threads parked in the test process
-    from ggopt._threads import MAX_N_THREADS
+    from ggopt.backend.cpu.threads import MAX_N_THREADS
 
     assert MAX_N_THREADS >= max(512, os.cpu_count() or 1)
     with pytest.raises(InvalidValueError, match=f"at most {MAX_N_THREADS}"):

@@ -11,8 +11,8 @@ import pytest
 
 import ggopt
 from ggopt import backend as gb
+from ggopt.backend.array.backend import numpy_backend
 from ggopt.backend.plan_cache import PlanCache, graph_signature
-from ggopt.backend.xp import numpy_backend
 
 Build = Callable[[ggopt.Context, ggopt.Tensor, ggopt.Tensor], ggopt.Tensor]
 

@@ -11,7 +11,7 @@ import threadpoolctl
 
 import ggopt
 from ggopt import backend as gb
-from ggopt.backend.blas import SerialBlas
+from ggopt.backend.cpu.blas import SerialBlas
 
 
 def blas_threads() -> list[int]:

@@ -1,4 +1,4 @@
-"""The process-wide thread setting (ggopt._threads) and its effect on BLAS."""
+"""The process-wide thread setting (ggopt.backend.cpu.threads) and its effect on BLAS."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import threadpoolctl
 from ggopt._kernels._openmp_helpers import omp_max_threads
 
-from ggopt import _threads
 from ggopt._kernels import _openmp_helpers
+from ggopt.backend.cpu import threads as _threads
 from ggopt.errors import DTypeError, InvalidValueError
 
 
@@ -94,7 +94,7 @@ def test_blas_never_gets_more_threads_than_cpus():
 
 
 def test_omp_num_threads_is_respected():
-    code = "from ggopt import _threads; print(_threads.get_n_threads())"
+    code = "import ggopt; print(ggopt.get_n_threads())"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True

@@ -1,5 +1,5 @@
-"""A small MLP and a small CNN (mnist-fc / mnist-cnn layouts, spec §8.3) give PyTorch's loss and
-gradients for the same weights and data."""
+"""A small MLP and a small CNN (mnist-fc / mnist-cnn layouts, ggml-opt-spec §8.3) give
+PyTorch's loss and gradients for the same weights and data."""
 
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def test_mlp_matches_torch(batch):
 
 @pytest.mark.parametrize("batch", [1, 3])
 def test_cnn_matches_torch(batch):
-    """conv_2d + bias + relu + max-pool twice, NHWC flatten, dense, cross-entropy (spec §8.3)."""
+    """conv_2d + bias + relu + max-pool twice, NHWC flatten, dense, cross-entropy
+    (ggml-opt-spec §8.3)."""
     rng = np.random.default_rng(10 + batch)
     side, c1, c2, n_out = 8, 4, 6, 10
     k1, kb1 = _normal(rng, c1, 1, 3, 3), _normal(rng, c1, 1, 1, sd=0.1)

@@ -1,9 +1,17 @@
-"""Backends, buffers and the scheduler (ggml-backend).
+"""Backends, buffers and the scheduler (ggml-backend), grouped by device as ggml is.
 
+The generic parts sit here: the ``Backend`` interface (``base``), buffers, the memory planner
+(``alloc``), the scheduler and its plan cache, node fusion detection. Each device has its own
+package: ``cpu/`` (the CPU backend, its compilers, threads, BLAS and float-mode policies),
+``array/`` (NumPy/CuPy array code, the reference oracle), ``cuda/`` (CuPy and fused kernels).
 ``cpu_init`` gives the CPU backend; ``cupy_init`` (imported only when called) the GPU one.
 """
 
 from __future__ import annotations
+
+# isort: off
+from .cpu import CPUBackend, cpu_init, host_backend  # first: the OpenMP wait policy (cpu/)
+# isort: on
 
 import contextlib
 
@@ -15,7 +23,6 @@ from ..errors import DTypeError
 from ..tensor import Tensor
 from .base import Backend, _check_transfer
 from .buffer import Buffer, align, buffer_of, init_view
-from .cpu import CPUBackend, cpu_init, host_backend
 from .sched import Scheduler
 
 __all__ = [
@@ -88,6 +95,6 @@ def cupy_init(device: int = 0) -> Backend:
 
     Raises BackendUnavailableError without CuPy or a usable GPU.
     """
-    from .cupy import CuPyBackend
+    from .cuda.backend import CuPyBackend
 
     return CuPyBackend(device)

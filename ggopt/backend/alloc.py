@@ -1,6 +1,6 @@
 """Compute-memory planning: ggml-alloc's liveness-based allocator, as offsets into one buffer.
 
-The planner walks the nodes in execution order and keeps ggml's properties (spec §6.2):
+The planner walks the nodes in execution order and keeps ggml's properties (ggml-opt-spec §6.2):
 tensors that already have memory are never touched, INPUT tensors are placed first, OUTPUT
 tensors are never freed or reused, a tensor's memory is freed after its last consumer ran (or
 after the last view of it did), and element-wise ops may take over a dying parent's memory.

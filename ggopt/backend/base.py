@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,11 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued work to finish (a no-op on the CPU)."""
+
+    def compute_scope(self) -> AbstractContextManager[object]:
+        """What holds around every graph compute of a scheduler that has this backend (the
+        device's own policies: the CPU's BLAS threads and float mode). Default: nothing."""
+        return nullcontext()
 
     # --- public, validated ----------------------------------------------------------------
     def alloc_buffer(self, nbytes: int) -> Buffer:

@@ -12,11 +12,11 @@ when every step of the plan reads and writes only memory (no tensor object).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections.abc import Sequence
 
-from .._denormals import ComputeFloatMode
 from ..context import Context
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..graph import Graph
@@ -24,7 +24,6 @@ from ..tensor import VIEW_OPS, Op, Tensor
 from ..types import FLAG_INPUT
 from .alloc import plan_memory
 from .base import Backend, Placement, Step
-from .blas import SerialBlas
 from .buffer import Buffer, buffer_of, init_view
 from .fusion import count_uses
 from .plan_cache import PlanCache, graph_signature
@@ -137,7 +136,6 @@ class Scheduler:
         self._current: _Compiled | None = None
         self._graph: Graph | None = None  # the graph self._current was compiled from
         self._ctx = Context()  # holds split-input copies
-        self._blas = SerialBlas()  # BLAS on one thread during computes (see blas.py)
         self._lock = threading.RLock()
 
     def __enter__(self) -> Scheduler:
@@ -232,8 +230,9 @@ class Scheduler:
 
     def _compute(self) -> None:
         assert self._current is not None
-        n_threads = max((getattr(b, "n_threads", 1) for b in self.backends), default=1)
-        with self._blas, ComputeFloatMode(n_threads):
+        with contextlib.ExitStack() as scopes:
+            for b in self.backends:
+                scopes.enter_context(b.compute_scope())
             for step in self._current.steps:
                 step()
             for b in self.backends:

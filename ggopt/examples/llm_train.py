@@ -22,7 +22,7 @@ import ggopt
 
 from .. import Tensor
 from ..backend import tensor_get, tensor_set
-from ..dist import Communicator
+from ..distributed import Communicator
 from ..errors import ShapeError
 from ..opt import (
     BuildType,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import dist, get_n_threads, set_n_threads
+from .. import distributed, get_n_threads, set_n_threads
 from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
 from ..opt import Dataset, FitHistory, Result
@@ -148,11 +148,11 @@ def _physical_batch(nranks: int) -> int:
                      f"{', '.join(map(str, usable))} ranks")
 
 
-def _world(args: argparse.Namespace) -> dist.Communicator | None:
+def _world(args: argparse.Namespace) -> distributed.Communicator | None:
     """The MPI world to train on, or None for a single process."""
-    if args.dist == "none" or (args.dist == "auto" and not dist.launched_by_mpi()):
+    if args.dist == "none" or (args.dist == "auto" and not distributed.launched_by_mpi()):
         return None
-    comm = dist.mpi_world()
+    comm = distributed.mpi_world()
     if comm.size == 1:
         return None
     args.comm = comm  # main() aborts every rank on an error
@@ -196,7 +196,7 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) -> int:
+def _train_rank(args: argparse.Namespace, comm: distributed.Communicator, nbatch: int) -> int:
     """What a rank other than 0 does in ``train``: its part of the training, silently."""
     sched = _setup(args)
     nepoch = args.epochs or (FULL_EPOCHS if args.data else SUBSET_EPOCHS)
@@ -209,7 +209,7 @@ def _train_rank(args: argparse.Namespace, comm: dist.Communicator, nbatch: int) 
 
 
 def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoch: int,
-         comm: dist.Communicator | None) -> FitHistory:
+         comm: distributed.Communicator | None) -> FitHistory:
     """ggml's recipe with the schedule, checkpoint and resume options (every rank alike)."""
     _, idata_split = fit_split(ds_train.ndata, model.NBATCH_LOGICAL, m.nbatch_physical,
                                VAL_SPLIT)

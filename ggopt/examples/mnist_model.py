@@ -41,7 +41,7 @@ from ..opt import (
 from .mnist_data import HW, NCLASSES, NINPUT
 
 if TYPE_CHECKING:
-    from ..dist import Communicator
+    from ..distributed import Communicator
 
 __all__ = [
     "ARCHS",

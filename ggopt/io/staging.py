@@ -19,10 +19,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..errors import DTypeError, ShapeError, StateError
+
 #: A staged change; it may return the function that undoes it.
 Change = Callable[[], "Callable[[], None] | None"]
-
-from ..errors import DTypeError, ShapeError, StateError
 
 __all__ = ["Staging"]
 

@@ -40,7 +40,7 @@ BackwardRule = Callable[[Context, Tensor, Tensor, GradSink], None]
 BACKWARD: Registry[Op, BackwardRule] = Registry("backward rules")
 backward = BACKWARD.register
 
-#: op -> the source indices of a node that never receive gradients (spec §5.2)
+#: op -> the source indices of a node that never receive gradients (ggml-opt-spec §5.2)
 _IGNORED: dict[Op, Callable[[Tensor], frozenset[int]]] = {}
 
 

@@ -6,15 +6,15 @@ call); ``eval`` computes it and records the result. Graphs are *static* when the
 context, inputs and outputs are passed at construction (built once), *dynamic* otherwise
 (rebuilt for every batch after :meth:`OptContext.prepare_alloc`).
 
-Deliberate differences from ggml (spec §2.8):
+Deliberate differences from ggml (ggml-opt-spec §2.8):
 
 - dynamic graphs re-zero the gradient accumulators at the start of each optimizer period
-  (ggml never does, Q1);
-- forward-only evals do not advance the accumulation counter (Q2);
-- ``BuildType.GRAD`` computes gradients and never steps (ggml aborts, Q4): accumulators sum
-  over ``opt_period`` backward evals and are zeroed when the next period starts;
+  (ggml never does, ggml-opt-spec Q1);
+- forward-only evals do not advance the accumulation counter (ggml-opt-spec Q2);
+- ``BuildType.GRAD`` computes gradients and never steps (ggml aborts, ggml-opt-spec Q4):
+  accumulators sum over ``opt_period`` backward evals and are zeroed when the next period starts;
 - :meth:`OptContext.reset` and :meth:`OptContext.grad_acc` work on the persistent
-  accumulators, also with dynamic graphs after an eval (ggml: no-op / crash, Q6).
+  accumulators, also with dynamic graphs after an eval (ggml: no-op / crash, ggml-opt-spec Q6).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ from .schedule import Schedule
 from .state import Counters, OptState, Snapshot, StateView
 
 if TYPE_CHECKING:
-    from ..dist import Communicator
-    from ..dist.data_parallel import DataParallel
+    from ..distributed import Communicator
+    from ..distributed.data_parallel import DataParallel
 
 __all__ = ["OptContext"]
 
@@ -89,7 +89,7 @@ class OptContext(Checkpointing, ContextViews):
     eval raises StateError and computes nothing; hold the scheduler (``with sched:``) around
     the pair, as :func:`~ggopt.opt.epoch` and :func:`~ggopt.opt.fit` do, to share one.
 
-    With ``params.comm`` a :class:`ggopt.dist.Communicator` of several ranks the context is
+    With ``params.comm`` a :class:`ggopt.distributed.Communicator` of several ranks the context is
     data-parallel (``docs/distributed.md``): construction is collective, and an error on any
     rank raises on every rank.
 
@@ -102,7 +102,7 @@ class OptContext(Checkpointing, ContextViews):
         if comm is None:
             self._init(params)
             return
-        from ..dist.data_parallel import DataParallel
+        from ..distributed.data_parallel import DataParallel
 
         comm = DataParallel.check_comm(comm)
         if comm is None:  # a single rank is no communicator at all
@@ -476,7 +476,7 @@ class OptContext(Checkpointing, ContextViews):
 
     @property
     def comm(self) -> Communicator | None:
-        """The :class:`ggopt.dist.Communicator` of a data-parallel context, else None (also
+        """The :class:`ggopt.distributed.Communicator` of a data-parallel context, else None (also
         for a communicator of one rank)."""
         return None if self._dp is None else self._dp.comm
 

@@ -8,8 +8,8 @@ import numpy as np
 import xxhash
 
 from .._kernels._gather import gather_shards
-from .._threads import get_n_threads
 from ..backend import tensor_set
+from ..backend.cpu.threads import get_n_threads
 from ..context import Context
 from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor

@@ -106,7 +106,7 @@ class OptParams:
     optimizer : OptimizerType
     rng_seed : int
         Seed of the context's ``std::mt19937`` used by dataset shuffles (ggml: always 5489).
-    comm : ggopt.dist.Communicator or None
+    comm : ggopt.distributed.Communicator or None
         Not in ggml. Several ranks: train data-parallel, ``opt_period`` counting the physical
         batches of all ranks (``docs/distributed.md``). None or one rank: a plain context.
     """

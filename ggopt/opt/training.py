@@ -105,7 +105,7 @@ def epoch(
         E.g. :func:`epoch_callback_progress_bar`.
 
     A data-parallel context (``opt_ctx.comm`` set) splits the batches across its ranks; see
-    :func:`ggopt.dist.epoch.epoch_data_parallel`.
+    :func:`ggopt.distributed.epoch.epoch_data_parallel`.
 
     The epoch holds the scheduler and the context throughout, so epochs from several threads
     run one after the other. If an exception (or KeyboardInterrupt) stops it, the context is
@@ -121,7 +121,7 @@ def epoch(
     with opt_ctx.locked():
         try:
             if opt_ctx.comm is not None:
-                from ..dist.epoch import epoch_data_parallel
+                from ..distributed.epoch import epoch_data_parallel
 
                 epoch_data_parallel(opt_ctx, dataset, result_train, result_eval, idata_split,
                                     callback_train, callback_eval, _epoch_batches)
@@ -277,7 +277,7 @@ def fit(
         False: print a header and progress bars per epoch, as ggml does.
     stream : text stream, optional
         Where the progress goes (default ``sys.stderr``).
-    comm : ggopt.dist.Communicator, optional
+    comm : ggopt.distributed.Communicator, optional
         Not in ggml: train data-parallel over its ranks (``docs/distributed.md``). Every rank
         calls ``fit`` with the same arguments; only rank 0 prints; every rank returns the same
         history (and holds the same weights).

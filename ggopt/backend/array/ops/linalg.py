@@ -1,0 +1,58 @@
+"""Matrix-product array compilers: ``xp.matmul`` over views that turn ggml's dim-2/3
+broadcast into batch axes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ....tensor import Op, Tensor
+from ...base import Placement, Step
+from ._base import COMPILERS, Srcs, split_axes
+
+if TYPE_CHECKING:
+    from ..backend import ArrayBackend
+
+
+def _batch_split(a_shape: Sequence[int], b_shape: Sequence[int]
+                 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Axis groups for ggml's dim-2/3 broadcast in mul_mat/out_prod: ``b[i3, i2]`` pairs with
+    ``a[i3 // r3, i2 // r2]``, so ``b``'s batch axes split into ``(len_a, r)``."""
+    ga: list[tuple[int, ...]] = []
+    gb: list[tuple[int, ...]] = []
+    for n_a, n_b in zip(a_shape[:2], b_shape[:2]):
+        if n_a == n_b:
+            ga.append((n_a,))
+            gb.append((n_b,))
+        else:
+            ga.append((n_a, 1))
+            gb.append((n_a, n_b // n_a))
+    return ga, gb
+
+
+def _whole(arr: Any) -> list[tuple[int, ...]]:
+    return [(n,) for n in arr.shape]
+
+
+@COMPILERS.register(Op.MUL_MAT)
+def _mul_mat(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # Per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
+    xp = be.xp
+    a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
+    ga, gb = _batch_split(a.shape, b.shape)
+    at = xp.swapaxes(split_axes(xp, a, ga + _whole(a)[2:]), -1, -2)
+    b = split_axes(xp, b, gb + _whole(b)[2:])
+    c = split_axes(xp, c, gb + _whole(c)[2:])
+    return lambda: xp.matmul(b, at, out=c)
+
+
+@COMPILERS.register(Op.OUT_PROD)
+def _out_prod(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    # Per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
+    xp = be.xp
+    a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
+    ga, gb = _batch_split(a.shape, b.shape)
+    a = split_axes(xp, a, ga + _whole(a)[2:])
+    bt = xp.swapaxes(split_axes(xp, b, gb + _whole(b)[2:]), -1, -2)
+    c = split_axes(xp, c, gb + _whole(c)[2:])
+    return lambda: xp.matmul(bt, a, out=c)

@@ -1,0 +1,147 @@
+"""The CPU backend: host buffers (NumPy arrays) and nodes compiled to Cython kernel calls.
+
+Matrix products go to BLAS sgemm (SciPy's, one thread per call, spread over the kernels' thread
+count: ``ops/linalg.py``); everything else is a ``ggopt._kernels`` function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ...tensor import VIEW_OPS, Tensor
+from ..base import Backend, Placement, Step
+from ..buffer import ALIGNMENT, Buffer
+from ..fusion import is_product_then_add
+from . import threads as _threads
+from .blas import SerialBlas
+from .denormals import ComputeFloatMode
+from .ops import COMPILERS
+from .ops.linalg import product_then_add_step
+
+__all__ = ["CPUBackend", "cpu_init", "host_backend"]
+
+
+class CPUBackend(Backend):
+    """Computes on the host with the OpenMP kernels (ggml_backend_cpu).
+
+    ``n_threads`` None follows the process-wide :func:`ggopt.set_n_threads` setting.
+    """
+
+    name = "CPU"
+    is_host = True
+    steps_bind_memory = True  # every compiler in ops/ binds arrays only
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        self._n_threads = _check_n_threads("ggml_backend_cpu_init", n_threads)
+
+    @property
+    def n_threads(self) -> int:
+        return self._n_threads if self._n_threads is not None else _threads.get_n_threads()
+
+    def set_n_threads(self, n_threads: int | None) -> None:
+        """Pin this backend's thread count (None: follow the process-wide setting)."""
+        self._n_threads = _check_n_threads("ggml_backend_cpu_set_n_threads", n_threads)
+
+    def compute_scope(self) -> contextlib.ExitStack:
+        """BLAS on one thread (:class:`.blas.SerialBlas`) and the compute's float mode
+        (:class:`.denormals.ComputeFloatMode`, flush-to-zero on this backend's threads)."""
+        scope = contextlib.ExitStack()
+        scope.enter_context(SerialBlas())
+        scope.enter_context(ComputeFloatMode(self.n_threads))
+        return scope
+
+    # --- memory -------------------------------------------------------------------------------
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+        start = (-raw.ctypes.data) % ALIGNMENT
+        return raw[start:start + nbytes]
+
+    def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
+        ne, nb = t.ne, t.nb
+        if 0 in ne:
+            return np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=t.type.dtype)
+        return np.ndarray(
+            (ne[3], ne[2], ne[1], ne[0]),
+            dtype=t.type.dtype,
+            buffer=buf.data,
+            offset=offset,
+            strides=(nb[3], nb[2], nb[1], nb[0]),
+        )
+
+    def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
+        view = t.array4d()
+        np.copyto(view, array.reshape(view.shape))
+
+    def _copy_out(self, t: Tensor) -> np.ndarray:
+        return np.array(t.numpy(), copy=True)
+
+    def fill(self, t: Tensor, value: float) -> None:
+        t.array4d()[...] = value
+
+    def can_read(self, buf: Buffer) -> bool:
+        return buf.is_host
+
+    # --- compute ------------------------------------------------------------------------------
+    def supports_op(self, node: Tensor) -> bool:
+        return node.op in VIEW_OPS or node.op in COMPILERS
+
+    def compile_node(self, node: Tensor, srcs: tuple[Tensor, ...], mem: Placement) -> Step | None:
+        if node.op in VIEW_OPS or node.nelements() == 0:  # nothing to compute or write
+            return None
+        return COMPILERS[node.op](self, node, srcs, mem)
+
+    def compile_nodes(self, nodes: list[Tensor], srcs_of: Mapping[Tensor, tuple[Tensor, ...]],
+                      mem: Placement, uses: Mapping[Tensor, int]) -> list[Step]:
+        """As the base class, but a product followed by the in-place add that sums it into a
+        gradient accumulator is one step (``backend/fusion.py``)."""
+        steps: list[Step] = []
+        i = 0
+        while i < len(nodes):
+            node = nodes[i]
+            nxt = nodes[i + 1] if i + 1 < len(nodes) else None
+            if nxt is not None and is_product_then_add(node, nxt, uses) \
+                    and srcs_of[nxt][0] is nxt.src[0] and node.nelements() > 0:
+                fused = product_then_add_step(self, node, srcs_of[node], mem, mem(nxt))
+                if fused is not None:
+                    steps.append(fused)
+                    i += 2
+                    continue
+            step = self.compile_node(node, srcs_of[node], mem)
+            if step is not None:
+                steps.append(step)
+            i += 1
+        return steps
+
+    def copy_step(self, src: Tensor, dst: Tensor, mem: Placement) -> Step:
+        backend = mem.at(src.data_owner())[0].backend
+        out = mem(dst)
+
+        def step() -> None:
+            np.copyto(out, backend.tensor_get(src).reshape(out.shape))
+
+        return step
+
+
+def _check_n_threads(fn: str, n: object) -> int | None:
+    """None (follow the process-wide setting) or a count in ``[1, MAX_N_THREADS]``."""
+    return None if n is None else _threads.check_n_threads(n, fn)
+
+
+_HOST: CPUBackend | None = None
+
+
+def host_backend() -> CPUBackend:
+    """The shared CPU backend that holds host-side data (datasets, no_alloc=False contexts)."""
+    global _HOST
+    if _HOST is None:
+        _HOST = CPUBackend()
+    return _HOST
+
+
+def cpu_init(n_threads: int | None = None) -> CPUBackend:
+    """A CPU backend (ggml_backend_cpu_init); ``n_threads`` None follows ggopt.set_n_threads."""
+    return CPUBackend(n_threads)
