@@ -132,7 +132,7 @@ class DataParallel:
         ctx = Context()
         g = _graph.new_graph_custom(ctx, _graph.GRAPH_DEFAULT_SIZE, False)
         optimizer_steps(c.spec, state.persistent, dict(state.moments), ctx, g,
-                        list(reversed(state.param_accs.items())))
+                        list(reversed(list(state.param_accs.items()))))
         self._step_graph = g
         self._step_sched = Scheduler(c.spec.sched.backends)
         self._step_sched.alloc_graph(g)

@@ -39,8 +39,8 @@ def _merge(target: Result, parts: list[list[Result]]) -> None:
         for part in rank_parts:
             pred = part._pred[0] if part._pred else None
             ncorrect = None if part._ncorrect < 0 else part._ncorrect
-            target._check_eval(part._loss_per_datapoint, part._opt_period, part._ndata)
-            target._add_eval(part._loss_per_datapoint, part._opt_period, part._ndata,
+            target._check_eval(part._loss_per_datapoint, part._opt_period, part.ndata)
+            target._add_eval(part._loss_per_datapoint, part._opt_period, part.ndata,
                              part._loss[0], pred, ncorrect)
 
 

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Literal, TextIO
 
 import numpy as np
 
@@ -206,18 +206,22 @@ class Trainer:
 
     def fit(self, dataset: Dataset, nepoch: int, silent: bool = False,
             stream: TextIO | None = None, checkpoint: str | os.PathLike[str] | None = None,
-            resume: bool = False) -> FitHistory:
+            resume: bool | Literal["force"] = False) -> FitHistory:
         """Epochs up to ``nepoch``; returns the per-epoch statistics (over all ranks), printing
         one line per epoch. ``checkpoint``: save the whole training state there after every
         epoch; ``resume``: load it first and continue after its epoch (bit for bit the same
-        weights as an uninterrupted run)."""
+        weights as an uninterrupted run; refused when the checkpoint's run had other data,
+        batch sizes or split, unless ``"force"``: then no longer bit-exact)."""
         if resume and checkpoint is None:
             raise ShapeError("llm train: resuming needs a checkpoint file")
         history = FitHistory()
         comm = self.opt_ctx.comm
         first = 1
+        run = {"batch": self.tp.n_batch, "micro_batch": self.tp.n_ubatch,
+               "val_split": self.tp.val_split, "data": dataset.digest()}
         if resume and checkpoint is not None:
-            first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule) + 1
+            first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule, run=run,
+                                            force=resume == "force") + 1
             if first > nepoch:
                 raise ShapeError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} already "
                                  f"holds {first - 1} epochs; ask for more than that")
@@ -231,7 +235,8 @@ class Trainer:
             if not silent and self.rank == 0:
                 print(epoch_line(iepoch, *stats), file=stream, flush=True)
             if checkpoint is not None:
-                self.opt_ctx.save_state(checkpoint, dataset, self.schedule, epoch=iepoch)
+                self.opt_ctx.save_state(checkpoint, dataset, self.schedule, epoch=iepoch,
+                                        run=run)
         return history
 
     def close(self) -> None:

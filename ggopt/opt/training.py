@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 import numpy as np
 
@@ -200,6 +200,14 @@ def fit_split(
     return opt_period, train_logical * opt_period * nbatch_physical
 
 
+def fit_run(dataset: Dataset, nbatch_logical: int, nbatch_physical: int,
+            val_split: float) -> dict[str, int | float | str]:
+    """What a :func:`fit` run depends on, recorded in its checkpoints and checked on resume:
+    the batch sizes, the validation split (as float32, as fit uses it) and the data."""
+    return {"batch": int(nbatch_logical), "micro_batch": int(nbatch_physical),
+            "val_split": float(np.float32(val_split)), "data": dataset.digest()}
+
+
 @dataclasses.dataclass
 class FitHistory:
     """Per-epoch statistics returned by :func:`fit`; every list has one entry per epoch.
@@ -249,7 +257,7 @@ def fit(
     stream: TextIO | None = None,
     comm: Any = None,
     checkpoint: str | os.PathLike[str] | None = None,
-    resume: bool = False,
+    resume: bool | Literal["force"] = False,
 ) -> FitHistory:
     """Train a model with static graphs for ``nepoch`` epochs.
 
@@ -285,10 +293,13 @@ def fit(
         Save the whole state there (:meth:`OptContext.save_state`, with the dataset's shard
         order and, when ``get_opt_pars`` is a :class:`Schedule`, its position) after every
         epoch.
-    resume : bool
+    resume : bool or "force"
         Load ``checkpoint`` first and continue after the epoch it holds (``nepoch`` counts
         all epochs, those before the checkpoint included); the result is bit for bit the
-        one of an uninterrupted run.
+        one of an uninterrupted run. The checkpoint records what the run depends on (logical
+        and physical batch size, ``val_split``, a digest of the dataset); a different run is
+        refused (StateError), or with ``"force"`` resumed with a
+        :class:`~ggopt.opt.checkpoint.RunMismatchWarning` (no longer bit-exact).
 
     Returns
     -------
@@ -313,6 +324,8 @@ def fit(
     _check_dataset(dataset, inputs, loss_type, fn)
     ndata = dataset.data.ne[1]
     opt_period, idata_split = fit_split(ndata, nbatch_logical, inputs.ne[1], val_split)
+    if resume not in (False, True, "force"):
+        raise InvalidValueError(f"resume must be True, False or 'force', got {resume!r} ({fn})")
     if resume and checkpoint is None:
         raise StateError(f"resume=True needs a checkpoint path ({fn})")
     schedule = get_opt_pars if isinstance(get_opt_pars, Schedule) else None
@@ -329,10 +342,13 @@ def fit(
     out = sys.stderr if stream is None else stream
     callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
     history = FitHistory()
+    run = None if checkpoint is None else fit_run(dataset, nbatch_logical, inputs.ne[1],
+                                                  val_split)
     with OptContext(params) as opt_ctx:
         first_epoch = 1
         if resume and checkpoint is not None:
-            first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule) + 1
+            first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule, run=run,
+                                             force=resume == "force") + 1
             if not silent:
                 out.write(f"{fn}: resuming from '{os.fspath(checkpoint)}' after epoch "
                           f"{first_epoch - 1}\n")
@@ -352,7 +368,7 @@ def fit(
                 out.write("\n")
             history._record(result_train, result_val, time.perf_counter() - t_epoch)
             if checkpoint is not None:
-                opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch)
+                opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch, run=run)
     if not silent:
         out.write(f"{fn}: training took {format_hms(int((time.perf_counter() - t_start) * 1e6))}\n")
         out.flush()
