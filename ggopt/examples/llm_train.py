@@ -217,8 +217,10 @@ class Trainer:
         history = FitHistory()
         comm = self.opt_ctx.comm
         first = 1
-        run = {"batch": self.tp.n_batch, "micro_batch": self.tp.n_ubatch,
-               "val_split": self.tp.val_split, "data": dataset.digest()}
+        run: dict[str, int | float | str] = {"batch": self.tp.n_batch,
+                                             "micro_batch": self.tp.n_ubatch,
+                                             "val_split": self.tp.val_split,
+                                             "data": dataset.digest()}
         if resume and checkpoint is not None:
             first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule, run=run,
                                             force=resume == "force") + 1
