@@ -220,21 +220,17 @@ def _stage_extras(st: FileState, dataset: Dataset | None,
     return staging
 
 
-def _check_run_record(st: FileState, run: dict[str, object], force: bool) -> None:
-    """The run the file was saved by against ``run`` (unchecked when ``run`` is empty)."""
-    if not run:
-        return
+def _check_run_record(st: FileState, run: dict[str, object], force: bool) -> str:
+    """The run the file was saved by against ``run`` (unchecked when ``run`` is empty):
+    raises on a difference unless ``force``; returns the differences ("" for none)."""
     differ = [f"{k}: the file {st.run.get(k, 'not recorded')!r}, this run {v!r}"
               for k, v in run.items() if st.run.get(k) != v]
-    if not differ:
-        return
     what = "; ".join(differ)
-    if not force:
+    if what and not force:
         raise StateError(f"{st.where}: the checkpoint was saved by a different run ({what}); "
                          f"resuming would not be bit-exact. Resume it anyway with "
                          f"resume='force' (the CLIs: --resume-force)")
-    warnings.warn(f"{st.where}: resuming a different run ({what}): the result is no longer "
-                  f"bit-exact", RunMismatchWarning, stacklevel=4)
+    return what
 
 
 def load_state(ctx: OptContext, path: str | os.PathLike[str], dataset: Dataset | None = None,
@@ -272,9 +268,12 @@ def _prepare_load(ctx: OptContext, path: str | os.PathLike[str], dataset: Datase
         raise ShapeError(f"{st.where}: data-parallel: the file stops inside an optimizer "
                          f"period (opt_i={st.snapshot.counters.opt_i}); resume it in one "
                          f"process")
+    differ = _check_run_record(st, run_record, force)
     extras = _stage_extras(st, dataset, schedule)
     staging = ctx.stage_load(st.snapshot, extras)
-    _check_run_record(st, run_record, force)
+    if differ:  # every check passed: say, once, what the forced resume gives up
+        warnings.warn(f"{st.where}: resuming a different run ({differ}): the result is no "
+                      f"longer bit-exact", RunMismatchWarning, stacklevel=5)
 
     def commit() -> int:
         staging.commit()

@@ -11,6 +11,7 @@ transaction (:class:`ggopt.io.staging.Staging`): checked in full, then committed
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable, Mapping
 
@@ -228,9 +229,9 @@ class OptState:
     # --- staging -------------------------------------------------------------------------------
     def _rng_change(self, snap: Snapshot) -> Callable[[], Callable[[], None]]:
         def apply() -> Callable[[], None]:
-            old = self.rng.get_state()
+            old = copy.deepcopy(vars(self.rng))  # exactly as it was, not just equivalent
             self.rng.set_state(snap.rng)  # checked when the snapshot was made
-            return lambda: self.rng.set_state(old)
+            return lambda: vars(self.rng).update(old)
 
         return apply
 
