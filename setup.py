@@ -153,6 +153,8 @@ def _extensions() -> list[Extension]:
             os.path.splitext(src)[0].replace(os.sep, "."),
             [src],
             include_dirs=[np.get_include(), os.path.join("ggopt", "_kernels")],
+            # a kernel's C headers: a change rebuilds every module (they are small)
+            depends=sorted(glob.glob(os.path.join("ggopt", "_kernels", "*.h"), root_dir=HERE)),
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
         )
         for src in sources

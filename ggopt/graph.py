@@ -12,6 +12,7 @@ from .context import Context
 from .errors import DTypeError, ShapeError, StateError
 from .ops._base import BACKWARD, ignored_sources
 from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
+from .ops.reduce import repeat_back
 from .tensor import Op, Tensor
 from .types import F16, F32, FLAG_COMPUTE, FLAG_INPUT, FLAG_LOSS, FLAG_PARAM, I32
 
@@ -198,6 +199,10 @@ class _Sink:
             self._set(src, add_inplace(self.ctx, prev, t))
         else:
             self._set(src, add(self.ctx, prev, t))
+
+    def untile(self, isrc: int, t: Tensor) -> Tensor:
+        src = self._src(isrc)
+        return t if t.ne == src.ne else repeat_back(self.ctx, t, src)
 
     def sub(self, isrc: int, t: Tensor) -> None:
         src = self._src(isrc)

@@ -171,3 +171,74 @@ def test_cuda_preamble_and_kernel_sources_compile_as_c(tmp_path):
     out = subprocess.run([cc, "-std=c99", "-Wall", "-Werror", "-Wno-unused-function",
                           "-fsyntax-only", str(src)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """ggopt module -> the ggopt modules it imports (at any depth in the file)."""
+    graph: dict[str, set[str]] = {}
+    for p in ROOT.rglob("*.py"):
+        rel = p.relative_to(ROOT.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[name] = {m for m in _imports(p) if m.startswith("ggopt.")}
+    return graph
+
+
+def test_op_families_do_not_import_each_other_in_a_cycle():
+    graph = _import_graph()
+    families = {f"ggopt.ops.{f}" for f in FAMILIES}
+    for fam in families:
+        seen, todo = set(), [m for m in graph[fam] if m in families]
+        while todo:
+            m = todo.pop()
+            assert m != fam, f"{fam} imports itself through another op family"
+            if m not in seen:
+                seen.add(m)
+                todo += [n for n in graph.get(m, ()) if n in families]
+
+
+# --- no module reads another's private state --------------------------------------------------
+_GUARDED = {"OptContext": "opt/context.py", "Scheduler": "backend/sched.py",
+            "Dataset": "opt/dataset.py"}
+
+
+def _private_names(module: str, cls: str) -> set[str]:
+    """The ``_names`` of class ``cls``: set on ``self`` anywhere in its module, or defined in
+    its body (methods, properties, class attributes); dunders excluded."""
+    tree = ast.parse((ROOT / module).read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "self" and isinstance(node.ctx, ast.Store)):
+            names.add(node.attr)
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    for item in body.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
+    """Rule: outside the module defining OptContext, Scheduler or Dataset, no attribute
+    access ``x._name`` where ``_name`` is one of that class's private names and ``x`` is
+    anything but ``self`` or ``cls`` (a mixin's own ``self._name`` is the class's code). The
+    check is by name, so it also refuses another object's attribute of the same private
+    name: rename one of them. Covers ggopt, bench and tools (white-box tests may look
+    inside)."""
+    private = {cls: _private_names(module, cls) for cls, module in _GUARDED.items()}
+    assert "_st" in private["OptContext"] and "_permutation" in private["Dataset"]
+    own = {ROOT / module: cls for cls, module in _GUARDED.items()}
+    files = [p for d in (ROOT, ROOT.parent / "bench", ROOT.parent / "tools") if d.exists()
+             for p in d.rglob("*.py")]
+    bad = []
+    for path in files:
+        names = set().union(*(n for cls, n in private.items() if own.get(path) != cls))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in names
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls"))):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}")
+    assert not bad, bad

@@ -29,6 +29,7 @@ from ggopt._kernels import (
     _norm,
     _optim,
     _pointwise,
+    _pool,
     _reduce,
     _rope,
     _softmax,
@@ -253,38 +254,38 @@ def test_pool_2d_shape_and_parameter_errors():
     dst = np.full((2, 3, 3, 3), 7.0, np.float32)
     for shape in [(2, 3, 3, 4), (2, 3, 4, 3), (2, 4, 3, 3), (3, 3, 3, 3)]:
         bad = np.full(shape, 7.0, np.float32)
-        assert_refuses(ShapeError, bad, lambda b=bad: _conv.pool_2d(x, b, _conv.POOL_MAX, *POOL, 1),
+        assert_refuses(ShapeError, bad, lambda b=bad: _pool.pool_2d(x, b, _pool.POOL_MAX, *POOL, 1),
                  match="pool_2d")
-    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, 2, *POOL, 1), match="op")
-    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d(x, dst, -1, *POOL, 1))
+    assert_refuses(InvalidValueError, dst, lambda: _pool.pool_2d(x, dst, 2, *POOL, 1), match="op")
+    assert_refuses(InvalidValueError, dst, lambda: _pool.pool_2d(x, dst, -1, *POOL, 1))
     for k in range(6):
         cfg = list(POOL)
         cfg[k] = -1
         assert_refuses(InvalidValueError, dst,
-                 lambda c=cfg: _conv.pool_2d(x, dst, _conv.POOL_AVG, *c, 1))
-    _conv.pool_2d(x, dst, _conv.POOL_MAX, *POOL, 2)  # consistent: works
+                 lambda c=cfg: _pool.pool_2d(x, dst, _pool.POOL_AVG, *c, 1))
+    _pool.pool_2d(x, dst, _pool.POOL_MAX, *POOL, 2)  # consistent: works
     np.testing.assert_array_equal(dst, x[:, :, :6, :6].reshape(2, 3, 3, 2, 3, 2).max((3, 5)))
 
 
 def test_pool_2d_back_shape_and_parameter_errors():
     g, x = _f32(2, 3, 3, 3), _f32(2, 3, 6, 7, seed=1)
     dst = np.full((2, 3, 6, 7), 7.0, np.float32)
-    for op in (_conv.POOL_MAX, _conv.POOL_AVG):
-        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(1, 3, 3, 3), x, dst, o,
+    for op in (_pool.POOL_MAX, _pool.POOL_AVG):
+        assert_refuses(ShapeError, dst, lambda o=op: _pool.pool_2d_back(_f32(1, 3, 3, 3), x, dst, o,
                                                                   *POOL, 1))
-        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(_f32(2, 3, 3, 4), x, dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _pool.pool_2d_back(_f32(2, 3, 3, 4), x, dst, o,
                                                                   *POOL, 1))
-        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(1, 3, 6, 7), dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _pool.pool_2d_back(g, _f32(1, 3, 6, 7), dst, o,
                                                                   *POOL, 1), match="x has shape")
-        assert_refuses(ShapeError, dst, lambda o=op: _conv.pool_2d_back(g, _f32(2, 3, 4, 4), dst, o,
+        assert_refuses(ShapeError, dst, lambda o=op: _pool.pool_2d_back(g, _f32(2, 3, 4, 4), dst, o,
                                                                   *POOL, 1))
-    assert_refuses(InvalidValueError, dst, lambda: _conv.pool_2d_back(g, x, dst, 7, *POOL, 1))
+    assert_refuses(InvalidValueError, dst, lambda: _pool.pool_2d_back(g, x, dst, 7, *POOL, 1))
     for k in range(6):
         cfg = list(POOL)
         cfg[k] = -1
         assert_refuses(InvalidValueError, dst,
-                 lambda c=cfg: _conv.pool_2d_back(g, x, dst, _conv.POOL_MAX, *c, 1))
-    _conv.pool_2d_back(g, x, dst, _conv.POOL_AVG, *POOL, 2)  # consistent: works
+                 lambda c=cfg: _pool.pool_2d_back(g, x, dst, _pool.POOL_MAX, *c, 1))
+    _pool.pool_2d_back(g, x, dst, _pool.POOL_AVG, *POOL, 2)  # consistent: works
     np.testing.assert_allclose(dst[:, :, :6, :6].sum(), g.sum(), rtol=1e-5)
 
 
@@ -318,8 +319,8 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
             _f32(3, 8), np.array([0, 1, 3], np.int32), d2, n)),
         "im2col": (conv, lambda n: _conv.im2col(_f32(2, 4, 6, 7), conv, *CFG, n)),
         "im2col_back": (img, lambda n: _conv.im2col_back(_f32(2, 6, 7, 36), img, *CFG, n)),
-        "pool_2d": (pooled, lambda n: _conv.pool_2d(_f32(2, 3, 6, 7), pooled, 0, *POOL, n)),
-        "pool_2d_back": (img, lambda n: _conv.pool_2d_back(
+        "pool_2d": (pooled, lambda n: _pool.pool_2d(_f32(2, 3, 6, 7), pooled, 0, *POOL, n)),
+        "pool_2d_back": (img, lambda n: _pool.pool_2d_back(
             _f32(2, 4, 3, 3), _f32(2, 4, 6, 7), img, 0, *POOL, n)),
         "conv_2d": (conv_out, lambda n: _conv2d.conv_2d(_f32(5, 4, 3, 3), _f32(2, 4, 6, 7),
                                                         conv_out, *CONV2D, n)),
@@ -384,7 +385,7 @@ def test_every_kernel_takes_valid_thread_counts(name):
 def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
     modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _norm, _optim,
-               _pointwise, _reduce, _rope, _softmax]
+               _pool, _pointwise, _reduce, _rope, _softmax]
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
@@ -397,7 +398,7 @@ def test_a_missing_array_is_a_type_error(name):
         "get_rows": lambda: _get_rows.get_rows(_f32(1, 1, 2, 2), np.zeros((1, 1, 1), np.int32),
                                                None, 1),
         "im2col": lambda: _conv.im2col(None, np.zeros((2, 6, 7, 36), np.float32), *CFG, 1),
-        "pool_2d": lambda: _conv.pool_2d(_f32(1, 1, 2, 2), None, 0, *POOL, 1),
+        "pool_2d": lambda: _pool.pool_2d(_f32(1, 1, 2, 2), None, 0, *POOL, 1),
         "unary": lambda: _elementwise.unary(0, _f32(1, 1, 2, 2), None, 1),
         "sum_all": lambda: _reduce.sum_all(None, 1),
         "copy": lambda: _copy.copy(_f32(1, 1, 2, 2), None, 1),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ggopt._kernels import _conv
+from ggopt._kernels import _pool as PK
 
 FLT_MAX = np.finfo(np.float32).max
 THREADS = [1, 2]
@@ -109,7 +110,7 @@ def pool_ref(x, op, k0, k1, s0, s1, p0, p1):
     out = np.empty((N, C, OH, OW), np.float32)
     for oy, ox, ys, xs in _windows(IH, IW, OH, OW, k0, k1, s0, s1, p0, p1):
         win = x[:, :, ys, xs].reshape(N, C, -1)
-        if op == _conv.POOL_MAX:
+        if op == PK.POOL_MAX:
             best = win.max(axis=-1) if win.shape[-1] else np.full((N, C), -np.inf)
             out[:, :, oy, ox] = np.maximum(best, -FLT_MAX)
         else:
@@ -126,7 +127,7 @@ def pool_back_ref(g, x, op, k0, k1, s0, s1, p0, p1):
         win = x[:, :, ys, xs].reshape(N, C, -1)
         if win.shape[-1] == 0:
             continue
-        if op == _conv.POOL_MAX:
+        if op == PK.POOL_MAX:
             first = win.argmax(axis=-1)  # NumPy's argmax returns the first maximum
             width = xs.stop - xs.start
             gv = np.where(win.max(axis=-1) > -FLT_MAX, g[:, :, oy, ox], 0.0)
@@ -155,13 +156,13 @@ def _pool(x, op, cfg, n_threads):
     k0, k1, s0, s1, p0, p1 = cfg
     N, C, IH, IW = x.shape
     dst = np.full((N, C, _pool_out(IH, k1, s1, p1), _pool_out(IW, k0, s0, p0)), np.nan, np.float32)
-    _conv.pool_2d(x, dst, op, *cfg, n_threads)
+    PK.pool_2d(x, dst, op, *cfg, n_threads)
     return dst
 
 
 def _pool_back(g, x, op, cfg, n_threads):
     dst = np.full(x.shape, np.nan, np.float32)
-    _conv.pool_2d_back(g, x, dst, op, *cfg, n_threads)
+    PK.pool_2d_back(g, x, dst, op, *cfg, n_threads)
     return dst
 
 
@@ -231,7 +232,7 @@ def test_im2col_back_thread_count_does_not_change_result():
     np.testing.assert_array_equal(_im2col_back(g, (9, 8, 14, 14), cfg, 2), one)
 
 
-@pytest.mark.parametrize("op", [_conv.POOL_MAX, _conv.POOL_AVG], ids=["max", "avg"])
+@pytest.mark.parametrize("op", [PK.POOL_MAX, PK.POOL_AVG], ids=["max", "avg"])
 @pytest.mark.parametrize("n_threads", THREADS)
 @pytest.mark.parametrize("cfg", POOL_CONFIGS)
 @pytest.mark.parametrize("shape", [(2, 3, 7, 9), (8, 6, 24, 31)])
@@ -239,13 +240,13 @@ def test_pool_2d_matches_reference(shape, cfg, n_threads, op):
     x = np.random.default_rng(7).standard_normal(shape).astype(np.float32)
     got = _pool(x, op, cfg, n_threads)
     expected = pool_ref(x, op, *cfg)
-    if op == _conv.POOL_MAX:
+    if op == PK.POOL_MAX:
         np.testing.assert_array_equal(got, expected)
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("op", [_conv.POOL_MAX, _conv.POOL_AVG], ids=["max", "avg"])
+@pytest.mark.parametrize("op", [PK.POOL_MAX, PK.POOL_AVG], ids=["max", "avg"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("cfg", [(2, 2, 2, 2, 0, 0), (3, 3, 2, 2, 1, 1)])
 def test_pool_2d_any_strides(cfg, layout, op):
@@ -272,17 +273,17 @@ M = -FLT_MAX
 )
 def test_pool_2d_max_skips_nan_and_padding(cfg, expected):
     # NaN never beats the running maximum; windows of only -inf/NaN give -FLT_MAX.
-    got = _pool(_nan_inf_plane(), _conv.POOL_MAX, cfg, 1)
+    got = _pool(_nan_inf_plane(), PK.POOL_MAX, cfg, 1)
     np.testing.assert_array_equal(got[0, 0], np.array(expected, np.float32))
 
 
 def test_pool_2d_avg_counts_padding_as_zero():
     x = np.ones((1, 1, 3, 3), np.float32)
-    got = _pool(x, _conv.POOL_AVG, (3, 3, 2, 2, 1, 1), 1)
+    got = _pool(x, PK.POOL_AVG, (3, 3, 2, 2, 1, 1), 1)
     np.testing.assert_allclose(got[0, 0], [[4 / 9, 4 / 9], [4 / 9, 4 / 9]], rtol=1e-6)
 
 
-@pytest.mark.parametrize("op", [_conv.POOL_MAX, _conv.POOL_AVG], ids=["max", "avg"])
+@pytest.mark.parametrize("op", [PK.POOL_MAX, PK.POOL_AVG], ids=["max", "avg"])
 @pytest.mark.parametrize("n_threads", THREADS)
 @pytest.mark.parametrize("cfg", POOL_CONFIGS)
 @pytest.mark.parametrize("shape", [(2, 3, 7, 9), (8, 6, 24, 31)])
@@ -299,9 +300,9 @@ def test_pool_2d_back_matches_reference(shape, cfg, n_threads, op):
 def test_pool_2d_back_any_strides(cfg, layout):
     rng = np.random.default_rng(10)
     x = rng.standard_normal((3, 4, 11, 10)).astype(np.float32)
-    g = rng.standard_normal(_pool(x, _conv.POOL_MAX, cfg, 1).shape).astype(np.float32)
-    got = _pool_back(_layout(g, layout), _layout(x, layout), _conv.POOL_MAX, cfg, 2)
-    np.testing.assert_allclose(got, pool_back_ref(g, x, _conv.POOL_MAX, *cfg), rtol=1e-5, atol=1e-6)
+    g = rng.standard_normal(_pool(x, PK.POOL_MAX, cfg, 1).shape).astype(np.float32)
+    got = _pool_back(_layout(g, layout), _layout(x, layout), PK.POOL_MAX, cfg, 2)
+    np.testing.assert_allclose(got, pool_back_ref(g, x, PK.POOL_MAX, *cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "strided"])
@@ -309,9 +310,9 @@ def test_pool_2d_back_any_strides(cfg, layout):
 def test_pool_2d_back_max_ties_go_to_first_maximum(cfg, layout):
     rng = np.random.default_rng(11)
     x = rng.integers(0, 3, (4, 3, 9, 9)).astype(np.float32)
-    g = rng.standard_normal(_pool(x, _conv.POOL_MAX, cfg, 1).shape).astype(np.float32)
-    got = _pool_back(g, _layout(x, layout), _conv.POOL_MAX, cfg, 2)
-    np.testing.assert_allclose(got, pool_back_ref(g, x, _conv.POOL_MAX, *cfg), rtol=1e-5, atol=1e-6)
+    g = rng.standard_normal(_pool(x, PK.POOL_MAX, cfg, 1).shape).astype(np.float32)
+    got = _pool_back(g, _layout(x, layout), PK.POOL_MAX, cfg, 2)
+    np.testing.assert_allclose(got, pool_back_ref(g, x, PK.POOL_MAX, *cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n_threads", THREADS)
@@ -323,11 +324,11 @@ def test_pool_2d_back_max_2x2_row_kernel_equals_the_general_loop(n_threads):
     specials = np.array([np.nan, -np.inf, np.inf, -FLT_MAX], np.float32)
     x.reshape(-1)[rng.choice(x.size, 300, replace=False)] = rng.choice(specials, 300)
     x[0, 0, :4, :4] = -np.inf  # windows that nothing wins
-    g = rng.standard_normal(_pool(x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), 1).shape)
+    g = rng.standard_normal(_pool(x, PK.POOL_MAX, (2, 2, 2, 2, 0, 0), 1).shape)
     g = g.astype(np.float32)
-    general = _pool_back(g, _layout(x, "strided"), _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+    general = _pool_back(g, _layout(x, "strided"), PK.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
     for gl in ("contiguous", "strided", "transposed"):
-        fast = _pool_back(_layout(g, gl), x, _conv.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
+        fast = _pool_back(_layout(g, gl), x, PK.POOL_MAX, (2, 2, 2, 2, 0, 0), n_threads)
         np.testing.assert_array_equal(fast, general)
     assert not fast[0, 0, :4, :4].any()
 
@@ -335,7 +336,7 @@ def test_pool_2d_back_max_2x2_row_kernel_equals_the_general_loop(n_threads):
 def test_pool_2d_back_max_tie_example():
     x = np.array([[[[1, 2, 2], [2, 0, 1], [0, 1, 2]]]], np.float32)
     g = np.array([[[[10.0, 20.0], [30.0, 40.0]]]], np.float32)
-    got = _pool_back(g, x, _conv.POOL_MAX, (2, 2, 1, 1, 0, 0), 1)
+    got = _pool_back(g, x, PK.POOL_MAX, (2, 2, 1, 1, 0, 0), 1)
     # Window (0,0) holds 2 at (0,1) and at (1,0); ky is the outer scan, so (0,1) wins it, as
     # it wins window (0,1) over the tie at (0,2): cell (0,1) gets 10 + 20.
     expected = [[[[0, 30, 0], [30, 0, 0], [0, 0, 40]]]]
@@ -345,8 +346,8 @@ def test_pool_2d_back_max_tie_example():
 @pytest.mark.parametrize(("cfg", "n_windows"), [((2, 2, 2, 2, 0, 0), 1), ((3, 3, 2, 2, 1, 1), 2)])
 def test_pool_2d_back_max_drops_gradient_of_windows_without_maximum(cfg, n_windows):
     x = _nan_inf_plane()
-    g = np.ones(_pool(x, _conv.POOL_MAX, cfg, 1).shape, np.float32)
-    got = _pool_back(g, x, _conv.POOL_MAX, cfg, 1)
+    g = np.ones(_pool(x, PK.POOL_MAX, cfg, 1).shape, np.float32)
+    got = _pool_back(g, x, PK.POOL_MAX, cfg, 1)
     expected = np.zeros_like(x)
     expected[0, 0, 0, 1] = n_windows
     np.testing.assert_array_equal(got, expected)
@@ -355,7 +356,7 @@ def test_pool_2d_back_max_drops_gradient_of_windows_without_maximum(cfg, n_windo
 def test_pool_2d_back_avg_spreads_over_in_bounds_cells():
     x = np.zeros((1, 1, 3, 3), np.float32)
     g = np.ones((1, 1, 2, 2), np.float32)
-    got = _pool_back(g, x, _conv.POOL_AVG, (3, 3, 2, 2, 1, 1), 1)
+    got = _pool_back(g, x, PK.POOL_AVG, (3, 3, 2, 2, 1, 1), 1)
     counts = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32)
     np.testing.assert_allclose(got[0, 0], counts / 9, rtol=1e-6)
 
@@ -372,7 +373,7 @@ def test_im2col_and_back_on_inputs_smaller_than_the_kernel(shape, cfg):
     np.testing.assert_allclose(got, im2col_back_ref(g, shape, *cfg), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("op", [_conv.POOL_MAX, _conv.POOL_AVG], ids=["max", "avg"])
+@pytest.mark.parametrize("op", [PK.POOL_MAX, PK.POOL_AVG], ids=["max", "avg"])
 @pytest.mark.parametrize("shape", [(2, 3, 1, 1), (1, 2, 1, 5), (3, 1, 5, 1)])
 @pytest.mark.parametrize("cfg", [(2, 2, 2, 2, 0, 0), (3, 3, 2, 2, 1, 1)])
 def test_pool_2d_and_back_on_inputs_smaller_than_the_window(cfg, shape, op):

@@ -23,6 +23,7 @@ from ggopt._kernels import _copy, _get_rows
 from ggopt._kernels import _elementwise as E
 from ggopt._kernels import _gather as G
 from ggopt._kernels import _optim as O
+from ggopt._kernels import _pool as P
 from ggopt._kernels import _reduce as R
 from ggopt._kernels import _softmax as S
 
@@ -97,10 +98,10 @@ KERNEL_CASES.update({
     "im2col": lambda n: C.im2col(_f32(20, 8, 14, 14), _dst((20, 14, 14, 72)), *MNIST_CONV, n),
     "im2col_back": lambda n: C.im2col_back(_f32(9, 14, 14, 72), _dst((9, 8, 14, 14)),
                                            *MNIST_CONV, n),
-    "pool_2d": lambda n: C.pool_2d(_f32(8, 6, 24, 31), _dst((8, 6, 12, 15)), C.POOL_MAX,
+    "pool_2d": lambda n: P.pool_2d(_f32(8, 6, 24, 31), _dst((8, 6, 12, 15)), P.POOL_MAX,
                                    2, 2, 2, 2, 0, 0, n),
-    "pool_2d_back": lambda n: C.pool_2d_back(_f32(8, 6, 12, 15), _f32(8, 6, 24, 31),
-                                             _dst((8, 6, 24, 31)), C.POOL_MAX, 2, 2, 2, 2, 0, 0,
+    "pool_2d_back": lambda n: P.pool_2d_back(_f32(8, 6, 12, 15), _f32(8, 6, 24, 31),
+                                             _dst((8, 6, 24, 31)), P.POOL_MAX, 2, 2, 2, 2, 0, 0,
                                              n),
     "get_rows": lambda n: _get_rows.get_rows(_f32(2, 2, 300, 70), _idx(300, 2, 2, 250),
                                              _dst((2, 2, 250, 70)), n),

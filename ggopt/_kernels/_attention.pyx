@@ -9,15 +9,12 @@ sums double. ``dst`` may be the memory of ``a`` (or of a mask of a's shape): eve
 read before the same element is written.
 """
 
-from libc.stdint cimport int32_t
-
 from ggopt._kernels._common cimport (
     Arr4,
     arr4_set,
     arr4_size,
     check_n_threads,
     drive_elements,
-    ggopt_expf,
 )
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -149,7 +146,8 @@ cdef extern from *:
             Py_ssize_t nv = (n + 15) / 16 * 16;
             nv = nv < n_all ? nv : n_all;
             if (fm)
-                for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
+                for (Py_ssize_t i = 0; i < nv; i++)
+                    fd[i] = ggopt_expf(s * fx[i] + slope * fm[i] - mx);
             else
                 for (Py_ssize_t i = 0; i < nv; i++) fd[i] = ggopt_expf(s * fx[i] - mx);
             float inv = (float)(1.0 / ggopt_row_sum(fd, n));

@@ -1,6 +1,7 @@
 # Helpers shared by the kernels: the scalar float32 math of scalar_math.h (written so that loops
-# over it vectorize: no libm call, no branch), the GGOPT_MULTIVERSION marker for hot C loops, a strided 4-D array
-# descriptor, and a driver that splits the elements of a 4-D shape between OpenMP threads.
+# over it vectorize: no libm call, no branch), the GGOPT_MULTIVERSION marker for hot C loops, a
+# strided 4-D array descriptor, and a driver that splits the elements of a 4-D shape between
+# OpenMP threads.
 
 from cython.parallel cimport prange
 

@@ -20,9 +20,9 @@ itself on one thread while graphs compute):
 
 Work is split only along bounds set by the shapes, so the results do not depend on the thread
 count; the images (groups) go to the threads dynamically, so a thread slowed by another
-process does not hold up the others. Each kernel checks its thread count, window parameters and every shape before it writes
-anything (ShapeError / InvalidValueError). Parameter names follow ggml: index 0 acts on the
-width (last axis), index 1 on the height.
+process does not hold up the others. Each kernel checks its thread count, window parameters and
+every shape before it writes anything (ShapeError / InvalidValueError). Parameter names follow
+ggml: index 0 acts on the width (last axis), index 1 on the height.
 """
 
 import numpy as np

@@ -255,7 +255,8 @@ cdef inline const float* _pad_row(const Geometry* g, const float* pad, Py_ssize_
     return pad + (ic * g.PH + oh * g.s1 + kh * g.d1) * g.PW + kw * g.d0
 
 
-cdef inline void zero_junk(const Geometry* g, float* a, Py_ssize_t nrows, Py_ssize_t rb) noexcept nogil:
+cdef inline void zero_junk(const Geometry* g, float* a, Py_ssize_t nrows,
+                           Py_ssize_t rb) noexcept nogil:
     """Zero the junk columns of the ``nrows`` rows of the row block ``a`` (rb output rows)."""
     cdef Py_ssize_t r, oh, j
     cdef float* p

@@ -57,8 +57,8 @@ cdef void _rows(const Copy *c, Py_ssize_t r0, Py_ssize_t r1) noexcept nogil:
     """Rows ``r0 .. r1-1`` of the flattened (n0, n1, n2) index."""
     cdef Py_ssize_t n1 = c.n[1], n2 = c.n[2]
     cdef Py_ssize_t i1 = r0 % n2, i2 = (r0 // n2) % n1, i3 = r0 // (n2 * n1)
-    cdef Py_ssize_t r
-    for r in range(r0, r1):
+    cdef Py_ssize_t _r
+    for _r in range(r0, r1):
         _copy_row(c.d0 + i3 * c.ds[0] + i2 * c.ds[1] + i1 * c.ds[2], c.ds[3],
                   c.s0 + i3 * c.ss[0] + i2 * c.ss[1] + i1 * c.ss[2], c.ss[3], c.n[3], c.item)
         i1 += 1
@@ -108,7 +108,8 @@ def copy(cnp.ndarray src not None, cnp.ndarray dst not None, int n_threads):
     for k in range(4):
         n[k] = src.shape[k]
         if dst.shape[k] != n[k]:
-            raise ShapeError(f"copy: shapes differ ({(<object>src).shape} -> {(<object>dst).shape})")
+            raise ShapeError(f"copy: shapes differ ({(<object>src).shape} -> "
+                             f"{(<object>dst).shape})")
         ss[k] = src.strides[k]
         ds[k] = dst.strides[k]
     cdef Copy c

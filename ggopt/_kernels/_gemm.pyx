@@ -42,6 +42,7 @@ def set_packing(Py_ssize_t max_elements, Py_ssize_t min_rows):
     global PACK_MAX_ELEMENTS, PACK_MIN_ROWS
     PACK_MAX_ELEMENTS, PACK_MIN_ROWS = max_elements, min_rows
 
+
 cdef extern from *:
     """
     /* acc[i, :m] += c[i, :m] for n rows (row strides lda, ldc in elements) */
@@ -289,12 +290,11 @@ cdef class GemmPlan:
 
 cdef void _product(Product *p, float *scratch) noexcept nogil:
     cdef float one = 1.0, zero = 0.0
-    cdef Py_ssize_t i, kk
+    cdef Py_ssize_t i
     cdef int64_t m, n, k, lda, ldb, ldc
     cdef char ta = p.ta
     cdef int lda32 = p.lda
     cdef const float *a = p.a
-    cdef const float *src
     if p.k == 0:  # an empty sum: BLAS may not touch C with K = 0, so zero it here
         for i in range(p.n):
             memset(p.c + i * p.ldc, 0, p.m * sizeof(float))

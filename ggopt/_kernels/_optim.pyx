@@ -37,10 +37,10 @@ cdef extern from *:
     }
     """
     void _adamw_chunk "ggopt_adamw"(float *w, const float *g, float *m, float *v, Py_ssize_t n,
-                                     float alpha, float b1, float b2, float eps, float keep,
-                                     float b1h, float b2h) noexcept nogil
+                                    float alpha, float b1, float b2, float eps, float keep,
+                                    float b1h, float b2h) noexcept nogil
     void _sgd_chunk "ggopt_sgd"(float *w, const float *g, Py_ssize_t n, float alpha,
-                                 float keep) noexcept nogil
+                                float keep) noexcept nogil
 
 
 def adamw_step(float[::1] w not None, const float[::1] g not None, float[::1] m not None,

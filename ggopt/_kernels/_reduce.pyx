@@ -171,7 +171,7 @@ cdef void _repeat_piece(void *ctx, Py_ssize_t i3, Py_ssize_t i2, Py_ssize_t i1,
     cdef const char *s = _row(&p.src, tile_index(i3, p.src.n[0], p.dst.n[0]),
                               tile_index(i2, p.src.n[1], p.dst.n[1]),
                               tile_index(i1, p.src.n[2], p.dst.n[2]))
-    cdef Py_ssize_t q, bj, run, i
+    cdef Py_ssize_t bj, run, i
     while c0 < c1:
         bj = c0 % ns
         run = min(c1 - c0, ns - bj)

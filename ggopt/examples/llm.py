@@ -168,7 +168,8 @@ def _train(args: argparse.Namespace) -> int:
           file=log)
     t0 = time.perf_counter()
     history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr,
-                          checkpoint=args.checkpoint, resume=args.resume)
+                          checkpoint=args.checkpoint,
+                          resume=training_cli.resume_mode(args))
     seconds = time.perf_counter() - t0
     trainer.close()
     if not rank0:

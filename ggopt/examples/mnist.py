@@ -217,7 +217,8 @@ def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoc
                                VAL_SPLIT)
     schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
     return model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, comm=comm,
-                       get_opt_pars=schedule, checkpoint=args.checkpoint, resume=args.resume)
+                       get_opt_pars=schedule, checkpoint=args.checkpoint,
+                       resume=training_cli.resume_mode(args))
 
 
 def _eval(args: argparse.Namespace) -> int:

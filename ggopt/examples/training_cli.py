@@ -1,8 +1,9 @@
 """Command-line options for long runs, shared by the training examples.
 
-``--checkpoint FILE`` and ``--resume`` map to :func:`ggopt.opt.fit`'s ``checkpoint`` and
-``resume``; ``--lr``, ``--lr-min``, ``--decay-epochs`` and ``--warmup`` pick a learning-rate
-schedule from :mod:`ggopt.opt.schedule`:
+``--checkpoint FILE`` and ``--resume`` (``--resume-force``) map to :func:`ggopt.opt.fit`'s
+``checkpoint`` and ``resume`` (``resume="force"``, see :func:`resume_mode`); ``--lr``,
+``--lr-min``, ``--decay-epochs`` and ``--warmup`` pick a learning-rate schedule from
+:mod:`ggopt.opt.schedule`:
 
 - neither ``--decay-epochs`` nor ``--warmup``: a constant ``--lr``;
 - ``--decay-epochs D``: llama.cpp finetune's ``max(lr_min, lr * 0.5**(epoch/D))``;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 from ..errors import GgoptError
 from ..io.paths import PathLike, check_output_path
@@ -22,8 +24,9 @@ from ..opt import OptimizerParams
 from ..opt._checks import check_float32
 from ..opt.schedule import Schedule, constant, epoch_decay, warmup_cosine
 
-__all__ = ["add_training_args", "check_training_args", "make_schedule", "DEFAULT_LR",
-           "positive_float32", "nonnegative_float32", "unit_float32", "check_output_paths"]
+__all__ = ["add_training_args", "check_training_args", "make_schedule", "resume_mode",
+           "DEFAULT_LR", "positive_float32", "nonnegative_float32", "unit_float32",
+           "check_output_paths"]
 
 DEFAULT_LR = 1e-3  # ggml's default AdamW and SGD alpha
 
@@ -75,7 +78,11 @@ def add_training_args(p: argparse.ArgumentParser, default_lr: float = DEFAULT_LR
                         "order, schedule) to FILE after every epoch (GGUF, written atomically)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run saved in --checkpoint FILE after its last epoch; "
-                        "the result is bit for bit that of an uninterrupted run")
+                        "the result is bit for bit that of an uninterrupted run; refused when "
+                        "the checkpoint was saved by a different run (data, batch, split)")
+    g.add_argument("--resume-force", action="store_true",
+                   help="--resume even when the checkpoint was saved by a different run "
+                        "(other text/data, batch or split): the result is no longer bit-exact")
     g.add_argument("--lr", type=positive_float32, default=default_lr, metavar="LR",
                    help=f"learning rate (peak rate with a schedule; default {default_lr:g})")
     g.add_argument("--lr-min", type=nonnegative_float32, metavar="LR",
@@ -90,7 +97,7 @@ def add_training_args(p: argparse.ArgumentParser, default_lr: float = DEFAULT_LR
 
 def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exit with a usage error on contradictory options (``parser.error``)."""
-    if args.resume and not args.checkpoint:
+    if (args.resume or args.resume_force) and not args.checkpoint:
         parser.error("--resume needs --checkpoint FILE")
     if args.decay_epochs is not None and args.warmup is not None:
         parser.error("--decay-epochs and --warmup are different schedules; pick one")
@@ -99,6 +106,11 @@ def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespac
             parser.error("--lr-min needs --decay-epochs or --warmup")
         if args.lr_min >= args.lr:
             parser.error(f"--lr-min ({args.lr_min:g}) must be below --lr ({args.lr:g})")
+
+
+def resume_mode(args: argparse.Namespace) -> bool | Literal["force"]:
+    """``fit``'s ``resume`` for ``--resume`` / ``--resume-force``."""
+    return "force" if args.resume_force else bool(args.resume)
 
 
 def check_output_paths(outputs: Sequence[tuple[str, PathLike | None]],

@@ -34,6 +34,10 @@ class GradSink(Protocol):
     def sub(self, isrc: int, t: Tensor) -> None:
         """Subtract ``t`` from the gradient of source ``isrc``."""
 
+    def untile(self, isrc: int, t: Tensor) -> Tensor:
+        """``t`` summed over the tiles of source ``isrc`` when the op broadcast that source
+        (ggml_repeat_back), else ``t`` itself: a broadcast operand's gradient."""
+
 
 BackwardRule = Callable[[Context, Tensor, Tensor, GradSink], None]
 #: op -> backward rule (``ggml_compute_backward``, one case per op)

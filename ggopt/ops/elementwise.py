@@ -11,7 +11,6 @@ from ..context import Context
 from ..errors import ShapeError
 from ..tensor import Op, Tensor, UnaryOp
 from ..types import F32
-from . import reduce as _reduce
 from ._base import (
     GradSink,
     as_scalar,
@@ -79,27 +78,20 @@ def div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _binary("div", Op.DIV, ctx, a, b, False)
 
 
-def _reduce_to(ctx: Context, t: Tensor, like: Tensor) -> Tensor:
-    """``t`` summed over the tiles of ``like`` when ``like`` was broadcast."""
-    return t if t.ne == like.ne else _reduce.repeat_back(ctx, t, like)
-
-
 @backward(Op.ADD)
 def _add_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    a, b = node.src
     if sink.needs(0):
         sink.add(0, g)
     if sink.needs(1):
-        sink.add(1, _reduce_to(ctx, g, b))
+        sink.add(1, sink.untile(1, g))
 
 
 @backward(Op.SUB)
 def _sub_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    a, b = node.src
     if sink.needs(0):
         sink.add(0, g)
     if sink.needs(1):
-        sink.sub(1, _reduce_to(ctx, g, b))
+        sink.sub(1, sink.untile(1, g))
 
 
 @backward(Op.MUL)
@@ -108,16 +100,16 @@ def _mul_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     if sink.needs(0):
         sink.add(0, mul(ctx, g, b))
     if sink.needs(1):
-        sink.add(1, _reduce_to(ctx, mul(ctx, a, g), b))
+        sink.add(1, sink.untile(1, mul(ctx, a, g)))
 
 
 @backward(Op.DIV)
 def _div_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
-    a, b = node.src
+    b = node.src[1]
     if sink.needs(0):
         sink.add(0, div(ctx, g, b))
     if sink.needs(1):
-        sink.sub(1, _reduce_to(ctx, mul(ctx, g, div(ctx, node, b)), b))
+        sink.sub(1, sink.untile(1, mul(ctx, g, div(ctx, node, b))))
 
 
 def _scale(fn: str, ctx: Context, a: Tensor, s: float, inplace: bool) -> Tensor:

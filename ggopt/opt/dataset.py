@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+import xxhash
 
 from .._kernels._gather import gather_shards
 from ..backend import tensor_set
@@ -132,6 +133,27 @@ class Dataset:
         """A copy of the current shard order."""
         perm: np.ndarray = self._permutation.copy()
         return perm
+
+    def set_permutation(self, order: np.ndarray) -> None:
+        """Restore a shard order (from :attr:`permutation`, e.g. a checkpoint's); checked
+        to be a permutation of ``0..nshards-1`` before anything changes."""
+        order = np.asarray(order)
+        n = len(self._permutation)
+        if order.shape != (n,) or order.dtype.kind not in "iu" or not np.array_equal(
+                np.sort(order), np.arange(n)):
+            raise ShapeError(f"the shard order must be a permutation of 0..{n - 1}, got "
+                             f"{order.dtype} shape {order.shape} (set_permutation)")
+        self._permutation[:] = order
+
+    def digest(self) -> str:
+        """xxh3-128 (hex) of the data and labels (types, shapes, bytes): what a checkpoint
+        records to recognise the dataset it was trained on. The shard order is not in it."""
+        h = xxhash.xxh3_128()
+        for t in (self._data, self._labels):
+            if t is not None:
+                h.update(f"{t.type.name}{t.ne}".encode())
+                h.update(_host_bytes(t).data)
+        return h.hexdigest()
 
     # --- shuffling ------------------------------------------------------------------------
     def shuffle(self, rng: Mt19937 | _HasRng, idata: int = -1) -> None:

@@ -1,5 +1,5 @@
-"""Convolution and pooling compilers (kernels: ``_kernels/_conv.pyx``, the direct
-convolution ``_kernels/_conv2d.pyx``)."""
+"""Convolution and pooling compilers (kernels: ``_kernels/_conv.pyx`` for im2col,
+``_kernels/_pool.pyx``, the direct convolution ``_kernels/_conv2d.pyx``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import ggopt._kernels._conv as _conv
 import ggopt._kernels._conv2d as _conv2d
+import ggopt._kernels._pool as _pooling
 
 from ....ops._base import params_of
 from ....ops.conv import Conv2DParams, Im2ColParams, PoolParams
@@ -82,12 +83,12 @@ def _conv_2d_back_kernel(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placemen
 def _pool(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     a, d = mem(srcs[0]), mem(node)
     p = params_of(node, PoolParams)
-    return lambda: _conv.pool_2d(a, d, p.op, p.k0, p.k1, p.s0, p.s1, p.p0, p.p1, be.n_threads)
+    return lambda: _pooling.pool_2d(a, d, p.op, p.k0, p.k1, p.s0, p.s1, p.p0, p.p1, be.n_threads)
 
 
 @COMPILERS.register(Op.POOL_2D_BACK)
 def _pool_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     g, x, d = mem(srcs[0]), mem(srcs[1]), mem(node)
     p = params_of(node, PoolParams)
-    return lambda: _conv.pool_2d_back(g, x, d, p.op, p.k0, p.k1, p.s0, p.s1, p.p0, p.p1,
+    return lambda: _pooling.pool_2d_back(g, x, d, p.op, p.k0, p.k1, p.s0, p.s1, p.p0, p.p1,
                                       be.n_threads)
