@@ -7,7 +7,8 @@ The interrupter below raises KeyboardInterrupt deterministically at such points,
 point: at the start of every Python function called during the compute (``call`` events), and
 at every single bytecode of the float mode's own Python code, wherever that code lives (the
 module's file name ends in ``denormals.py``). After every interrupted run the calling thread,
-the OpenMP team threads and NumPy must compute IEEE subnormals again.
+the OpenMP team threads and NumPy must compute IEEE subnormals again. (The BLAS thread limit's
+Python bookkeeping, ``backend/cpu/blas.py``, is left out: it is not the float mode.)
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ def _in_float_mode_code(frame: FrameType) -> bool:
     return frame.f_code.co_filename.endswith("denormals.py")
 
 
+def _in_blas_bookkeeping(frame: FrameType | None) -> bool:
+    """Inside the BLAS thread limit's Python code (``backend/cpu/blas.py`` and what it calls):
+    not the float mode's concern, and an interrupt there would leave its count of computes
+    in flight off for the rest of the session, so no point is placed there."""
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("blas.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Interrupter:
     """A trace function that raises KeyboardInterrupt at delivery point number ``target``."""
 
@@ -73,7 +85,7 @@ class _Interrupter:
         self.seen += 1
 
     def __call__(self, frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
-        if event != "call":
+        if event != "call" or _in_blas_bookkeeping(frame):
             return None
         self._point()  # a function's start (RESUME): a real delivery point
         if _in_float_mode_code(frame):
@@ -91,9 +103,6 @@ def _interrupt_everywhere(region: Callable[[], None]) -> int:
     """Run ``region`` once per delivery point, interrupted there, until a run passes every
     point; check the float mode after each run; return the number of runs interrupted.
 
-    (An interrupted run may change how many points later runs pass, e.g. when it stops the
-    BLAS thread limit's bookkeeping part-way; counting up until a run ends uninterrupted
-    covers every point of the runs as they are.)
     """
     region()  # first-use work (lazy imports, caches) out of the way
     target = 0
