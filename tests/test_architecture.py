@@ -242,3 +242,90 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
                              and node.value.id in ("self", "cls"))):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}")
     assert not bad, bad
+
+
+# --- the test suite's own layout (docs/architecture.md, "Tests") ---------------------------
+
+REPO = ROOT.parent
+TESTS = REPO / "tests"
+TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed",
+               "support", "data"}
+#: bench/ modules allowed to import from tests/, each with its reason. bench_transformer times
+#: the transformer block of tests/support/llama_block.py until that block becomes a library
+#: graph; then this entry goes.
+BENCH_IMPORTS_FROM_TESTS = {("bench_transformer.py", "tests.support.llama_block")}
+
+
+def _module_imports(path: pathlib.Path) -> list[str]:
+    """The absolute names of the modules that ``path`` imports (relative imports resolved
+    against its package under the repository root)."""
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]
+    return out
+
+
+def _test_module_names() -> set[str]:
+    """Every test module and conftest, by its dotted name and by its bare file name (how a
+    module on sys.path would import it)."""
+    names = set()
+    for p in TESTS.rglob("*.py"):
+        if p.name.startswith("test_") or p.name == "conftest.py":
+            names.add(".".join(p.relative_to(REPO).with_suffix("").parts))
+            names.add(p.stem)
+    return names
+
+
+def _imports_a_test_module(imports: list[str], test_modules: set[str]) -> list[str]:
+    return sorted({m for m in imports if m in test_modules})
+
+
+def test_no_test_module_imports_another():
+    # what tests share lives in tests/support; a test module is never a library
+    test_modules = _test_module_names()
+    bad = {str(p.relative_to(REPO)): found for p in sorted(TESTS.rglob("*.py"))
+           if (found := _imports_a_test_module(_module_imports(p), test_modules))}
+    assert not bad
+
+
+def test_the_import_check_sees_test_modules(tmp_path):
+    test_modules = {"tests.ops.test_rope", "test_rope", "tests.conftest", "conftest"}
+    imports = _module_imports(TESTS / "ops" / "test_rope.py")
+    assert not _imports_a_test_module(imports, test_modules)
+    assert _imports_a_test_module(["tests.ops.test_rope", "tests.support.helpers"],
+                                  test_modules) == ["tests.ops.test_rope"]
+    assert _imports_a_test_module(["test_rope.f32"], test_modules) == []
+    assert _imports_a_test_module(["test_rope"], test_modules) == ["test_rope"]
+
+
+def test_bench_imports_nothing_from_tests():
+    bare = {p.stem for p in TESTS.rglob("*.py")} - {"__init__"}
+    found = {}
+    for p in sorted((REPO / "bench").glob("*.py")):
+        allowed = {m for f, m in BENCH_IMPORTS_FROM_TESTS if f == p.name}
+        bad = [m for m in _module_imports(p) if m.split(".")[0] in bare | {"tests"}
+               and not any(m == a or m.startswith(a + ".") for a in allowed)]
+        if bad:
+            found[p.name] = bad
+    assert not found
+
+
+def test_tests_are_laid_out_by_layer():
+    # top level: the conftest and the whole-repository checks; every folder is a package, so
+    # that same-named files in two layers (ops/test_rope.py, kernels/test_rope.py) coexist
+    top = {p.name for p in TESTS.glob("*.py")}
+    assert top == {"__init__.py", "conftest.py", "test_architecture.py",
+                   "test_suite_hygiene.py", "test_no_crash_subprocess.py"}
+    dirs = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert dirs <= TEST_LAYERS
+    for d in dirs - {"data"}:
+        assert (TESTS / d / "__init__.py").is_file(), d
+    # one test file per op family, beside its kernel tests
+    for fam in FAMILIES:
+        assert (TESTS / "ops" / f"test_{fam}.py").is_file(), fam
