@@ -41,18 +41,19 @@ class BpeModel:
                  pre: PreTokenizer, *, key: str = "tokenizer.ggml.merges") -> None:
         self._vocab = token_to_id
         self._pre = pre
-        ranks: dict[tuple[str, str], int] = {}
-        for rank, merge in enumerate(merges):
-            pos = merge.find(" ", 1)
-            if pos < 0:
-                raise InvalidValueError(f"{key}[{rank}]: expected two tokens separated by a "
-                                        f"space, got {merge!r}")
-            first, second = merge[:pos], merge[pos + 1:]
-            if first not in token_to_id or second not in token_to_id:
-                missing = first if first not in token_to_id else second
-                raise InvalidValueError(f"{key}[{rank}]: {merge!r} names {missing!r}, which "
-                                        f"is not in tokenizer.ggml.tokens")
-            ranks.setdefault((first, second), rank)
+        cuts = [m.find(" ", 1) for m in merges]
+        if cuts and min(cuts) < 0:
+            rank = cuts.index(-1)
+            raise InvalidValueError(f"{key}[{rank}]: expected two tokens separated by a "
+                                    f"space, got {merges[rank]!r}")
+        pairs = [(m[:c], m[c + 1:]) for m, c in zip(merges, cuts)]
+        if {name for pair in pairs for name in pair} - token_to_id.keys():
+            rank, missing = next((r, name) for r, pair in enumerate(pairs) for name in pair
+                                 if name not in token_to_id)
+            raise InvalidValueError(f"{key}[{rank}]: {merges[rank]!r} names {missing!r}, "
+                                    f"which is not in tokenizer.ggml.tokens")
+        # the first of repeated merges keeps its rank (llama.cpp's map.emplace)
+        ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
         self._ranks = ranks
         self._cache: dict[str, list[int]] = {}
 

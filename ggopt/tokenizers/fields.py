@@ -9,104 +9,107 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from ggopt.errors import DTypeError, InvalidValueError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError
+from ggopt.tokenizers.gguf_meta import Value, read_metadata
 
 __all__ = ["Fields", "open_fields"]
 
-_INTS = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-         GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64}
+_INTS = {0, 1, 2, 3, 4, 5, 10, 11}
+_STRING, _ARRAY, _BOOL, _F32, _I32 = 8, 9, 7, 6, 5
 
 
-def _type_name(field: Any) -> str:
-    return "/".join(GGUFValueType(t).name for t in field.types) or "nothing"
+def _type_name(types: tuple[int, ...]) -> str:
+    return "/".join(GGUFValueType(t).name for t in types) or "nothing"
+
+
+def _from_reader_field(field: Any) -> Value:
+    types = tuple(int(t) for t in field.types)
+    parts, data = field.parts, field.data
+    if len(types) == 1:
+        raw = parts[data[0]]
+        return types, bytes(raw) if types[0] == _STRING else raw[0].item()
+    if len(types) == 2 and types[0] == _ARRAY:
+        if types[1] == _STRING:
+            return types, [bytes(parts[i]) for i in data]
+        if not len(data):
+            return types, np.zeros(0)
+        return types, np.concatenate([parts[i] for i in data])
+    return types, None
 
 
 class Fields:
-    """The metadata fields of an open ``gguf.GGUFReader`` with typed, checked getters."""
+    """GGUF metadata with typed, checked getters; values are converted on first use."""
 
-    def __init__(self, fields: Mapping[str, Any]) -> None:
-        self._fields = fields
+    def __init__(self, values: Mapping[str, Any], *, reader_fields: bool) -> None:
+        self._raw = values
+        self._reader_fields = reader_fields
+        self._done: dict[str, Value] = {}
 
     def __contains__(self, key: str) -> bool:
-        return key in self._fields
+        return key in self._raw
 
-    def _field(self, key: str) -> Any:
-        try:
-            return self._fields[key]
-        except KeyError:
-            raise InvalidValueError(f"{key}: missing from the GGUF metadata") from None
+    def _get(self, key: str) -> Value:
+        if key not in self._done:
+            if key not in self._raw:
+                raise InvalidValueError(f"{key}: missing from the GGUF metadata")
+            raw = self._raw[key]
+            self._done[key] = _from_reader_field(raw) if self._reader_fields else raw
+        return self._done[key]
 
-    def _scalar(self, key: str, allowed: set[GGUFValueType], what: str) -> Any:
-        field = self._field(key)
-        if len(field.types) != 1 or field.types[0] not in allowed:
-            raise DTypeError(f"{key}: expected {what}, got {_type_name(field)}")
-        return field.parts[field.data[0]]
+    def _scalar(self, key: str, allowed: set[int], what: str) -> Any:
+        types, value = self._get(key)
+        if len(types) != 1 or types[0] not in allowed:
+            raise DTypeError(f"{key}: expected {what}, got {_type_name(types)}")
+        return value
 
     def string(self, key: str, default: str | None = None) -> str | None:
-        if key not in self._fields:
+        if key not in self._raw:
             return default
-        raw = bytes(self._scalar(key, {GGUFValueType.STRING}, "a string"))
+        raw = self._scalar(key, {_STRING}, "a string")
         try:
-            return raw.decode("utf-8")
+            return str(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             raise InvalidValueError(f"{key}: not valid UTF-8 ({exc})") from None
 
     def boolean(self, key: str, default: bool) -> bool:
-        if key not in self._fields:
+        if key not in self._raw:
             return default
-        return bool(self._scalar(key, {GGUFValueType.BOOL}, "a bool")[0])
+        return bool(self._scalar(key, {_BOOL}, "a bool"))
 
     def token_id(self, key: str) -> int | None:
         """A token id key (any integer type), or None when absent."""
-        if key not in self._fields:
+        if key not in self._raw:
             return None
-        value = int(self._scalar(key, _INTS, "an integer token id")[0])
+        value = int(self._scalar(key, _INTS, "an integer token id"))
         if value < 0:
             raise InvalidValueError(f"{key}: expected a token id >= 0, got {value}")
         return value
 
-    def _array(self, key: str, allowed: set[GGUFValueType], what: str) -> Any:
-        field = self._field(key)
-        if (len(field.types) != 2 or field.types[0] != GGUFValueType.ARRAY
-                or field.types[1] not in allowed):
-            raise DTypeError(f"{key}: expected an array of {what}, got {_type_name(field)}")
-        return field
+    def _array(self, key: str, allowed: set[int], what: str) -> Any:
+        types, value = self._get(key)
+        if len(types) != 2 or types[0] != _ARRAY or types[1] not in allowed:
+            raise DTypeError(f"{key}: expected an array of {what}, got {_type_name(types)}")
+        return value
 
     def strings(self, key: str) -> list[bytes]:
         """An array of strings as raw bytes (token texts are compared byte for byte)."""
-        field = self._array(key, {GGUFValueType.STRING}, "strings")
-        parts = field.parts
-        return [bytes(parts[i]) for i in field.data]
-
-    def numbers(self, key: str, allowed: set[GGUFValueType], what: str) -> np.ndarray:
-        field = self._array(key, allowed, what)
-        if not len(field.data):
-            return np.zeros(0)
-        parts = field.parts
-        return np.concatenate([parts[i] for i in field.data])
+        return list(self._array(key, {_STRING}, "strings"))
 
     def int_array(self, key: str) -> np.ndarray:
-        return self.numbers(key, {GGUFValueType.INT32}, "INT32").astype(np.int64)
+        return np.asarray(self._array(key, {_I32}, "INT32")).astype(np.int64)
 
     def float_array(self, key: str) -> np.ndarray:
-        return self.numbers(key, {GGUFValueType.FLOAT32, GGUFValueType.INT32},
-                            "FLOAT32 (or INT32)").astype(np.float32)
+        return np.asarray(self._array(key, {_F32, _I32}, "FLOAT32 (or INT32)")).astype(
+            np.float32)
 
 
 def open_fields(source: str | os.PathLike[str] | GGUFReader | Mapping[str, Any]) -> Fields:
-    """Fields of a path (opened memory-mapped), an open GGUFReader or its ``fields`` mapping."""
+    """Fields of a path (its metadata read directly), an open GGUFReader or its ``fields``."""
     if isinstance(source, GGUFReader):
-        return Fields(source.fields)
+        return Fields(source.fields, reader_fields=True)
     if isinstance(source, Mapping):
-        return Fields(source)
+        return Fields(source, reader_fields=True)
     if not isinstance(source, (str, os.PathLike)):
         raise InvalidValueError(f"expected a path, a gguf.GGUFReader or its fields, got "
                                 f"{type(source).__name__}")
-    path = os.fspath(source)
-    try:
-        reader = GGUFReader(path)
-    except FileNotFoundError:
-        raise InvalidValueError(f"{path!r}: no such file") from None
-    except (OSError, ValueError, IndexError, KeyError) as exc:
-        raise ShapeError(f"{path!r}: not a readable GGUF file ({exc})") from None
-    return Fields(reader.fields)
+    return Fields(read_metadata(source), reader_fields=False)

@@ -46,7 +46,7 @@ class Tokenizer:
         self.vocab = vocab
         self.model = vocab.model
         self.pre = vocab.pre
-        texts = [t.decode("utf-8", "surrogateescape") for t in vocab.tokens]
+        texts = vocab.texts
         self._rwkv: RwkvModel | None = None
         self._spm: SpmModel | None = None
         self._bpe: BpeModel | None = None
@@ -59,7 +59,7 @@ class Tokenizer:
             assert vocab.merges is not None
             self._bpe = BpeModel({t: i for i, t in enumerate(texts)}, vocab.merges,
                                  pre_tokenizer(vocab.pre))
-        self._pieces = [self._piece(i) for i in range(len(vocab.tokens))]
+        self._pieces: list[bytes | None] = [None] * len(vocab.tokens)  # filled on first use
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -214,12 +214,11 @@ class Tokenizer:
         i = self._check_id(tid)
         if not special and self.vocab.attrs[i] & (Attr.UNKNOWN | Attr.CONTROL):
             return b""
-        return self._pieces[i]
+        piece = self._pieces[i]
+        if piece is None:
+            piece = self._pieces[i] = self._piece(i)
+        return piece
 
     def decode(self, ids: Iterable[int] | Sequence[int], *, special: bool = True) -> bytes:
         """The bytes of ``ids``: each token's piece (``llama_token_to_piece``), joined."""
-        checked = [self._check_id(t) for t in ids]
-        if special:
-            pieces = self._pieces
-            return b"".join([pieces[i] for i in checked])
-        return b"".join([self.piece(i, special=False) for i in checked])
+        return b"".join([self.piece(t, special=special) for t in ids])

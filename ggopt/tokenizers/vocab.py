@@ -29,6 +29,7 @@ class Vocab:
     model: str
     pre: str | None
     tokens: list[bytes]
+    texts: list[str]  # the tokens decoded (UTF-8, undecodable bytes as surrogates)
     types: list[int]
     attrs: list[int]
     scores: list[float] | None
@@ -78,12 +79,13 @@ def read_vocab(f: Fields) -> Vocab:
                                     "merges")
         merges = _strings(f.strings(K + "merges"))
     tokens = [t if t else f"[EMPTY_{i}]".encode() for i, t in enumerate(tokens)]
-    seen: dict[bytes, int] = {}
-    for i, t in enumerate(tokens):
-        if t in seen:
-            raise InvalidValueError(f"{K}tokens: {t!r} at {seen[t]} and {i} (llama.cpp "
-                                    "requires distinct tokens)")
-        seen[t] = i
+    if len(set(tokens)) != n:
+        seen: dict[bytes, int] = {}
+        for i, t in enumerate(tokens):
+            if t in seen:
+                raise InvalidValueError(f"{K}tokens: {t!r} at {seen[t]} and {i} (llama.cpp "
+                                        "requires distinct tokens)")
+            seen[t] = i
     attrs = [TYPE_TO_ATTR.get(t, Attr.UNDEFINED) for t in types]
     ids: dict[str, int | None] = {name: None for name in _ID_KEYS}
     for name, value in _DEFAULT_IDS[model].items():
@@ -146,8 +148,8 @@ def read_vocab(f: Fields) -> Vocab:
         if flag and ids[name_] is None:
             raise InvalidValueError(f"{K}add_{name_}_token: set, but the vocabulary has no "
                                     f"{name_} token")
-    return Vocab(model=model, pre=pre, tokens=tokens, types=types, attrs=attrs, scores=scores,
-                 merges=merges, ids=ids, add_bos=add_bos, add_eos=add_eos,
+    return Vocab(model=model, pre=pre, tokens=tokens, texts=texts, types=types, attrs=attrs,
+                 scores=scores, merges=merges, ids=ids, add_bos=add_bos, add_eos=add_eos,
                  add_space_prefix=add_space_prefix, eog=frozenset(eog),
                  chat_template=f.string("tokenizer.chat_template"),
                  special_order=special_order)
