@@ -101,10 +101,12 @@ def read_vocab(f: Fields) -> Vocab:
     by_text = {t: i for i, t in enumerate(texts)}
     for name, candidates in AUTO_IDS.items():
         if ids[name] is None:
+            # llama.cpp takes the first it meets in a hash map's order; ggopt the first of the
+            # list (<|eot_id|> before <|end_of_text|>), which the EOG set does not depend on
             found = [by_text[c] for c in candidates if c in by_text]
             if found:
-                ids[name] = min(found)
-                attrs[ids[name]] |= Attr.CONTROL  # type: ignore[index]
+                ids[name] = found[0]
+                attrs[found[0]] |= Attr.CONTROL
     for i, a in enumerate(attrs):
         if a & Attr.CONTROL and "unused" in texts[i]:
             attrs[i] |= Attr.UNUSED
