@@ -87,6 +87,7 @@ def test_special_tokens_parse_only_when_asked(tmp_path):
     assert tok.decode([7]) == b"<s>" and tok.decode([7], special=False) == b""
 
 
+@pytest.mark.model
 def test_smollm2_exact_ids():
     tok = load(smollm2_path())
     assert (tok.model, tok.pre, tok.n_vocab, tok.bos, tok.eos) == ("gpt2", "smollm", 49152, 1, 2)
@@ -108,6 +109,7 @@ def test_smollm2_exact_ids():
     assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template
 
 
+@pytest.mark.model
 def test_smollm2_agrees_with_the_tokenizers_package():
     hf = pytest.importorskip("tokenizers")
     tok = load(smollm2_path())
