@@ -10,6 +10,7 @@ replaced by llama.cpp's own codepoint classes (:mod:`ggopt.tokenizers.unicode`) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import regex
 
@@ -17,7 +18,9 @@ from ggopt.errors import InvalidValueError
 from ggopt.tokenizers.unicode import class_table, llama_set
 
 try:
-    from ggopt._kernels import _pretok
+    import ggopt._kernels._pretok as _pretok_module
+
+    _pretok: Any = _pretok_module
 except ImportError:  # not built: the regex path gives the same words, slower
     _pretok = None
 

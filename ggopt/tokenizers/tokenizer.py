@@ -221,7 +221,7 @@ class Tokenizer:
     def _check_id(self, tid: object) -> int:
         if isinstance(tid, bool) or not hasattr(tid, "__index__"):
             raise DTypeError(f"token id: expected an int, got {type(tid).__name__}")
-        i = tid.__index__()  # type: ignore[attr-defined]
+        i = tid.__index__()
         if not 0 <= i < len(self._pieces):
             raise InvalidValueError(f"token id {i}: expected 0 <= id < {len(self._pieces)}")
         return int(i)

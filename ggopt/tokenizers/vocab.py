@@ -88,8 +88,8 @@ def read_vocab(f: Fields) -> Vocab:
             seen[t] = i
     attrs = [TYPE_TO_ATTR.get(t, Attr.UNDEFINED) for t in types]
     ids: dict[str, int | None] = {name: None for name in _ID_KEYS}
-    for name, value in _DEFAULT_IDS[model].items():
-        ids[name] = value if value < n else None
+    for name, default in _DEFAULT_IDS[model].items():
+        ids[name] = default if default < n else None
     for name, key in _ID_KEYS.items():
         value = f.token_id(K + key)
         if value is not None and value < n:  # llama.cpp keeps the default for one out of range
