@@ -202,3 +202,19 @@ def test_bad_files_and_arguments(tmp_path):
         tok.encode(12)  # type: ignore[arg-type]
     with pytest.raises(InvalidValueError, match="token id 99"):
         tok.decode([99])
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "llama-bpe", "phi-3"])
+def test_c_merges_equal_the_python_reference(name):
+    """ggopt._kernels._merge gives the ids of the pure-Python merge loops, on GPL-3, on code
+    with long runs of spaces and on invalid UTF-8 (SentencePiece's whole-text path)."""
+    path = vocab_path(name)
+    with open("/usr/share/common-licenses/GPL-3", "rb") as fh:
+        texts = [fh.read(), b"def f(x):\n" + b" " * 40 + b"return x  # \xff\xc3(\xe2\x82",
+                 "ünïcödé 日本語 😀 ١٢٣".encode()]
+    fast, slow = tk.load(path), tk.load(path)
+    model = slow._spm if slow._spm is not None else slow._bpe
+    assert model is not None
+    model.use_c = False
+    for text in texts:
+        assert fast.encode(text) == slow.encode(text)
