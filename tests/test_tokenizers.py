@@ -218,3 +218,18 @@ def test_c_merges_equal_the_python_reference(name):
     model.use_c = False
     for text in texts:
         assert fast.encode(text) == slow.encode(text)
+
+
+def test_spm_word_split_only_when_no_token_has_an_inner_space():
+    """Cutting text into words at spaces is exact only when no token holds a ``▁`` after
+    another character; U+2596 shares two of ``▁``'s three UTF-8 bytes (a bytes.lstrip of
+    them would wrongly skip it)."""
+    from ggopt.tokenizers.spm import SpmModel
+
+    space, quad = "\u2581".encode(), "\u2596".encode()
+    base = {space + b"a": 0, b"a": 1, space: 2, quad: 3}
+    assert SpmModel(base, [0.0] * 4)._word_split
+    inner = {**base, quad + space: 4}
+    model = SpmModel(inner, [0.0, 0.0, 0.0, 0.0, 5.0])
+    assert not model._word_split
+    assert model.encode(quad + space + b"a") == [4, 1]

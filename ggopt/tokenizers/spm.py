@@ -37,6 +37,13 @@ _SPACE_BYTES = SPACE.encode()
 _WORDS = regex.compile(f"{SPACE}*[^{SPACE}]+|{SPACE}+")
 
 
+def _drop_spaces(token: bytes) -> bytes:
+    """``token`` without its leading ``▁`` characters."""
+    while token.startswith(_SPACE_BYTES):
+        token = token[len(_SPACE_BYTES):]
+    return token
+
+
 class SpmModel:
     """Scores and byte tokens of one vocabulary; ``encode(data)`` gives the ids of bytes."""
 
@@ -47,7 +54,7 @@ class SpmModel:
         for b in range(256):
             tid = token_to_id.get(f"<0x{b:02X}>".encode())
             self._bytes.append(tid if tid is not None else token_to_id.get(bytes([b])))
-        self._word_split = not any(_SPACE_BYTES in t.lstrip(_SPACE_BYTES) for t in token_to_id)
+        self._word_split = not any(_SPACE_BYTES in _drop_spaces(t) for t in token_to_id)
         self._cache: dict[bytes, list[int]] = {}
         self.use_c = True  # False: the pure-Python merge loop (the reference)
 
