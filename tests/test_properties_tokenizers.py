@@ -15,12 +15,11 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from test_tokenizers import tiny_bpe, write_vocab  # noqa: E402
+from test_tokenizers import BYTE_TOKENS, tiny_bpe, write_vocab  # noqa: E402
 from tokenizer_files import smollm2_path, vocab_path  # noqa: E402
 
 import ggopt.tokenizers as tk  # noqa: E402
 from ggopt.errors import GgoptError  # noqa: E402
-from ggopt.examples import llm_gguf  # noqa: E402
 from ggopt.tokenizers.pretokenize import PreTokenizer  # noqa: E402
 
 load = functools.cache(tk.load)
@@ -34,7 +33,7 @@ _TEXT = st.lists(_ALPHABET, max_size=40).map("".join)
 @functools.cache
 def _byte_vocab(tmp_dir: str) -> tk.Tokenizer:
     return tk.load(write_vocab(f"{tmp_dir}/bytes.gguf", model="rwkv",
-                               tokens=llm_gguf.byte_tokens()))
+                               tokens=BYTE_TOKENS))
 
 
 @given(data=st.binary(max_size=300))

@@ -11,9 +11,10 @@ from tokenizer_files import smollm2_path, vocab_path
 
 import ggopt.tokenizers as tk
 from ggopt.errors import DTypeError, GgoptError, InvalidValueError, ShapeError
-from ggopt.examples import llm_gguf
 
 load = functools.cache(tk.load)
+#: the vocabulary ggopt's byte-level models write (llama.cpp's rwkv escapes: "\x00" ... "\xff")
+BYTE_TOKENS = [f"\\x{b:02x}" for b in range(256)]
 
 
 def write_vocab(path, **keys) -> str:
@@ -50,7 +51,7 @@ def tiny_bpe(tmp_path, **over) -> str:
 
 # -- ggopt's own byte vocabulary -------------------------------------------------------------
 def test_byte_vocab_of_ggopt_models(tmp_path):
-    path = write_vocab(tmp_path / "llm.gguf", model="rwkv", tokens=llm_gguf.byte_tokens(),
+    path = write_vocab(tmp_path / "llm.gguf", model="rwkv", tokens=BYTE_TOKENS,
                        token_type=([1] * 256, gguf.GGUFValueType.INT32))
     tok = tk.load(path)
     data = bytes(range(256)) + b"\xff\x00 caf\xc3\xa9"
