@@ -234,3 +234,14 @@ def test_spm_word_split_only_when_no_token_has_an_inner_space():
     model = SpmModel(inner, [0.0, 0.0, 0.0, 0.0, 5.0])
     assert not model._word_split
     assert model.encode(quad + space + b"a") == [4, 1]
+
+
+@pytest.mark.model
+def test_from_gguf_on_the_model_file_equals_load():
+    """The model loader builds the tokenizer from its open GGUFReader (no second read)."""
+    path = smollm2_path()
+    a, b = tk.from_gguf(gguf.GGUFReader(path)), load(path)
+    text = "The <|im_start|> 2024 café\n\n  x"
+    for special in (False, True):
+        assert a.encode(text, parse_special=special) == b.encode(text, parse_special=special)
+    assert (a.eog, a.vocab.ids, a.chat_template) == (b.eog, b.vocab.ids, b.chat_template)
