@@ -249,7 +249,7 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
 REPO = ROOT.parent
 TESTS = REPO / "tests"
 TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed",
-               "support", "data"}
+               "tokenizers", "models", "lm", "support", "data"}
 #: bench/ modules allowed to import from tests/, each with its reason. bench_transformer times
 #: the transformer block of tests/support/llama_block.py until that block becomes a library
 #: graph; then this entry goes.
