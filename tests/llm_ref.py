@@ -47,7 +47,8 @@ def logits(cfg, w: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
         gate = h @ w[b + "ffn_gate.weight"].T
         ff = gate / (1 + np.exp(-gate)) * (h @ w[b + "ffn_up.weight"].T)
         x = x + ff @ w[b + "ffn_down.weight"].T
-    return _norm(x, w["output_norm.weight"], cfg.eps) @ w["output.weight"].T
+    out = w.get("output.weight", w["token_embd.weight"])  # tied when absent, as llama.cpp
+    return _norm(x, w["output_norm.weight"], cfg.eps) @ out.T
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:
