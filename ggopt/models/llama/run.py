@@ -88,6 +88,7 @@ class Forward:
             raise InvalidValueError(f"forward: expected {self.n_tokens} token ids, got "
                                     f"{arr.size}")
         sched = self.net.sched
+        sched.reset()
         sched.alloc_graph(self.gf)
         tensor_set(self.inputs.tokens, arr)
         sched.graph_compute(self.gf)

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 from ...errors import InvalidValueError, StateError
 
-__all__ = ["Tokenizer", "ByteTokenizer", "tokenizer_from_reader", "require"]
+__all__ = ["Tokenizer", "ByteTokenizer", "tokenizer_from_reader", "require",
+           "render_chat"]
 
 
 class Tokenizer(Protocol):
@@ -58,6 +59,18 @@ def tokenizer_from_reader(reader: Any, is_bytes: bool) -> Tokenizer | None:
         return None
     tok: Tokenizer = tokenizers.from_gguf(reader)
     return tok
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:
+    """``messages`` rendered with the tokenizer's chat template, ending with the assistant's
+    generation prompt (:mod:`ggopt.tokenizers`' jinja2 renderer)."""
+    try:
+        tokenizers = importlib.import_module("ggopt.tokenizers")
+    except ImportError:
+        raise StateError("--chat: chat templates need ggopt.tokenizers, which is not "
+                         "installed") from None
+    text: str = tokenizers.render_chat(tokenizer, messages, add_generation_prompt=True)
+    return text
 
 
 def require(tokenizer: Tokenizer | None, where: str) -> Tokenizer:
