@@ -1,7 +1,7 @@
 """The ``generate``, ``eval`` and ``tokenize`` commands of ``python -m ggopt.examples.llm``,
 for any llama GGUF ggopt loads (SmolLM2 and the like, and ggopt's own byte-level models).
 
-``generate`` samples with a KV cache (:mod:`ggopt.lm.generate`), ``eval`` prints perplexity as
+``generate`` samples with a KV cache (:mod:`ggopt.lm.generation`), ``eval`` prints perplexity as
 ``llama-perplexity`` computes it (:mod:`ggopt.lm.perplexity`), ``tokenize`` prints token ids
 as ``llama-tokenize --ids`` does. Results go to stdout, notes to stderr.
 """

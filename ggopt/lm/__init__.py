@@ -1,8 +1,8 @@
 """Language-model loops over :mod:`ggopt.models`: perplexity as ``llama-perplexity``
 computes it (:mod:`.perplexity`), sampling (:mod:`.sampling`) and generation with a KV cache
-(:mod:`.generate`)."""
+(:mod:`.generation`)."""
 
-from .generate import GenerateResult, Generator, generate
+from .generation import GenerateResult, Generator, generate
 from .perplexity import PerplexityResult, perplexity
 from .sampling import SamplingParams, sample
 
