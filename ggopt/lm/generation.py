@@ -40,9 +40,9 @@ class _Step:
         self.inputs = make_inputs(net, 1, n_tokens, n_kv=gen.cache.n_kv)
         self.graph: Graph = build_graph(self.ctx, net, self.inputs, gen.cache, last_only=True)
         self.gf = ggopt.new_graph_custom(self.ctx, GRAPH_SIZE, False)
+        for write in self.graph.writes:  # layer by layer: each write before its layer reads
+            ggopt.build_forward_expand(self.gf, write)
         ggopt.build_forward_expand(self.gf, self.graph.logits)
-        for t in (*self.graph.new_k, *self.graph.new_v):
-            ggopt.build_forward_expand(self.gf, t)
 
 
 class Generator:
@@ -60,7 +60,7 @@ class Generator:
         self.n_ubatch = max(1, min(n_ubatch, n_ctx))
         check_fits(forward_bytes(cfg, self.n_ubatch, n_ctx),
                    f"a KV cache of --ctx {n_ctx} tokens")
-        self.cache = make_cache(self.net, n_ctx)
+        self.cache = make_cache(self.net, n_ctx, self.n_ubatch)
         self.n_past = 0
         self._steps: dict[int, _Step] = {}
         self._current: _Step | None = None
@@ -89,7 +89,7 @@ class Generator:
         tensor_set(step.inputs.pos, np.arange(first, first + n, dtype=np.int32))
         tensor_set(step.inputs.mask, mask)
         self.net.sched.graph_compute(step.gf)
-        self.cache.store(step.graph, first)
+        self.cache.store(n, first)
         self.n_past += n
         out: np.ndarray = tensor_get(step.graph.logits).reshape(-1)
         return out

@@ -5,9 +5,11 @@ Token embedding, ``n_layer`` blocks of rms_norm -> attention (rope in NORMAL mod
 grouped-query heads, scale ``1/sqrt(head_dim)`` or ``llama.attention.scale``) -> rms_norm ->
 SwiGLU feed-forward, a final rms_norm and the output projection (``output.weight``, or
 ``token_embd.weight`` when tied). A batch holds ``n_seq`` whole sequences of ``n_tokens``
-tokens; attention runs per sequence. With a :class:`KVCache` (one sequence), the new tokens
-attend to the ``n_kv`` cached slots followed by themselves, and the graph also outputs their
-roped keys and values, which :meth:`KVCache.store` writes into the slots afterwards.
+tokens; attention runs per sequence. With a :class:`KVCache` (one sequence), the graph first
+copies the new tokens' roped keys and values into the cache's staging slots (``n_kv`` ..
+``n_kv + n_tokens - 1``, a fixed place, so the graph's shape never changes), then attends to the
+``n_kv`` slots followed by the staging ones through the mask; :meth:`KVCache.store` moves the
+staged keys and values into their slots afterwards.
 
 Weights use llama.cpp's GGUF tensor names and ggml shapes: a weight applied as ``y = W x``
 with ``W`` of NumPy shape ``(out, in)`` is ggml ``[in, out]``.
@@ -97,35 +99,36 @@ class LlamaModel:
 
 @dataclasses.dataclass
 class KVCache:
-    """Roped keys ``[head_dim, n_kv, n_head_kv]`` and transposed values ``[n_kv, head_dim,
-    n_head_kv]`` per layer, for ``n_kv`` slots of one sequence (zeros until stored)."""
+    """Roped keys ``[head_dim, n_kv + n_stage, n_head_kv]`` and transposed values ``[n_kv +
+    n_stage, head_dim, n_head_kv]`` per layer: ``n_kv`` slots of one sequence (zeros until
+    stored) and ``n_stage`` staging slots for the tokens of one step."""
 
     ctx: Context
     k: list[Tensor]
     v: list[Tensor]
     n_kv: int
+    n_stage: int
 
-    def store(self, graph: Graph, first: int) -> None:
-        """Copy the keys and values ``graph`` computed into slots ``first, first+1, ...``."""
-        n = graph.inputs.n_tokens
-        if first < 0 or first + n > self.n_kv:
+    def store(self, n: int, first: int) -> None:
+        """Move the ``n`` staged keys and values into slots ``first, first+1, ...``."""
+        if first < 0 or first + n > self.n_kv or n > self.n_stage:
             raise ShapeError(f"kv cache: slots {first}..{first + n - 1} outside "
                              f"0..{self.n_kv - 1}")
-        for cache_k, cache_v, new_k, new_v in zip(self.k, self.v, graph.new_k, graph.new_v,
-                                                  strict=True):
+        s = self.n_kv
+        for cache_k, cache_v in zip(self.k, self.v, strict=True):
             kk, vv = buffer_of(cache_k).view(cache_k), buffer_of(cache_v).view(cache_v)
-            kk[0, :, first:first + n, :] = buffer_of(new_k).view(new_k)[0]
-            vv[0, :, :, first:first + n] = buffer_of(new_v).view(new_v)[0]
+            kk[0, :, first:first + n, :] = kk[0, :, s:s + n, :]
+            vv[0, :, :, first:first + n] = vv[0, :, :, s:s + n]
 
 
 @dataclasses.dataclass
 class Graph:
-    """A built forward graph: its logits and, with a cache, the new keys and values."""
+    """A built forward graph: its logits and, with a cache, the copies into the staging slots
+    (to be expanded into the graph before the logits, layer by layer)."""
 
     logits: Tensor
     inputs: Inputs
-    new_k: list[Tensor]
-    new_v: list[Tensor]
+    writes: list[Tensor]
 
 
 def build_model(cfg: Config, sched: Scheduler) -> LlamaModel:
@@ -173,18 +176,35 @@ def make_inputs(model: LlamaModel, n_seq: int, n_tokens: int | None = None,
     return Inputs(ctx, tokens, pos, mask, n_seq, T)
 
 
-def make_cache(model: LlamaModel, n_kv: int) -> KVCache:
-    """A zeroed cache of ``n_kv`` slots per layer on the model's backend."""
+def make_cache(model: LlamaModel, n_kv: int, n_stage: int = 1) -> KVCache:
+    """A zeroed cache of ``n_kv`` slots and ``n_stage`` staging slots per layer on the
+    model's backend."""
     cfg, ctx = model.cfg, Context()
-    hd, hkv = cfg.head_dim, cfg.n_head_kv
-    k = [ctx.new_tensor_3d(F32, hd, n_kv, hkv) for _ in range(cfg.n_layer)]
-    v = [ctx.new_tensor_3d(F32, n_kv, hd, hkv) for _ in range(cfg.n_layer)]
+    hd, hkv, n = cfg.head_dim, cfg.n_head_kv, n_kv + n_stage
+    k = [ctx.new_tensor_3d(F32, hd, n, hkv) for _ in range(cfg.n_layer)]
+    v = [ctx.new_tensor_3d(F32, n, hd, hkv) for _ in range(cfg.n_layer)]
     for t in (*k, *v):
         ggopt.set_input(t)
     alloc_ctx_tensors(ctx, model.sched.get_backend(0))
     for t in (*k, *v):
         tensor_fill(t, 0.0)
-    return KVCache(ctx, k, v, n_kv)
+    return KVCache(ctx, k, v, n_kv, n_stage)
+
+
+def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,
+           writes: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Copy layer ``i``'s new keys ``[hd, T, Hkv, 1]`` and values ``[T, hd, Hkv, 1]`` into the
+    staging slots; return the views of slots ``0 .. n_kv + T - 1`` that attention reads."""
+    g, T, n = ggopt, k.ne[1], cache.n_kv
+    ck, cv = cache.k[i], cache.v[i]
+    hd, hkv = ck.ne[0], ck.ne[2]
+    writes.append(g.cpy(c, k, g.view_4d(c, ck, hd, T, hkv, 1, ck.nb[1], ck.nb[2], ck.nb[3],
+                                        n * ck.nb[1])))
+    writes.append(g.cpy(c, vt, g.view_4d(c, cv, T, hd, hkv, 1, cv.nb[1], cv.nb[2], cv.nb[3],
+                                         n * cv.nb[0])))
+    k_all = g.view_3d(c, ck, hd, n + T, hkv, ck.nb[1], ck.nb[2], 0)
+    v_all = g.view_3d(c, cv, n + T, hd, hkv, cv.nb[1], cv.nb[2], 0)
+    return k_all, v_all
 
 
 def build_logits(ctx: Context, model: LlamaModel, inp: Inputs) -> Tensor:
@@ -200,9 +220,9 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     T, B, hd = inp.n_tokens, inp.n_seq, cfg.head_dim
     N = T * B
     freqs = p.get("rope_freqs.weight")
-    if cache is not None and inp.mask.ne[0] != cache.n_kv + T:
+    if cache is not None and (inp.mask.ne[0] != cache.n_kv + T or T > cache.n_stage):
         raise ShapeError(f"build_logits: the mask covers {inp.mask.ne[0]} slots, the cache "
-                         f"{cache.n_kv} + {T} new tokens")
+                         f"{cache.n_kv} + {T} new tokens ({cache.n_stage} staging slots)")
 
     def norm(x: Tensor, w: Tensor) -> Tensor:
         return g.mul(c, g.rms_norm(c, x, cfg.eps), w)
@@ -215,8 +235,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
                            cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
         return g.permute(c, g.reshape_4d(c, x, hd, n_head, T, B), 0, 2, 1, 3)
 
-    new_k: list[Tensor] = []
-    new_v: list[Tensor] = []
+    writes: list[Tensor] = []
     x = g.get_rows(c, p["token_embd.weight"], inp.tokens)                  # [C, N]
     for i in range(cfg.n_layer):
         w = {k.split(".")[2]: t for k, t in p.items() if k.startswith(f"blk.{i}.")}
@@ -226,12 +245,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         v = g.reshape_4d(c, g.mul_mat(c, w["attn_v"], h), hd, cfg.n_head_kv, T, B)
         vt = g.cont(c, g.permute(c, v, 1, 2, 0, 3))                         # [T, hd, Hkv, B]
         if cache is not None:
-            k = g.cont(c, k)
-            for t, out in ((k, new_k), (vt, new_v)):
-                g.set_output(t)
-                out.append(t)
-            k = g.concat(c, cache.k[i], k, 1)                               # [n_kv+T, ...]
-            vt = g.concat(c, cache.v[i], vt, 0)
+            k, vt = _stage(c, cache, i, k, vt, writes)
         kq = g.soft_max_ext(c, g.mul_mat(c, k, q), inp.mask, cfg.kq_scale, 0.0)
         kqv = g.mul_mat(c, vt, kq)                                          # [hd, T, H, B]
         cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd, N)
@@ -244,7 +258,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]
     logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
     g.set_output(g.set_name(logits, "logits"))
-    return Graph(logits, inp, new_k, new_v)
+    return Graph(logits, inp, writes)
 
 
 def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -> None:
