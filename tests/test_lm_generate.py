@@ -198,3 +198,26 @@ def test_cli_eval_and_tokenize(small, capsys, tmp_path):
     assert code == 0 and out.strip() == "[97, 98, 10]"
     code, out, _ = _run(capsys, "tokenize", "--model", str(path), "--text", str(text))
     assert out.strip() == str(list(range(256)) * 2)
+
+
+def test_chat_templates_render_and_fail_clearly(small):
+    from pathlib import Path
+
+    from ggopt.lm.chat import render_chat
+
+    tok = small[0].require_tokenizer()
+    qwen = Path.home() / ".cache/ggopt/llama.cpp-models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"
+    if qwen.is_file():
+        text = render_chat(tok, [{"role": "user", "content": "Hi"}], template=qwen.read_text())
+        assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(InvalidValueError, match="failed to render: no"):
+        render_chat(tok, [], template="{{ raise_exception('no') }}")
+    with pytest.raises(InvalidValueError, match="failed to render"):
+        render_chat(tok, [], template="{% for %}")
+    with pytest.raises(InvalidValueError, match="no tokenizer.chat_template"):
+        render_chat(tok, [])
+
+
+def test_cli_generate_chat_without_template(small, capsys):
+    code, _, err = _run(capsys, "generate", "--model", str(small[2]), "--chat", "-n", "2")
+    assert code == 1 and "no tokenizer.chat_template" in err

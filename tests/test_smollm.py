@@ -55,3 +55,25 @@ def test_perplexity_within_half_a_percent_of_llama_cpp(smollm):
     r = perplexity(smollm, REF["gpl3_tokens_1024"], 128)
     want = REF["f32_ppl_1024_ctx128"]
     assert abs(r.ppl / want - 1) < 0.005, (r.ppl, want)
+
+
+def test_cli_tokenize_eval_generate_chat(tmp_path, capsys):
+    from smollm import GPL3
+
+    from ggopt.examples import llm
+
+    path = str(q4_1_path())
+    assert llm.main(["tokenize", "--model", path, "--text", str(GPL3)]) == 0
+    ids = eval(capsys.readouterr().out)  # a Python list, as llama-tokenize --ids
+    assert len(ids) == REF["gpl3_n_tokens"] and ids[:1024] == REF["gpl3_tokens_1024"]
+    assert llm.main(["tokenize", "--model", path, "--prompt", "<|im_start|>hi",
+                     "--parse-special"]) == 0
+    assert eval(capsys.readouterr().out)[0] == 1
+    text = tmp_path / "gpl.txt"
+    text.write_bytes(GPL3.read_bytes()[:6000])
+    assert llm.main(["eval", "--model", path, "--text", str(text), "--ctx", "128"]) == 0
+    assert "perplexity: " in capsys.readouterr().out
+    assert llm.main(["generate", "--model", path, "--chat", "--prompt", "What is 2+2?",
+                     "-n", "12", "--temp", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("<|im_start|>system\n") and "<|im_start|>assistant\n" in out

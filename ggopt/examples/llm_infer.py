@@ -16,8 +16,8 @@ import sys
 from .. import set_n_threads
 from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, perplexity
+from ..lm.chat import render_chat
 from ..models import llama
-from ..models.llama.vocab import Tokenizer, render_chat
 
 __all__ = ["add_commands", "read_bytes"]
 
@@ -53,13 +53,6 @@ def _load(args: argparse.Namespace) -> llama.Model:
     return model
 
 
-def _add_bos(tok: Tokenizer) -> int | None:
-    """The BOS id when the vocabulary adds one (llama_vocab_get_add_bos), else None."""
-    if tok.bos is None:
-        return None
-    return tok.bos if tok.encode(b"", add_special=True)[:1] == [tok.bos] else None
-
-
 def _prompt_bytes(args: argparse.Namespace) -> bytes:
     if args.prompt_file is not None:
         return read_bytes([args.prompt_file], "--prompt-file")
@@ -75,8 +68,6 @@ def _generate(args: argparse.Namespace) -> int:
     model = _load(args)
     tok = model.require_tokenizer()
     if args.chat:
-        if tok.chat_template is None:
-            raise ShapeError(f"--chat: {args.model!r} has no tokenizer.chat_template")
         message = {"role": "user", "content": text.decode("utf-8", "replace")}
         ids = tok.encode(render_chat(tok, [message]), add_special=False, parse_special=True)
     else:
@@ -99,7 +90,7 @@ def _eval(args: argparse.Namespace) -> int:
     tok = model.require_tokenizer()
     n_ctx = args.ctx or min(model.cfg.n_ctx, EVAL_CTX)
     ids = tok.encode(text, add_special=True, parse_special=False)
-    bos = _add_bos(tok)
+    bos = tok.bos if tok.add_bos else None  # llama-perplexity: llama_vocab_get_add_bos
 
     def progress(i: int, n: int, ppl: float) -> None:
         print(f"\reval: [{i}/{n}] ppl {ppl:.4f}", end="\n" if i == n else "", file=sys.stderr)

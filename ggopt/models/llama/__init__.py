@@ -25,10 +25,10 @@ from .graph import (
 )
 from .loader import Model, load, read_config, read_weights
 from .run import logits
-from .vocab import ByteTokenizer, Tokenizer
+from .vocab import Tokenizer
 
 __all__ = ["ARCH", "N_VOCAB_BYTES", "Config", "config_from_fields", "byte_tokens", "write_f32",
            "Graph", "Inputs", "KVCache", "LlamaModel", "build_graph", "build_logits",
            "build_model", "get_weights", "init_weights", "make_cache", "make_inputs",
            "param_shapes", "set_weights", "Model", "load", "read_config", "read_weights",
-           "logits", "ByteTokenizer", "Tokenizer"]
+           "logits", "Tokenizer"]

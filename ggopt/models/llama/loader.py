@@ -20,7 +20,7 @@ from ...errors import GgoptError
 from .byte_gguf import byte_tokens
 from .config import Config, config_from_fields, field_value
 from .graph import LlamaModel, build_model, param_shapes
-from .vocab import ByteTokenizer, Tokenizer, require, tokenizer_from_reader
+from .vocab import Tokenizer, require, tokenizer_of
 from .weights import ProgressBar, check_tensors, iter_f32, open_reader, tensor_table
 
 __all__ = ["Model", "load", "read_config", "read_weights"]
@@ -36,17 +36,13 @@ class Model:
     path: str
     cfg: Config
     net: LlamaModel
-    tokenizer: Tokenizer | None  # None: needs ggopt.tokenizers, absent
+    tokenizer: Tokenizer | GgoptError  # the error when ggopt cannot tokenize for this file
     load_seconds: float
     tensor_types: dict[str, int]  # type name -> tensor count, as in the file
-
-    @property
-    def is_bytes(self) -> bool:
-        """ggopt's byte-level vocabulary (any bytes are tokens)."""
-        return isinstance(self.tokenizer, ByteTokenizer)
+    is_bytes: bool  # ggopt's byte-level vocabulary (any bytes are tokens)
 
     def require_tokenizer(self) -> Tokenizer:
-        """The tokenizer, or StateError when it needs the absent ggopt.tokenizers."""
+        """The tokenizer, or StateError saying why there is none."""
         return require(self.tokenizer, f"llm {self.path!r}")
 
 
@@ -106,7 +102,8 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     where = f"llm load {spath!r}"
     reader = open_reader(spath, where)
     cfg, table = read_config(reader, where)
-    tokenizer = tokenizer_from_reader(reader, _is_bytes(reader, where))
+    is_bytes = _is_bytes(reader, where)
+    tokenizer = tokenizer_of(spath)
     shapes = param_shapes(cfg)
     if progress is None:
         progress = os.path.getsize(spath) > PROGRESS_BYTES
@@ -118,4 +115,4 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     for t in table.values():
         key = t.tensor_type.name
         types[key] = types.get(key, 0) + 1
-    return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types)
+    return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes)
