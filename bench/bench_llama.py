@@ -23,13 +23,25 @@ from ggopt.lm.perplexity import perplexity
 from ggopt.models import llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from smollm import f32_path, llama_cpp_model, q4_1_path  # noqa: E402
+from smollm import f32_path, llama_cpp_model, llama_cpp_perplexity, q4_1_path  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
 
 N_GEN = 32
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 2, 198, 1, 4093]
 EVAL_CTX = 256
+_RESULTS: dict[tuple[str, str], object] = {}  # (test, impl) -> its output, compared across impls
+
+
+def assert_same_output(test: str, impl: str, value: object) -> None:
+    """Both implementations must produce the same output (the benchmark checks what it times)."""
+    _RESULTS[(test, impl)] = value
+    other = _RESULTS.get((test, "llama_cpp" if impl == "ggopt" else "ggopt"))
+    if other is not None:
+        if isinstance(value, float):
+            assert isinstance(other, float) and abs(value / other - 1) < 5e-3, (value, other)
+        else:
+            assert value == other
 
 
 def _cpp(n_ctx: int):
@@ -77,9 +89,11 @@ def test_generate(benchmark, ratio_to, impl, f32_model):
             return out
 
     t0 = time.perf_counter()
-    benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    tokens = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     benchmark.extra_info["tokens_per_second_incl_prompt"] = round(
         4 * N_GEN / (time.perf_counter() - t0), 2)
+    assert len(tokens) == N_GEN
+    assert_same_output("generate", impl, tokens)  # greedy: the same tokens
     ratio_to(impl, llama_cpp=0.7 if impl == "ggopt" else None)
 
 
@@ -91,15 +105,14 @@ def test_eval(benchmark, ratio_to, impl, f32_model):
         llm = _cpp(EVAL_CTX)
         llm.n_threads = ggopt.get_n_threads()
 
-        def run() -> None:
-            for i in range(2):
-                llm.reset()
-                llm.eval(ids[i * EVAL_CTX:(i + 1) * EVAL_CTX].tolist())
+        def run() -> float:
+            return llama_cpp_perplexity(llm, ids.tolist(), EVAL_CTX)
     else:
-        def run() -> None:
-            perplexity(f32_model, ids, EVAL_CTX)
+        def run() -> float:
+            return perplexity(f32_model, ids, EVAL_CTX).ppl
 
-    benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    ppl = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    assert_same_output("eval", impl, float(ppl))
     benchmark.extra_info["tokens_per_second"] = round(
         2 * EVAL_CTX / benchmark.stats.stats.median, 1) if benchmark.stats else None
     ratio_to(impl, llama_cpp=None)
