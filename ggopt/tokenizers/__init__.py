@@ -14,12 +14,13 @@ from typing import Any
 
 from gguf import GGUFReader
 
+from ggopt.tokenizers.chat import render_chat
 from ggopt.tokenizers.fields import open_fields
 from ggopt.tokenizers.pretokenize import PRE_TOKENIZERS
 from ggopt.tokenizers.tokenizer import Tokenizer
 from ggopt.tokenizers.vocab import MODELS, read_vocab
 
-__all__ = ["Tokenizer", "load", "from_gguf", "MODELS", "PRE_TOKENIZERS"]
+__all__ = ["Tokenizer", "load", "from_gguf", "render_chat", "MODELS", "PRE_TOKENIZERS"]
 
 
 def from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:

@@ -9,12 +9,20 @@ no pair of neighbours has a rank. A symbol that is no token falls back to its si
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from ggopt.errors import InvalidValueError
 from ggopt.tokenizers.pretokenize import PreTokenizer
 from ggopt.tokenizers.unicode import encode_utf8
 
 __all__ = ["BYTE_TO_CHAR", "CHAR_TO_BYTE", "BpeModel"]
+
+try:
+    import ggopt._kernels._merge as _merge_module
+
+    _merge: Any = _merge_module
+except ImportError:  # not built: the Python merge loop gives the same ids, slower
+    _merge = None
 
 
 def _byte_to_char() -> list[str]:
@@ -56,6 +64,7 @@ class BpeModel:
         ranks = dict(zip(reversed(pairs), range(len(pairs) - 1, -1, -1)))
         self._ranks = ranks
         self._cache: dict[str, list[int]] = {}
+        self.use_c = True  # False: the pure-Python merge loop (the reference)
 
     def encode(self, text: str) -> list[int]:
         """Ids of ``text`` (codepoints as llama.cpp decoded them): pre-tokenize, then merge."""
@@ -75,6 +84,24 @@ class BpeModel:
         vocab = self._vocab
         if self._pre.ignore_merges and chars in vocab:
             return [vocab[chars]]
+        if _merge is not None and self.use_c:
+            out: list[int] = []
+            for item in _merge.bpe_merge(chars, self._ranks, vocab):
+                if isinstance(item, int):
+                    out.append(item)
+                else:
+                    out += self._bytes_of(item)
+            return out
+        return self._word_python(chars)
+
+    def _bytes_of(self, sym: str) -> list[int]:
+        """llama.cpp looks each byte of a symbol that is no token up as a 1-byte token."""
+        vocab = self._vocab
+        ids = (vocab.get(bytes([b]).decode("utf-8", "surrogateescape")) for b in encode_utf8(sym))
+        return [i for i in ids if i is not None]
+
+    def _word_python(self, chars: str) -> list[int]:
+        vocab = self._vocab
         syms = list(chars)
         n = len(syms)
         nxt = list(range(1, n + 1))
@@ -114,9 +141,6 @@ class BpeModel:
             tid = vocab.get(sym)
             if tid is not None:
                 out.append(tid)
-                continue
-            for byte in encode_utf8(sym):  # llama.cpp looks each byte up as a 1-byte token
-                tid = vocab.get(bytes([byte]).decode("utf-8", "surrogateescape"))
-                if tid is not None:
-                    out.append(tid)
+            else:
+                out += self._bytes_of(sym)
         return out

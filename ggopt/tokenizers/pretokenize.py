@@ -10,11 +10,19 @@ replaced by llama.cpp's own codepoint classes (:mod:`ggopt.tokenizers.unicode`) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import regex
 
 from ggopt.errors import InvalidValueError
-from ggopt.tokenizers.unicode import CLASSES
+from ggopt.tokenizers.unicode import class_table, llama_set
+
+try:
+    import ggopt._kernels._pretok as _pretok_module
+
+    _pretok: Any = _pretok_module
+except ImportError:  # not built: the regex path gives the same words, slower
+    _pretok = None
 
 __all__ = ["PreTokenizer", "pre_tokenizer", "PRE_TOKENIZERS"]
 
@@ -56,11 +64,12 @@ class _Kind:
     regexes: tuple[str, ...]
     ignore_merges: bool = False  # a word that is a token is taken whole (llama.cpp's flag)
     add_bos: bool | None = None  # the default before tokenizer.ggml.add_bos_token is read
+    scan: tuple[int, bool] | None = None  # (kind, digits_first) of ggopt._kernels._pretok
 
 
-_GPT2_KIND = _Kind((_GPT2,))
-_STARCODER_KIND = _Kind((r"\p{N}", _GPT2))
-_LLAMA3_KIND = _Kind((_LLAMA3,), ignore_merges=True, add_bos=True)
+_GPT2_KIND = _Kind((_GPT2,), scan=(0, False))
+_STARCODER_KIND = _Kind((r"\p{N}", _GPT2), scan=(0, True))
+_LLAMA3_KIND = _Kind((_LLAMA3,), ignore_merges=True, add_bos=True, scan=(1, False))
 
 #: The ``tokenizer.ggml.pre`` names ggopt implements (llama.cpp's names; checked against
 #: llama.cpp's conformance files, see tests/test_tokenizers_conformance.py).
@@ -74,8 +83,8 @@ PRE_TOKENIZERS: dict[str, _Kind] = {
     "starcoder": _STARCODER_KIND,
     "refact": _STARCODER_KIND,
     "command-r": _STARCODER_KIND,
-    "qwen2": _Kind((_QWEN2,)),
-    "deepseek-r1-qwen": _Kind((_QWEN2,)),
+    "qwen2": _Kind((_QWEN2,), scan=(2, False)),
+    "deepseek-r1-qwen": _Kind((_QWEN2,), scan=(2, False)),
     "deepseek-llm": _Kind(_DEEPSEEK_LLM),
     "deepseek-coder": _Kind(_DEEPSEEK_CODER),
     "falcon": _Kind(_FALCON),
@@ -83,7 +92,7 @@ PRE_TOKENIZERS: dict[str, _Kind] = {
 
 
 def _translate(pattern: str) -> str:
-    """llama.cpp's regex syntax to the ``regex`` package's, with llama.cpp's classes."""
+    """llama.cpp's regex syntax to the ``regex`` package's (V1), with llama.cpp's classes."""
     out: list[str] = []
     inside = False
     i = 0
@@ -93,14 +102,13 @@ def _translate(pattern: str) -> str:
             nxt = pattern[i + 1]
             if nxt == "p" and pattern.startswith("{", i + 2):
                 end = pattern.index("}", i)
-                body = CLASSES[pattern[i + 3:end]]
-                out.append(body if inside else f"[{body}]")
+                out.append(llama_set(pattern[i + 3:end]))
                 i = end + 1
                 continue
             if nxt == "s":
-                out.append(CLASSES["s"] if inside else f"[{CLASSES['s']}]")
+                out.append(llama_set("s"))
             elif nxt == "S" and not inside:
-                out.append(f"[^{CLASSES['s']}]")
+                out.append(f"[^{llama_set('s')[1:-1]}]")
             else:
                 out.append(pattern[i:i + 2])
             i += 2
@@ -124,11 +132,21 @@ class PreTokenizer:
         self.name = name
         self.ignore_merges = kind.ignore_merges
         self.add_bos = kind.add_bos
-        self._steps = [regex.compile(_translate(p), regex.V0) for p in kind.regexes]
+        self._regexes = kind.regexes
+        self._scan = kind.scan if _pretok is not None else None
+        self._compiled: list[regex.Pattern[str]] | None = None
 
     def split(self, text: str) -> list[str]:
+        if self._scan is not None and _pretok is not None:
+            return list(_pretok.split(text, class_table(), *self._scan))
+        return self.split_regex(text)
+
+    def split_regex(self, text: str) -> list[str]:
+        """``split`` by the ``regex`` package (the reference the C scanner is tested against)."""
+        if self._compiled is None:
+            self._compiled = [regex.compile(_translate(p), regex.V1) for p in self._regexes]
         pieces = [text] if text else []
-        for step in self._steps:
+        for step in self._compiled:
             out: list[str] = []
             for piece in pieces:
                 words = step.findall(piece)

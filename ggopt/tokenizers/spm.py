@@ -16,6 +16,7 @@ there into words that are merged separately and cached: the same ids, much faste
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import regex
 
@@ -24,9 +25,23 @@ from ggopt.tokenizers.unicode import utf8_len
 
 __all__ = ["SpmModel", "SPACE"]
 
+try:
+    import ggopt._kernels._merge as _merge_module
+
+    _merge: Any = _merge_module
+except ImportError:  # not built: the Python merge loop gives the same ids, slower
+    _merge = None
+
 SPACE = "\u2581"
 _SPACE_BYTES = SPACE.encode()
 _WORDS = regex.compile(f"{SPACE}*[^{SPACE}]+|{SPACE}+")
+
+
+def _drop_spaces(token: bytes) -> bytes:
+    """``token`` without its leading ``▁`` characters."""
+    while token.startswith(_SPACE_BYTES):
+        token = token[len(_SPACE_BYTES):]
+    return token
 
 
 class SpmModel:
@@ -39,8 +54,9 @@ class SpmModel:
         for b in range(256):
             tid = token_to_id.get(f"<0x{b:02X}>".encode())
             self._bytes.append(tid if tid is not None else token_to_id.get(bytes([b])))
-        self._word_split = not any(_SPACE_BYTES in t.lstrip(_SPACE_BYTES) for t in token_to_id)
+        self._word_split = not any(_SPACE_BYTES in _drop_spaces(t) for t in token_to_id)
         self._cache: dict[bytes, list[int]] = {}
+        self.use_c = True  # False: the pure-Python merge loop (the reference)
 
     def encode(self, data: bytes) -> list[int]:
         """Ids of ``data``, spaces already escaped as ``▁``."""
@@ -62,7 +78,29 @@ class SpmModel:
             out += ids
         return out
 
+    def _fallback(self, text: bytes) -> list[int]:
+        out = []
+        for b in text:
+            byte_id = self._bytes[b]
+            if byte_id is None:
+                raise InvalidValueError(
+                    f"byte {b:#04x} of {text!r} is no token and the vocabulary has no "
+                    f"<0x{b:02X}> byte token (llama.cpp aborts here)")
+            out.append(byte_id)
+        return out
+
     def _merge(self, data: bytes) -> list[int]:
+        if _merge is not None and self.use_c:
+            out: list[int] = []
+            for item in _merge.spm_merge(data, self._vocab, self._scores):
+                if isinstance(item, int):
+                    out.append(item)
+                else:
+                    out += self._fallback(item)
+            return out
+        return self._merge_python(data)
+
+    def _merge_python(self, data: bytes) -> list[int]:
         starts: list[int] = []
         offs = 0
         while offs < len(data):
@@ -105,15 +143,6 @@ class SpmModel:
         while i >= 0:
             text = data[starts[i]:starts[i] + size[i]]
             tid = vocab.get(text)
-            if tid is not None:
-                out.append(tid)
-            else:
-                for b in text:
-                    byte_id = self._bytes[b]
-                    if byte_id is None:
-                        raise InvalidValueError(
-                            f"byte {b:#04x} of {text!r} is no token and the vocabulary has no "
-                            f"<0x{b:02X}> byte token (llama.cpp aborts here)")
-                    out.append(byte_id)
+            out += [tid] if tid is not None else self._fallback(text)
             i = nxt[i]
         return out

@@ -3,7 +3,8 @@ and ``llama_token_to_piece``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ggopt.errors import DTypeError, InvalidValueError
 from ggopt.tokenizers.bpe import CHAR_TO_BYTE, BpeModel
@@ -99,6 +100,23 @@ class Tokenizer:
     @property
     def chat_template(self) -> str | None:
         return self.vocab.chat_template
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
+                            add_generation_prompt: bool = False, template: str | None = None,
+                            **variables: Any) -> str:
+        """Render the vocabulary's ``tokenizer.chat_template`` (or ``template``) for
+        ``messages``, with this vocabulary's BOS/EOS texts (see :mod:`.chat`)."""
+        from ggopt.tokenizers.chat import render_chat
+
+        template = template if template is not None else self.chat_template
+        if template is None:
+            raise InvalidValueError("tokenizer.chat_template: the file has none (pass "
+                                    "template=...)")
+        texts = self.vocab.texts
+        bos = texts[self.bos] if self.bos is not None else ""
+        eos = texts[self.eos] if self.eos is not None else ""
+        return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=bos, eos_token=eos, **variables)
 
     def token_text(self, tid: int) -> bytes:
         """The token's text as stored in the vocabulary."""
@@ -203,7 +221,7 @@ class Tokenizer:
     def _check_id(self, tid: object) -> int:
         if isinstance(tid, bool) or not hasattr(tid, "__index__"):
             raise DTypeError(f"token id: expected an int, got {type(tid).__name__}")
-        i = tid.__index__()  # type: ignore[attr-defined]
+        i = tid.__index__()
         if not 0 <= i < len(self._pieces):
             raise InvalidValueError(f"token id {i}: expected 0 <= id < {len(self._pieces)}")
         return int(i)

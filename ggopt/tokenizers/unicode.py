@@ -9,25 +9,66 @@ package so that its Unicode version does not matter.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+import regex
+
 from ggopt.errors import InvalidValueError
 from ggopt.tokenizers import _unicode_ranges as _r
 
-__all__ = ["decode_utf8", "encode_utf8", "CLASSES", "utf8_len"]
+__all__ = ["decode_utf8", "encode_utf8", "llama_set", "class_table", "utf8_len"]
 
 
-def _class_body(ranges: tuple[tuple[int, int], ...]) -> str:
+def _ranges_body(ranges: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> str:
     return "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
 
 
-#: Bodies of regex character classes (no brackets) keyed by llama.cpp's name for them.
-CLASSES: dict[str, str] = {
-    "L": _class_body(_r.LETTER),
-    "N": _class_body(_r.NUMBER),
-    "P": _class_body(_r.PUNCTUATION),
-    "S": _class_body(_r.SYMBOL),
-    "M": _class_body(_r.ACCENT_MARK),
-    "s": _class_body(_r.WHITESPACE),
-}
+def _mask_ranges(mask: np.ndarray) -> list[tuple[int, int]]:
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return [(int(a), int(b) - 1) for a, b in zip(edges[::2], edges[1::2])]
+
+
+@functools.cache
+def _everything() -> str:
+    cpts = np.concatenate((np.arange(0xD800), np.arange(0xE000, 0x110000))).astype("<u4")
+    return cpts.tobytes().decode("utf-32-le")
+
+
+@functools.cache
+def llama_set(prop: str) -> str:
+    """A ``regex`` V1 set (bracketed) equal to llama.cpp's class ``\\p{prop}`` (``s``: its
+    whitespace): the package's own fast property, with the codepoints its Unicode version
+    classifies differently taken out or added."""
+    if prop == "s":
+        return f"[{_ranges_body(_r.WHITESPACE)}]"
+    ranges = {"L": _r.LETTER, "N": _r.NUMBER, "P": _r.PUNCTUATION, "S": _r.SYMBOL,
+              "M": _r.ACCENT_MARK}[prop]
+    ours = np.zeros(0x110000, bool)
+    for a, b in ranges:
+        ours[a:b + 1] = True
+    theirs = np.zeros(0x110000, bool)
+    for m in regex.finditer(f"\\p{{{prop}}}+", _everything()):
+        a, b = m.span()  # positions past the surrogates are 0x800 lower than the codepoints
+        shift = 0x800 if a >= 0xD800 else 0
+        theirs[a + shift:b + shift] = True
+    out = f"\\p{{{prop}}}"
+    if (theirs & ~ours).any():
+        out = f"[{out}--[{_ranges_body(_mask_ranges(theirs & ~ours))}]]"
+    if (ours & ~theirs).any():
+        out = f"[{out}{_ranges_body(_mask_ranges(ours & ~theirs))}]"
+    return out if out.startswith("[") else f"[{out}]"
+
+
+@functools.cache
+def class_table() -> np.ndarray:
+    """llama.cpp's class of every codepoint: bit 0 letter, 1 number, 2 whitespace."""
+    table = np.zeros(0x110000, np.uint8)
+    for bit, ranges in ((1, _r.LETTER), (2, _r.NUMBER), (4, _r.WHITESPACE)):
+        for a, b in ranges:
+            table[a:b + 1] |= bit
+    return table
+
 
 _LEAD_LEN = bytes([1] * 12 + [2, 2, 3, 4])
 

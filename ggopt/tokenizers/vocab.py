@@ -88,8 +88,8 @@ def read_vocab(f: Fields) -> Vocab:
             seen[t] = i
     attrs = [TYPE_TO_ATTR.get(t, Attr.UNDEFINED) for t in types]
     ids: dict[str, int | None] = {name: None for name in _ID_KEYS}
-    for name, value in _DEFAULT_IDS[model].items():
-        ids[name] = value if value < n else None
+    for name, default in _DEFAULT_IDS[model].items():
+        ids[name] = default if default < n else None
     for name, key in _ID_KEYS.items():
         value = f.token_id(K + key)
         if value is not None and value < n:  # llama.cpp keeps the default for one out of range
@@ -101,10 +101,12 @@ def read_vocab(f: Fields) -> Vocab:
     by_text = {t: i for i, t in enumerate(texts)}
     for name, candidates in AUTO_IDS.items():
         if ids[name] is None:
+            # llama.cpp takes the first it meets in a hash map's order; ggopt the first of the
+            # list (<|eot_id|> before <|end_of_text|>), which the EOG set does not depend on
             found = [by_text[c] for c in candidates if c in by_text]
             if found:
-                ids[name] = min(found)
-                attrs[ids[name]] |= Attr.CONTROL  # type: ignore[index]
+                ids[name] = found[0]
+                attrs[found[0]] |= Attr.CONTROL
     for i, a in enumerate(attrs):
         if a & Attr.CONTROL and "unused" in texts[i]:
             attrs[i] |= Attr.UNUSED

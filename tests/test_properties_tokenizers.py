@@ -1,0 +1,122 @@
+"""Property tests of ggopt.tokenizers: any bytes survive encode + decode on the byte-level
+(``rwkv``) and the byte-fallback SPM vocabularies; special tokens come out as their ids only
+when parsed; BOS/EOS only with ``add_special``; the C pre-tokenizer cuts random text as the
+regexes do; a mutated vocabulary file loads or raises a GgoptError, nothing else.
+
+The number of examples comes from the hypothesis profile (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_tokenizers import BYTE_TOKENS, tiny_bpe, write_vocab  # noqa: E402
+from tokenizer_files import smollm2_path, vocab_path  # noqa: E402
+
+import ggopt.tokenizers as tk  # noqa: E402
+from ggopt.errors import GgoptError  # noqa: E402
+from ggopt.tokenizers.pretokenize import PreTokenizer  # noqa: E402
+
+load = functools.cache(tk.load)
+
+# text that stresses the pre-tokenizers: letters, digits, spaces of every kind, apostrophes
+_ALPHABET = st.sampled_from(list("aZé'sStTlLdD 1 2\t\n\r\u00a0\u2003\u3000!?.,-_😀日١½\u0301")
+                            + ["'ll", "'RE", "  ", "\n\n", "\ud800"])
+_TEXT = st.lists(_ALPHABET, max_size=40).map("".join)
+
+
+@functools.cache
+def _byte_vocab(tmp_dir: str) -> tk.Tokenizer:
+    return tk.load(write_vocab(f"{tmp_dir}/bytes.gguf", model="rwkv",
+                               tokens=BYTE_TOKENS))
+
+
+@given(data=st.binary(max_size=300))
+def test_byte_vocab_round_trip(tmp_path_factory, data):
+    tok = _byte_vocab(str(tmp_path_factory.getbasetemp()))
+    ids = tok.encode(data)
+    assert ids == list(data) and tok.decode(ids) == data
+
+
+@given(data=st.binary(max_size=120))
+def test_spm_byte_fallback_round_trip(data):
+    """Any bytes come back, after the space llama.cpp's SentencePiece puts in front
+    (add_space_prefix). Spaces travel as ``▁`` (E2 96 81): where an invalid lead byte swallows
+    part of one (b"\\xc0 "), llama.cpp writes those bytes as byte tokens, so the comparison
+    counts ``▁`` and a space as the same."""
+    tok = load(vocab_path("llama-spm"))
+    ids = tok.encode(data, add_special=False)
+    space = "\u2581".encode()
+    expected = (b" " + data if data else b"")
+    assert tok.decode(ids).replace(space, b" ") == expected.replace(space, b" ")
+    assert tok.encode(data) == [tok.bos, *ids]
+
+
+@given(text=st.text(max_size=60).filter(lambda t: "\u2581" not in t))
+def test_spm_round_trip_valid_utf8(text):
+    tok = load(vocab_path("llama-spm"))
+    data = text.encode("utf-8", "surrogatepass")
+    assert tok.decode(tok.encode(text, add_special=False)) == (b" " + data if data else b"")
+
+
+@pytest.mark.model
+@given(text=_TEXT)
+def test_smollm2_round_trip_valid_utf8(text):
+    tok = load(smollm2_path())
+    assert tok.decode(tok.encode(text)) == text.encode("utf-8", "surrogatepass")
+
+
+@given(text=_TEXT, pre=st.sampled_from(["gpt-2", "smollm", "llama-bpe", "qwen2"]))
+def test_c_scanner_equals_regexes(text, pre):
+    splitter = PreTokenizer(pre)
+    words = splitter.split(text)
+    assert words == splitter.split_regex(text) and "".join(words) == text
+
+
+@pytest.mark.model
+@given(left=_TEXT, right=_TEXT)
+def test_special_tokens_only_when_parsed(left, right):
+    tok = load(smollm2_path())
+    text = f"{left}<|im_end|>{right}"
+    parsed = tok.encode(text, parse_special=True)
+    plain = tok.encode(text)
+    assert parsed == tok.encode(left) + [2] + tok.encode(right)
+    assert 2 not in plain and tok.decode(plain) == tok.decode(parsed)
+
+
+@given(text=_TEXT, add_special=st.booleans())
+def test_bos_eos_follow_the_vocabulary(tmp_path_factory, text, add_special):
+    base = tmp_path_factory.getbasetemp()
+    path = base / "bos_eos.gguf"
+    if not path.exists():
+        tiny_bpe(base, add_bos_token=True, add_eos_token=True)
+        (base / "bpe.gguf").rename(path)
+    tok = load(path)
+    ids = tok.encode(text, add_special=add_special)
+    inner = tok.encode(text, add_special=False)
+    assert ids == ([7, *inner, 7] if add_special else inner)
+
+
+@given(cut=st.integers(0, 400), flip=st.integers(0, 400), value=st.integers(0, 255))
+def test_mutated_vocab_file_loads_or_raises_ggopt_error(tmp_path_factory, cut, flip, value):
+    base = tmp_path_factory.getbasetemp()
+    good = base / "bpe.gguf"
+    if not good.exists():
+        tiny_bpe(base)
+    data = bytearray(good.read_bytes())
+    if flip < len(data):
+        data[flip] = value
+    data = data[:max(len(data) - cut, 0)] if cut % 2 else data
+    bad = base / f"mut_{cut}_{flip}_{value}.gguf"
+    bad.write_bytes(bytes(data))
+    try:
+        tok = tk.load(bad)
+    except GgoptError:
+        return
+    assert isinstance(tok.encode("abc"), list)
+    bad.unlink()

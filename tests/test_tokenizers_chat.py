@@ -1,0 +1,93 @@
+"""Chat templates rendered as Hugging Face does, on real templates (llama.cpp's
+``models/templates/*.jinja`` and SmolLM2's own); the expected strings follow from reading each
+template."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizer_files import TEMPLATES, smollm2_path
+
+import ggopt.tokenizers as tk
+from ggopt.errors import InvalidValueError
+
+pytest.importorskip("jinja2")
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "2+2?"}]
+
+
+def template(name: str) -> str:
+    path = TEMPLATES / f"{name}.jinja"
+    if not path.exists():
+        pytest.skip(f"{path} missing (llama.cpp's models/templates)")
+    return path.read_text()
+
+
+def render(name: str, messages=CHAT, **kw) -> str:
+    return tk.render_chat(template(name), messages, bos_token="<s>", eos_token="</s>", **kw)
+
+
+def test_chatml_qwen25():
+    assert render("Qwen-Qwen2.5-7B-Instruct", add_generation_prompt=True) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    # no system message: Qwen's default one
+    assert render("Qwen-Qwen2.5-7B-Instruct", CHAT[1:2]).startswith(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+        "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+
+
+def test_llama31_date_and_headers():
+    assert render("meta-llama-Llama-3.1-8B-Instruct", add_generation_prompt=True) == (
+        "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+        "2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+        "<|start_header_id|>user<|end_header_id|>\n\n2+2?<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_phi35_generation_prompt_or_eos():
+    name = "microsoft-Phi-3.5-mini-instruct"
+    body = ("<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello!<|end|>\n"
+            "<|user|>\n2+2?<|end|>\n")
+    assert render(name, add_generation_prompt=True) == body + "<|assistant|>\n"
+    assert render(name) == body + "</s>"
+
+
+def test_mistral_nemo_puts_the_system_message_in_the_last_turn():
+    assert render("mistralai-Mistral-Nemo-Instruct-2407") == (
+        "<s>[INST]Hi[/INST]Hello!</s>[INST]Be brief.\n\n2+2?[/INST]")
+
+
+def test_raise_exception_becomes_a_ggopt_error():
+    with pytest.raises(InvalidValueError, match="System role not supported"):
+        render("google-gemma-2-2b-it")
+    assert render("google-gemma-2-2b-it", CHAT[1:2], add_generation_prompt=True) == (
+        "<s><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n")
+
+
+def test_tojson_strftime_and_bad_templates():
+    out = tk.render_chat("{{ messages | tojson }}|{{ strftime_now('%Y') | length }}",
+                         [{"role": "user", "content": "é"}])
+    assert out == '[{"role": "user", "content": "é"}]|4'
+    with pytest.raises(InvalidValueError, match="does not compile"):
+        tk.render_chat("{% for %}", [])
+    with pytest.raises(InvalidValueError, match="failed to render"):
+        tk.render_chat("{{ messages[5]['content'] + 1 }}", [])
+    with pytest.raises(InvalidValueError, match="failed to render"):
+        tk.render_chat("{{ ''.__class__.__mro__ }}{{ messages.append(1) }}", [])
+    with pytest.raises(InvalidValueError, match="messages"):
+        tk.render_chat("x", "hello")  # type: ignore[arg-type]
+
+
+@pytest.mark.model
+def test_smollm2_own_template():
+    tok = tk.load(smollm2_path())
+    assert tok.apply_chat_template(CHAT[1:], add_generation_prompt=True) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!"
+        "<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(tok.apply_chat_template(CHAT[1:2]), parse_special=True)
+    assert ids[0] == 1 and ids.count(2) == 2  # <|im_start|> ... two <|im_end|>
