@@ -4,8 +4,8 @@
 standard library, see :data:`llm_data.DEFAULT_MODULES`) with llama.cpp's training path: an
 I32 token dataset, a fresh dynamic graph per micro-batch, AdamW; it reports loss, next-token
 accuracy, perplexity and bits per byte per epoch and writes a GGUF that llama.cpp loads.
-``generate`` samples text from such a file; ``eval`` prints its loss, perplexity and bits per
-byte on a text file.
+``generate``, ``eval`` and ``tokenize`` (:mod:`.llm_infer`) sample from, evaluate and tokenize
+with any llama GGUF (such a file, or a pretrained model like SmolLM2).
 
 Progress bars and notes go to stderr; results go to stdout. Exit status: 0 on success, 1 on an
 error in the input (files, shapes), 2 on a usage error.
@@ -20,14 +20,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from .. import set_n_threads
 from ..backend import Scheduler, cpu_init
 from ..errors import GgoptError, ShapeError
 from ..opt import OptimizerParams
 from . import llm_data as data
-from . import llm_gguf, training_cli
+from . import llm_gguf, llm_infer, training_cli
 from . import llm_model as model
 from . import llm_train as training
 from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
@@ -96,23 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     training_cli.add_training_args(tr, default_lr=t.lr)
     tr.set_defaults(func=_train)
 
-    ge = sub.add_parser("generate", help="sample text from a model")
-    ge.add_argument("--model", required=True, metavar="FILE.gguf")
-    ge.add_argument("--prompt", default="def ", help="prompt text (default 'def ')")
-    ge.add_argument("-n", type=_positive, default=200, help="bytes to generate (default 200)")
-    ge.add_argument("--temp", type=float, default=0.8,
-                    help="temperature; 0 picks the most likely byte (default 0.8)")
-    ge.add_argument("--top-k", type=int, default=40, help="sample among the k most likely "
-                    "bytes; 0 = all (default 40)")
-    ge.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    ge.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
-    ge.set_defaults(func=_generate)
-
-    ev = sub.add_parser("eval", help="loss, perplexity and bits per byte of a model on text")
-    ev.add_argument("--model", required=True, metavar="FILE.gguf")
-    ev.add_argument("--text", required=True, nargs="+", metavar="FILE")
-    ev.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
-    ev.set_defaults(func=_eval)
+    llm_infer.add_commands(sub)
     return parser
 
 
@@ -120,13 +102,6 @@ def _sched(args: argparse.Namespace) -> Scheduler:
     if args.threads is not None:
         set_n_threads(args.threads)
     return Scheduler([cpu_init()])
-
-
-def _load(args: argparse.Namespace) -> model.LlamaModel:
-    cfg, weights = llm_gguf.load(args.model)
-    m = model.build_model(cfg, _sched(args))
-    model.set_weights(m, weights, f"llm load {args.model!r}")
-    return m
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -198,52 +173,6 @@ def _train(args: argparse.Namespace) -> int:
     if args.plot:
         plot_history(history, args.plot, title=f"byte-level llama, {args.epochs} epochs")
         print(f"main: wrote {args.plot}")
-    return 0
-
-
-def sample(logits: np.ndarray, temp: float, top_k: int, rng: np.random.Generator) -> int:
-    """One token from ``logits``: argmax when ``temp <= 0``, else softmax(logits/temp) over
-    the ``top_k`` largest (all when 0)."""
-    if temp <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temp
-    if 0 < top_k < len(z):
-        z[z < np.partition(z, -top_k)[-top_k]] = -np.inf
-    p = np.exp(z - z.max())
-    return int(rng.choice(len(z), p=p / p.sum()))
-
-
-def _generate(args: argparse.Namespace) -> int:
-    if args.top_k < 0:
-        raise ShapeError(f"--top-k: expected >= 0, got {args.top_k}")
-    prompt = data.tokenize(args.prompt)
-    if len(prompt) == 0:
-        raise ShapeError("--prompt: expected at least one byte")
-    m = _load(args)
-    run = training.last_logits(m)
-    rng = np.random.default_rng(args.seed)
-    tokens = list(prompt)
-    n_ctx = m.cfg.n_ctx
-    t0 = time.perf_counter()
-    for _ in range(args.n):
-        tokens.append(sample(run(np.asarray(tokens[-n_ctx:])), args.temp, args.top_k, rng))
-    dt = time.perf_counter() - t0
-    text = data.detokenize(tokens)
-    sys.stdout.write(text.decode("utf-8", errors="replace") + "\n")
-    print(f"main: generated {args.n} tokens in {dt:.2f} s, {args.n / dt:.1f} tokens/s")
-    return 0
-
-
-def _eval(args: argparse.Namespace) -> int:
-    tokens = data.tokenize(data.read_corpus(args.text))
-    m = _load(args)
-    dataset = data.make_dataset(tokens, m.cfg.n_ctx, m.cfg.n_ctx, "llm eval --text")
-    result = training.evaluate(m, dataset)
-    loss, unc = result.loss()
-    acc = result.accuracy()[0]
-    print(f"main: {dataset.ndata} windows of {m.cfg.n_ctx} bytes")
-    print(f"loss={loss:.6f}+-{unc:.6f} perplexity={math.exp(loss):.4f} "
-          f"bits per byte={training.bits_per_byte(loss):.4f} accuracy={100 * acc:.2f}%")
     return 0
 
 

@@ -164,10 +164,12 @@ def test_cli_train_generate_eval(tmp_path, capsys):
     assert llm.main(["generate", "--model", str(out), "-n", "5", "--temp", "0"]) == 0
     assert llm.main(["eval", "--model", str(out), "--text", text]) == 0
     ev = capsys.readouterr().out
-    assert "perplexity=" in ev and "bits per byte=" in ev
-    loss = float(ev.split("loss=")[1].split("+-")[0])
+    assert "perplexity: " in ev and "bits per byte=" in ev
+    loss = float(ev.split("loss=")[1].split()[0])
     bpb = float(ev.split("bits per byte=")[1].split()[0])
+    ppl = float(ev.split("perplexity: ")[1].split()[0])
     assert bpb == pytest.approx(loss / math.log(2), abs=1e-3)
+    assert ppl == pytest.approx(math.exp(loss), rel=1e-4)
 
 
 def test_eval_matches_reference_loss(tmp_path):

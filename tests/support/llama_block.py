@@ -1,6 +1,7 @@
 """One llama decoder block with an embedding and an output head, built twice: as a ggopt graph
-from the transformer ops (the way llama.cpp builds it), and in PyTorch (float64, rope written
-from ggml's formula). Used by tests/examples/test_llama_block.py and bench/bench_transformer.py.
+by the library's llama graph builder (the way llama.cpp builds it), and in PyTorch (float64,
+rope written from ggml's formula). Used by tests/examples/test_llama_block.py and
+bench/bench_transformer.py.
 
 Weights are NumPy arrays in NumPy order: a ggml weight ``ne = [in, out]`` is ``(out, in)``,
 applied as ``y = x @ W.T`` in PyTorch and as ``mul_mat(W, x)`` in ggml.
@@ -15,6 +16,7 @@ import numpy as np
 
 import ggopt
 from ggopt import backend as gb
+from ggopt.models import llama
 
 WEIGHTS = ("tok_embd", "attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w_gate", "w_up",
            "w_down", "out_norm", "output")
@@ -53,36 +55,27 @@ def causal_mask(n: int) -> np.ndarray:
     return np.triu(np.full((n, n), -np.inf, np.float32), 1)
 
 
+#: The block's weight names as llama.cpp's tensor names (one layer).
+LLAMA_NAMES = {"tok_embd": "token_embd.weight", "attn_norm": "blk.0.attn_norm.weight",
+               "wq": "blk.0.attn_q.weight", "wk": "blk.0.attn_k.weight",
+               "wv": "blk.0.attn_v.weight", "wo": "blk.0.attn_output.weight",
+               "ffn_norm": "blk.0.ffn_norm.weight", "w_gate": "blk.0.ffn_gate.weight",
+               "w_up": "blk.0.ffn_up.weight", "w_down": "blk.0.ffn_down.weight",
+               "out_norm": "output_norm.weight", "output": "output.weight"}
+
+
 def build_block(cctx: ggopt.Context, cfg: Config, p: dict[str, ggopt.Tensor],
-                tokens: ggopt.Tensor, pos: ggopt.Tensor, mask: ggopt.Tensor) -> ggopt.Tensor:
-    """The logits ``[n_vocab, n_tokens]`` of the block, llama.cpp's graph."""
-    g, c = ggopt, cctx
-    T, hd = cfg.n_tokens, cfg.head_dim
-
-    def norm(x, w):
-        return g.mul(c, g.rms_norm(c, x, cfg.eps), w)
-
-    def rope(x):
-        return g.rope_ext(c, x, pos, None, hd, g.ROPE_TYPE_NORMAL, 0, cfg.freq_base, 1.0, 0.0,
-                          1.0, 32.0, 1.0)
-
-    x = g.get_rows(c, p["tok_embd"], tokens)                       # [C, T]
-    h = norm(x, p["attn_norm"])
-    q = rope(g.reshape_3d(c, g.mul_mat(c, p["wq"], h), hd, cfg.n_head, T))
-    k = rope(g.reshape_3d(c, g.mul_mat(c, p["wk"], h), hd, cfg.n_head_kv, T))
-    v = g.reshape_3d(c, g.mul_mat(c, p["wv"], h), hd, cfg.n_head_kv, T)
-    q = g.permute(c, q, 0, 2, 1, 3)                                # [hd, T, n_head]
-    k = g.permute(c, k, 0, 2, 1, 3)                                # [hd, T, n_head_kv]
-    kq = g.mul_mat(c, k, q)                                        # [T_kv, T, n_head]
-    kq = g.soft_max_ext(c, kq, mask, 1.0 / math.sqrt(hd), 0.0)
-    vt = g.cont(c, g.permute(c, v, 1, 2, 0, 3))                    # [T_kv, hd, n_head_kv]
-    kqv = g.mul_mat(c, vt, kq)                                     # [hd, T, n_head]
-    cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd, T)
-    x = g.add(c, x, g.mul_mat(c, p["wo"], cur))
-    h = norm(x, p["ffn_norm"])
-    ff = g.swiglu_split(c, g.mul_mat(c, p["w_gate"], h), g.mul_mat(c, p["w_up"], h))
-    x = g.add(c, x, g.mul_mat(c, p["w_down"], ff))
-    return g.mul_mat(c, p["output"], norm(x, p["out_norm"]))
+                tokens: ggopt.Tensor, pos: ggopt.Tensor, mask: ggopt.Tensor,
+                sched: gb.Scheduler) -> ggopt.Tensor:
+    """The logits ``[n_vocab, n_tokens]`` of the block: ggopt's llama graph
+    (:func:`ggopt.models.llama.build_graph`) with one layer."""
+    lcfg = llama.Config(n_ctx=cfg.n_tokens, n_embd=cfg.n_embd, n_layer=1, n_head=cfg.n_head,
+                        n_head_kv=cfg.n_head_kv, n_ff=cfg.n_ff, n_vocab=cfg.n_vocab,
+                        eps=cfg.eps, freq_base=cfg.freq_base)
+    params = {LLAMA_NAMES[k]: t for k, t in p.items()}
+    model = llama.LlamaModel(lcfg, sched, cctx, params)
+    inp = llama.Inputs(cctx, tokens, pos, mask, 1, cfg.n_tokens)
+    return llama.build_graph(cctx, model, inp).logits
 
 
 class GgoptBlock:
@@ -103,8 +96,10 @@ class GgoptBlock:
         onehot = ctx.new_tensor_2d(ggopt.F32, cfg.n_vocab, T)
         for t in (tok, pos, mask, onehot):
             ggopt.set_input(t)
+        cpu = gb.cpu_init()
+        self.sched = gb.Scheduler([cpu])
         cctx = ggopt.Context()
-        logits = build_block(cctx, cfg, self.params, tok, pos, mask)
+        logits = build_block(cctx, cfg, self.params, tok, pos, mask, self.sched)
         self.loss = ggopt.cross_entropy_loss(cctx, logits, onehot)
         ggopt.set_output(self.loss)
         ggopt.set_loss(self.loss)
@@ -115,7 +110,6 @@ class GgoptBlock:
         self.grads = {k: ggopt.graph_get_grad(self.gb, t) for k, t in self.params.items()}
         for t in self.grads.values():
             ggopt.set_output(t)
-        cpu = gb.cpu_init()
         gb.alloc_ctx_tensors(ctx, cpu)
         for k, t in self.params.items():
             gb.tensor_set(t, weights[k])
@@ -123,7 +117,6 @@ class GgoptBlock:
         gb.tensor_set(pos, np.arange(T, dtype=np.int32))
         gb.tensor_set(mask, causal_mask(T))
         gb.tensor_set(onehot, np.eye(cfg.n_vocab, dtype=np.float32)[labels])
-        self.sched = gb.Scheduler([cpu])
         self.sched.alloc_graph(self.gb)
 
     def step(self) -> None:

@@ -45,9 +45,10 @@ def logits(cfg, w: dict[str, np.ndarray], tokens: np.ndarray) -> np.ndarray:
         x = x + out.reshape(T, H * hd) @ w[b + "attn_output.weight"].T
         h = _norm(x, w[b + "ffn_norm.weight"], cfg.eps)
         gate = h @ w[b + "ffn_gate.weight"].T
-        ff = gate / (1 + np.exp(-gate)) * (h @ w[b + "ffn_up.weight"].T)
+        ff = gate * 0.5 * (1 + np.tanh(gate / 2)) * (h @ w[b + "ffn_up.weight"].T)  # silu
         x = x + ff @ w[b + "ffn_down.weight"].T
-    return _norm(x, w["output_norm.weight"], cfg.eps) @ w["output.weight"].T
+    out = w.get("output.weight", w["token_embd.weight"])  # tied when absent, as llama.cpp
+    return _norm(x, w["output_norm.weight"], cfg.eps) @ out.T
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, np.ndarray]:

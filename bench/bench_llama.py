@@ -1,0 +1,118 @@
+"""SmolLM2-135M in ggopt beside llama.cpp (llama-cpp-python): load time of the shipped Q4_1
+file, generation tokens/s on the F32 copy (goal: at least 0.7x llama.cpp's), and evaluation
+(perplexity windows) tokens/s.
+
+Needs the model in ``GGOPT_CACHE`` (``~/.cache/ggopt``; skipped otherwise); the llama.cpp rows
+need ``llama_cpp``. Both sides run on ``GGOPT_BENCH_THREADS`` threads (default 2), llama.cpp
+with an F32 KV cache and flash attention off. Run with ``pytest bench/bench_llama.py``; the
+ggopt rows store ``ratio_vs_llama_cpp`` (above 1 is faster).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ggopt
+from ggopt.lm import Generator
+from ggopt.lm.perplexity import perplexity
+from ggopt.models import llama
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools.smollm import f32_path, llama_cpp_model, llama_cpp_perplexity, q4_1_path  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("bench_threads")
+
+N_GEN = 32
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 2, 198, 1, 4093]
+EVAL_CTX = 256
+_RESULTS: dict[tuple[str, str], object] = {}  # (test, impl) -> its output, compared across impls
+
+
+def assert_same_output(test: str, impl: str, value: object) -> None:
+    """Both implementations must produce the same output (the benchmark checks what it times)."""
+    _RESULTS[(test, impl)] = value
+    other = _RESULTS.get((test, "llama_cpp" if impl == "ggopt" else "ggopt"))
+    if other is not None:
+        if isinstance(value, float):
+            assert isinstance(other, float) and abs(value / other - 1) < 5e-3, (value, other)
+        else:
+            assert value == other
+
+
+def _cpp(n_ctx: int):
+    llm = llama_cpp_model(f32_path(), n_ctx)
+    llm.set_cache(None)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def f32_model():
+    return llama.load(f32_path(), progress=False)
+
+
+@pytest.mark.benchmark(group="load SmolLM2 Q4_1 (dequantized to F32)")
+def test_load_q4_1(benchmark):
+    path = q4_1_path()
+    model = benchmark.pedantic(lambda: llama.load(path, progress=False), rounds=3)
+    assert model.cfg.n_layer == 30
+    benchmark.extra_info["load_seconds"] = round(model.load_seconds, 3)
+
+
+@pytest.mark.benchmark(group=f"generate {N_GEN} tokens, SmolLM2 F32, KV cache")
+@pytest.mark.parametrize("impl", ["llama_cpp", "ggopt"])
+def test_generate(benchmark, ratio_to, impl, f32_model):
+    if impl == "llama_cpp":
+        llm = _cpp(len(PROMPT) + N_GEN + 1)
+        llm.n_threads = ggopt.get_n_threads()
+
+        def run() -> list[int]:
+            llm.reset()
+            llm.eval(PROMPT)
+            out = []
+            for _ in range(N_GEN):
+                out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+                llm.eval([out[-1]])
+            return out
+    else:
+        def run() -> list[int]:
+            gen = Generator(f32_model, len(PROMPT) + N_GEN)
+            z = gen.feed(PROMPT)
+            out = []
+            for _ in range(N_GEN):
+                out.append(int(np.argmax(z)))
+                z = gen.feed([out[-1]])
+            return out
+
+    t0 = time.perf_counter()
+    tokens = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    benchmark.extra_info["tokens_per_second_incl_prompt"] = round(
+        4 * N_GEN / (time.perf_counter() - t0), 2)
+    assert len(tokens) == N_GEN
+    assert_same_output("generate", impl, tokens)  # greedy: the same tokens
+    ratio_to(impl, llama_cpp=0.7 if impl == "ggopt" else None)
+
+
+@pytest.mark.benchmark(group=f"eval 2 windows of {EVAL_CTX}, SmolLM2 F32")
+@pytest.mark.parametrize("impl", ["llama_cpp", "ggopt"])
+def test_eval(benchmark, ratio_to, impl, f32_model):
+    ids = (np.arange(2 * EVAL_CTX) * 7919 % 49152).astype(np.int32)
+    if impl == "llama_cpp":
+        llm = _cpp(EVAL_CTX)
+        llm.n_threads = ggopt.get_n_threads()
+
+        def run() -> float:
+            return llama_cpp_perplexity(llm, ids.tolist(), EVAL_CTX)
+    else:
+        def run() -> float:
+            return perplexity(f32_model, ids, EVAL_CTX).ppl
+
+    ppl = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    assert_same_output("eval", impl, float(ppl))
+    benchmark.extra_info["tokens_per_second"] = round(
+        2 * EVAL_CTX / benchmark.stats.stats.median, 1) if benchmark.stats else None
+    ratio_to(impl, llama_cpp=None)

@@ -1,0 +1,1 @@
+"""Model families ggopt builds graphs for: :mod:`ggopt.models.llama`."""

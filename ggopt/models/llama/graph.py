@@ -1,0 +1,284 @@
+"""llama.cpp's llama graph (``llm_build_llama``): the one builder used by training,
+evaluation and generation.
+
+Token embedding, ``n_layer`` blocks of rms_norm -> attention (rope in NORMAL mode, causal mask,
+grouped-query heads, scale ``1/sqrt(head_dim)`` or ``llama.attention.scale``) -> rms_norm ->
+SwiGLU feed-forward, a final rms_norm and the output projection (``output.weight``, or
+``token_embd.weight`` when tied). A batch holds ``n_seq`` whole sequences of ``n_tokens``
+tokens; attention runs per sequence. With a :class:`KVCache` (one sequence), the graph first
+copies the new tokens' roped keys and values into the cache's staging slots (``n_kv`` ..
+``n_kv + n_tokens - 1``, a fixed place, so the graph's shape never changes), then attends to the
+``n_kv`` slots followed by the staging ones through the mask; :meth:`KVCache.store` moves the
+staged keys and values into their slots afterwards.
+
+Weights use llama.cpp's GGUF tensor names and ggml shapes: a weight applied as ``y = W x``
+with ``W`` of NumPy shape ``(out, in)`` is ggml ``[in, out]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+import ggopt
+
+from ... import F32, I32, Context, Tensor
+from ...backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_get, tensor_set
+from ...backend.buffer import buffer_of
+from ...errors import DTypeError, ShapeError
+from .config import Config
+
+__all__ = ["LlamaModel", "Inputs", "KVCache", "Graph", "param_shapes", "init_weights",
+           "build_model", "make_inputs", "make_cache", "build_logits", "build_graph", "set_weights",
+           "get_weights"]
+
+
+def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every weight's llama.cpp name and NumPy shape ``(out, in)``, in GGUF order."""
+    C, F, V, Ckv = cfg.n_embd, cfg.n_ff, cfg.n_vocab, cfg.n_embd_kv
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, C)}
+    if cfg.rope_freqs:
+        shapes["rope_freqs.weight"] = (cfg.head_dim // 2,)
+    for i in range(cfg.n_layer):
+        b = f"blk.{i}."
+        shapes.update({
+            b + "attn_norm.weight": (C,), b + "attn_q.weight": (C, C),
+            b + "attn_k.weight": (Ckv, C), b + "attn_v.weight": (Ckv, C),
+            b + "attn_output.weight": (C, C), b + "ffn_norm.weight": (C,),
+            b + "ffn_gate.weight": (F, C), b + "ffn_up.weight": (F, C),
+            b + "ffn_down.weight": (C, F),
+        })
+    shapes["output_norm.weight"] = (C,)
+    if not cfg.tied_output:
+        shapes["output.weight"] = (V, C)
+    return shapes
+
+
+def init_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded initial weights (GPT-2's scheme): matrices N(0, 0.02), the projections back into
+    the residual stream (``attn_output``, ``ffn_down``) N(0, 0.02/sqrt(2 n_layer)), norms 1.
+
+    Drawn in :func:`param_shapes` order from ``np.random.default_rng(seed)``.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    resid_sd = 0.02 / math.sqrt(2 * cfg.n_layer)
+    for name, shape in param_shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = np.ones(shape, np.float32)
+            continue
+        sd = resid_sd if name.endswith(("attn_output.weight", "ffn_down.weight")) else 0.02
+        out[name] = (rng.standard_normal(shape) * sd).astype(np.float32)
+    return out
+
+
+@dataclasses.dataclass
+class Inputs:
+    """The static inputs of one batch shape: ``tokens`` ``[n_tokens*n_seq]`` (I32), ``pos``
+    (I32 positions) and the ``mask`` ``[n_kv + n_tokens, n_tokens]`` (F32, 0 or -inf)."""
+
+    ctx: Context
+    tokens: Tensor
+    pos: Tensor
+    mask: Tensor
+    n_seq: int
+    n_tokens: int
+
+
+@dataclasses.dataclass
+class LlamaModel:
+    """Weights allocated on the scheduler's first backend, under llama.cpp's names."""
+
+    cfg: Config
+    sched: Scheduler
+    ctx: Context
+    params: dict[str, Tensor]
+
+
+@dataclasses.dataclass
+class KVCache:
+    """Roped keys ``[head_dim, n_kv + n_stage, n_head_kv]`` and transposed values ``[n_kv +
+    n_stage, head_dim, n_head_kv]`` per layer: ``n_kv`` slots of one sequence (zeros until
+    stored) and ``n_stage`` staging slots for the tokens of one step."""
+
+    ctx: Context
+    k: list[Tensor]
+    v: list[Tensor]
+    n_kv: int
+    n_stage: int
+
+    def store(self, n: int, first: int) -> None:
+        """Move the ``n`` staged keys and values into slots ``first, first+1, ...``."""
+        if first < 0 or first + n > self.n_kv or n > self.n_stage:
+            raise ShapeError(f"kv cache: slots {first}..{first + n - 1} outside "
+                             f"0..{self.n_kv - 1}")
+        s = self.n_kv
+        for cache_k, cache_v in zip(self.k, self.v, strict=True):
+            kk, vv = buffer_of(cache_k).view(cache_k), buffer_of(cache_v).view(cache_v)
+            kk[0, :, first:first + n, :] = kk[0, :, s:s + n, :]
+            vv[0, :, :, first:first + n] = vv[0, :, :, s:s + n]
+
+
+@dataclasses.dataclass
+class Graph:
+    """A built forward graph: its logits and, with a cache, the copies into the staging slots
+    (to be expanded into the graph before the logits, layer by layer)."""
+
+    logits: Tensor
+    inputs: Inputs
+    writes: list[Tensor]
+
+
+def build_model(cfg: Config, sched: Scheduler) -> LlamaModel:
+    """Create (uninitialised) weight tensors flagged as parameters; see :func:`set_weights`."""
+    if not isinstance(sched, Scheduler):
+        raise DTypeError(f"build_model: sched must be a Scheduler, got {type(sched).__name__}")
+    ctx = Context()
+    params = {}
+    for name, shape in param_shapes(cfg).items():
+        t = ggopt.set_name(ctx.new_tensor(F32, shape[::-1]), name)
+        if name != "rope_freqs.weight":
+            ggopt.set_param(t)
+        params[name] = t
+    alloc_ctx_tensors(ctx, sched.get_backend(0))
+    return LlamaModel(cfg, sched, ctx, params)
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ShapeError(f"make_inputs: {name} must be a positive int, got {value!r}")
+    return value
+
+
+def make_inputs(model: LlamaModel, n_seq: int, n_tokens: int | None = None,
+                n_kv: int = 0) -> Inputs:
+    """Allocate the inputs for ``n_seq`` sequences of ``n_tokens`` (default ``n_ctx``) tokens.
+
+    Without a cache (``n_kv == 0``) positions ``0..n_tokens-1`` and the causal mask are set
+    here; with one (``n_seq == 1``) the caller sets both for each step.
+    """
+    n_seq = _positive("n_seq", n_seq)
+    T = _positive("n_tokens", model.cfg.n_ctx if n_tokens is None else n_tokens)
+    if n_kv and n_seq != 1:
+        raise ShapeError("make_inputs: a kv cache holds one sequence (n_seq 1)")
+    ctx = Context()
+    tokens = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "tokens")
+    pos = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "pos")
+    mask = ggopt.set_name(ctx.new_tensor_2d(F32, n_kv + T, T), "kq_mask")
+    for t in (tokens, pos, mask):
+        ggopt.set_input(t)
+    alloc_ctx_tensors(ctx, model.sched.get_backend(0))
+    if not n_kv:
+        tensor_set(pos, np.tile(np.arange(T, dtype=np.int32), n_seq))
+        tensor_set(mask, np.triu(np.full((T, T), -np.inf, np.float32), 1))
+    return Inputs(ctx, tokens, pos, mask, n_seq, T)
+
+
+def make_cache(model: LlamaModel, n_kv: int, n_stage: int = 1) -> KVCache:
+    """A zeroed cache of ``n_kv`` slots and ``n_stage`` staging slots per layer on the
+    model's backend."""
+    cfg, ctx = model.cfg, Context()
+    hd, hkv, n = cfg.head_dim, cfg.n_head_kv, n_kv + n_stage
+    k = [ctx.new_tensor_3d(F32, hd, n, hkv) for _ in range(cfg.n_layer)]
+    v = [ctx.new_tensor_3d(F32, n, hd, hkv) for _ in range(cfg.n_layer)]
+    for t in (*k, *v):
+        ggopt.set_input(t)
+    alloc_ctx_tensors(ctx, model.sched.get_backend(0))
+    for t in (*k, *v):
+        tensor_fill(t, 0.0)
+    return KVCache(ctx, k, v, n_kv, n_stage)
+
+
+def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,
+           writes: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """Copy layer ``i``'s new keys ``[hd, T, Hkv, 1]`` and values ``[T, hd, Hkv, 1]`` into the
+    staging slots; return the views of slots ``0 .. n_kv + T - 1`` that attention reads."""
+    g, T, n = ggopt, k.ne[1], cache.n_kv
+    ck, cv = cache.k[i], cache.v[i]
+    hd, hkv = ck.ne[0], ck.ne[2]
+    writes.append(g.cpy(c, k, g.view_4d(c, ck, hd, T, hkv, 1, ck.nb[1], ck.nb[2], ck.nb[3],
+                                        n * ck.nb[1])))
+    writes.append(g.cpy(c, vt, g.view_4d(c, cv, T, hd, hkv, 1, cv.nb[1], cv.nb[2], cv.nb[3],
+                                         n * cv.nb[0])))
+    k_all = g.view_3d(c, ck, hd, n + T, hkv, ck.nb[1], ck.nb[2], 0)
+    v_all = g.view_3d(c, cv, n + T, hd, hkv, cv.nb[1], cv.nb[2], 0)
+    return k_all, v_all
+
+
+def build_logits(ctx: Context, model: LlamaModel, inp: Inputs) -> Tensor:
+    """The logits ``[n_vocab, n_tokens*n_seq]`` of :func:`build_graph` without a cache."""
+    return build_graph(ctx, model, inp).logits
+
+
+def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | None = None,
+                last_only: bool = False) -> Graph:
+    """llama.cpp's graph in ``ctx``: logits ``[n_vocab, n_tokens*n_seq]`` (only the last
+    token's with ``last_only``), flagged as output."""
+    cfg, p, c, g = model.cfg, model.params, ctx, ggopt
+    T, B, hd = inp.n_tokens, inp.n_seq, cfg.head_dim
+    N = T * B
+    freqs = p.get("rope_freqs.weight")
+    if cache is not None and (inp.mask.ne[0] != cache.n_kv + T or T > cache.n_stage):
+        raise ShapeError(f"build_logits: the mask covers {inp.mask.ne[0]} slots, the cache "
+                         f"{cache.n_kv} + {T} new tokens ({cache.n_stage} staging slots)")
+
+    def norm(x: Tensor, w: Tensor) -> Tensor:
+        return g.mul(c, g.rms_norm(c, x, cfg.eps), w)
+
+    def heads(x: Tensor, n_head: int, rope: bool) -> Tensor:
+        # [C, N] -> [hd, n_head, T, B] (roped) -> [hd, T, n_head, B]
+        x = g.reshape_3d(c, x, hd, n_head, N)
+        if rope:
+            x = g.rope_ext(c, x, inp.pos, freqs, hd, g.ROPE_TYPE_NORMAL, 0, cfg.freq_base,
+                           cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
+        return g.permute(c, g.reshape_4d(c, x, hd, n_head, T, B), 0, 2, 1, 3)
+
+    writes: list[Tensor] = []
+    x = g.get_rows(c, p["token_embd.weight"], inp.tokens)                  # [C, N]
+    for i in range(cfg.n_layer):
+        w = {k.split(".")[2]: t for k, t in p.items() if k.startswith(f"blk.{i}.")}
+        h = norm(x, w["attn_norm"])
+        q = heads(g.mul_mat(c, w["attn_q"], h), cfg.n_head, True)         # [hd, T, H, B]
+        k = heads(g.mul_mat(c, w["attn_k"], h), cfg.n_head_kv, True)      # [hd, T, Hkv, B]
+        v = g.reshape_4d(c, g.mul_mat(c, w["attn_v"], h), hd, cfg.n_head_kv, T, B)
+        vt = g.cont(c, g.permute(c, v, 1, 2, 0, 3))                         # [T, hd, Hkv, B]
+        if cache is not None:
+            k, vt = _stage(c, cache, i, k, vt, writes)
+        kq = g.soft_max_ext(c, g.mul_mat(c, k, q), inp.mask, cfg.kq_scale, 0.0)
+        kqv = g.mul_mat(c, vt, kq)                                          # [hd, T, H, B]
+        cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd, N)
+        x = g.add(c, x, g.mul_mat(c, w["attn_output"], cur))
+        h = norm(x, w["ffn_norm"])
+        ff = g.swiglu_split(c, g.mul_mat(c, w["ffn_gate"], h), g.mul_mat(c, w["ffn_up"], h))
+        x = g.add(c, x, g.mul_mat(c, w["ffn_down"], ff))
+    if last_only:
+        x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
+    out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]
+    logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
+    g.set_output(g.set_name(logits, "logits"))
+    return Graph(logits, inp, writes)
+
+
+def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -> None:
+    """Copy NumPy-order float32 weights in; names and shapes are all checked first."""
+    expected = param_shapes(model.cfg)
+    missing = [n for n in expected if n not in weights]
+    if missing:
+        raise ShapeError(f"{where}: missing tensors {', '.join(missing)}")
+    for name, shape in expected.items():
+        arr = weights[name]
+        if arr.shape != shape:
+            raise ShapeError(f"{where}: tensor {name!r}: expected ggml shape "
+                             f"{list(shape[::-1])}, got {list(arr.shape[::-1])}")
+        if arr.dtype != np.float32:
+            raise DTypeError(f"{where}: tensor {name!r}: expected F32, got {arr.dtype}")
+    for name, t in model.params.items():
+        tensor_set(t, np.ascontiguousarray(weights[name]))
+
+
+def get_weights(model: LlamaModel) -> dict[str, np.ndarray]:
+    """Host copies of the weights, NumPy order, llama.cpp's names."""
+    return {name: tensor_get(model.params[name]).reshape(shape)
+            for name, shape in param_shapes(model.cfg).items()}

@@ -1,0 +1,118 @@
+"""``load(path)``: a llama GGUF as a ready model (weights in F32 on a backend, its tokenizer).
+
+Loading is a transaction: the keys (llama.cpp's types), the tensor list (names, ggml shapes,
+types, sizes) and the vocabulary are all checked first; only then is memory allocated and each
+tensor dequantized into it. A failure on the way raises and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, TextIO
+
+import numpy as np
+from gguf import GGUFReader, GGUFValueType
+
+from ...backend import Scheduler, cpu_init, tensor_set
+from ...errors import GgoptError
+from .byte_gguf import byte_tokens
+from .config import Config, config_from_fields, field_value
+from .graph import LlamaModel, build_model, param_shapes
+from .vocab import Tokenizer, require, tokenizer_of
+from .weights import ProgressBar, check_tensors, iter_f32, open_reader, tensor_table
+
+__all__ = ["Model", "load", "read_config", "read_weights"]
+
+#: Files larger than this show a progress bar while loading (unless told otherwise).
+PROGRESS_BYTES = 64 << 20
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded llama: hyper-parameters, weights on ``net.sched``'s backend, the tokenizer."""
+
+    path: str
+    cfg: Config
+    net: LlamaModel
+    tokenizer: Tokenizer | GgoptError  # the error when ggopt cannot tokenize for this file
+    load_seconds: float
+    tensor_types: dict[str, int]  # type name -> tensor count, as in the file
+    is_bytes: bool  # ggopt's byte-level vocabulary (any bytes are tokens)
+
+    def require_tokenizer(self) -> Tokenizer:
+        """The tokenizer, or StateError saying why there is none."""
+        return require(self.tokenizer, f"llm {self.path!r}")
+
+
+def _n_tokens(reader: GGUFReader, where: str) -> int | None:
+    field = reader.fields.get("tokenizer.ggml.tokens")
+    if field is None:
+        return None
+    if list(field.types) != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
+        raise GgoptError(f"{where}: key tokenizer.ggml.tokens must be an array of strings")
+    return len(field.data)
+
+
+def _is_bytes(reader: GGUFReader, where: str) -> bool:
+    kind = field_value(reader.fields, "tokenizer.ggml.model", GGUFValueType.STRING, where)
+    if kind != "rwkv" or _n_tokens(reader, where) != 256:
+        return False
+    return bool(reader.fields["tokenizer.ggml.tokens"].contents() == byte_tokens())
+
+
+def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]:
+    """The checked :class:`Config` and the tensor table (every tensor checked) of a file."""
+    table = tensor_table(reader, where)
+    cfg = config_from_fields(reader.fields, _n_tokens(reader, where),
+                             tied_output="output.weight" not in table,
+                             rope_freqs="rope_freqs.weight" in table, where=where)
+    check_tensors(table, param_shapes(cfg), where)
+    return cfg, table
+
+
+def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.ndarray],
+                                                         GGUFReader]:
+    """Every tensor of a llama GGUF as F32 NumPy arrays (NumPy order), with its config."""
+    spath = os.fspath(path)
+    where = f"llm load {spath!r}"
+    reader = open_reader(spath, where)
+    cfg, table = read_config(reader, where)
+    weights = dict(iter_f32(table, param_shapes(cfg), where))
+    return cfg, weights, reader
+
+
+def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
+         progress: bool | None = None, stream: TextIO | None = None) -> Model:
+    """Load a llama GGUF (any tensor type of :data:`weights.SUPPORTED_TYPES`, dequantized).
+
+    ``sched``: where the weights live (default: a new CPU scheduler). ``progress``: draw a
+    progress bar on ``stream`` (default stderr); None = for files over 64 MiB.
+
+    Raises
+    ------
+    GgoptError
+        Not a readable GGUF (missing, truncated, damaged), another architecture, a key of the
+        wrong type or value, a missing, unexpected or misshaped tensor, a tensor type ggopt
+        does not load, a non-finite weight.
+    """
+    t0 = time.perf_counter()
+    spath = os.fspath(path)
+    where = f"llm load {spath!r}"
+    reader = open_reader(spath, where)
+    cfg, table = read_config(reader, where)
+    is_bytes = _is_bytes(reader, where)
+    tokenizer = tokenizer_of(spath)
+    shapes = param_shapes(cfg)
+    if progress is None:
+        progress = os.path.getsize(spath) > PROGRESS_BYTES
+    bar = ProgressBar(len(shapes), stream) if progress else None
+    net = build_model(cfg, sched or Scheduler([cpu_init()]))
+    for name, arr in iter_f32(table, shapes, where, bar):
+        tensor_set(net.params[name], np.ascontiguousarray(arr))
+    types: dict[str, int] = {}
+    for t in table.values():
+        key = t.tensor_type.name
+        types[key] = types.get(key, 0) + 1
+    return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes)

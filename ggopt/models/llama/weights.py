@@ -1,0 +1,127 @@
+"""Reading a llama GGUF's tensors: checked against the hyper-parameters, then dequantized to F32.
+
+The file is memory-mapped (``gguf.GGUFReader``); every tensor's name, ggml shape, type and
+byte size are checked before any memory is allocated, and each tensor is then dequantized with
+``gguf.quants.dequantize`` and copied into the model one at a time, with a progress bar on
+stderr for large files.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from ...errors import DTypeError, InvalidValueError, ShapeError
+
+__all__ = ["SUPPORTED_TYPES", "open_reader", "tensor_table", "check_tensors", "iter_f32",
+           "ProgressBar"]
+
+_Q = GGMLQuantizationType
+#: The tensor types ggopt loads (dequantized to F32).
+SUPPORTED_TYPES = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1,
+                             _Q.Q8_0, _Q.Q2_K, _Q.Q3_K, _Q.Q4_K, _Q.Q5_K, _Q.Q6_K})
+_NORM_TYPES = frozenset({_Q.F32})  # 1-D tensors: llama.cpp keeps norms in F32
+
+
+def open_reader(path: str, where: str) -> GGUFReader:
+    """``GGUFReader(path)`` with its failures (not GGUF, truncated, unreadable) as errors."""
+    if not os.path.isfile(path):
+        raise ShapeError(f"{where}: no such file")
+    try:
+        return GGUFReader(path)
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
+            UnicodeDecodeError) as exc:
+        raise ShapeError(f"{where}: not a readable GGUF file (truncated or damaged?): "
+                         f"{type(exc).__name__}: {exc}") from None
+
+
+def tensor_table(reader: GGUFReader, where: str) -> dict[str, Any]:
+    """The reader's tensors by name; a duplicate name is refused."""
+    table: dict[str, Any] = {}
+    for t in reader.tensors:
+        if t.name in table:
+            raise ShapeError(f"{where}: tensor {t.name!r} appears twice")
+        table[t.name] = t
+    return table
+
+
+def check_tensors(table: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                  where: str) -> None:
+    """Every expected tensor present with its ggml shape, a supported type and all its
+    bytes in the file; no unexpected tensor (as llama.cpp, which counts them)."""
+    missing = [n for n in shapes if n not in table]
+    if missing:
+        raise ShapeError(f"{where}: missing tensor(s) {', '.join(missing[:5])}")
+    extra = [n for n in table if n not in shapes]
+    if extra:
+        raise ShapeError(f"{where}: unexpected tensor(s) {', '.join(extra[:5])} for a llama "
+                         f"model of these hyper-parameters")
+    for name, shape in shapes.items():
+        t = table[name]
+        ne = [int(d) for d in t.shape]
+        if ne != list(shape[::-1]):
+            raise ShapeError(f"{where}: tensor {name!r}: expected ggml shape "
+                             f"{list(shape[::-1])}, got {ne}")
+        qtype = _Q(int(t.tensor_type))
+        allowed = _NORM_TYPES | {_Q.F16, _Q.BF16} if len(shape) == 1 else SUPPORTED_TYPES
+        if qtype not in allowed:
+            raise DTypeError(f"{where}: tensor {name!r} has type {qtype.name}; ggopt loads "
+                             f"{', '.join(sorted(q.name for q in allowed))}")
+        if int(t.data.nbytes) != int(t.n_bytes):
+            raise ShapeError(f"{where}: tensor {name!r}: the file ends inside its data "
+                             f"({t.data.nbytes} of {t.n_bytes} bytes; truncated?)")
+
+
+def _as_f32(t: Any, shape: tuple[int, ...]) -> np.ndarray:
+    qtype = _Q(int(t.tensor_type))
+    raw = np.asarray(t.data)
+    if qtype == _Q.F32:
+        out = raw.reshape(shape)
+    elif qtype == _Q.F16:
+        out = raw.reshape(shape).astype(np.float32)
+    else:
+        out = np.asarray(dequantize(raw, qtype), np.float32).reshape(shape)
+    return out
+
+
+def iter_f32(table: dict[str, Any], shapes: dict[str, tuple[int, ...]], where: str,
+             bar: ProgressBar | None = None) -> Iterator[tuple[str, np.ndarray]]:
+    """``(name, float32 array in NumPy order)`` per tensor; a non-finite value is refused."""
+    for i, (name, shape) in enumerate(shapes.items()):
+        arr = _as_f32(table[name], shape)
+        if not np.isfinite(arr).all():
+            bad = int(np.count_nonzero(~np.isfinite(arr)))
+            raise InvalidValueError(f"{where}: tensor {name!r} holds {bad} NaN or infinite "
+                                    f"value(s)")
+        if bar is not None:
+            bar.update(i + 1, int(table[name].n_bytes))
+        yield name, arr
+
+
+class ProgressBar:
+    """``load: [#####.....] 136/272 tensors, 46 MB`` on ``stream``, redrawn in place."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self.total, self.stream, self.nbytes = total, stream or sys.stderr, 0
+        self._shown = -1
+
+    def update(self, done: int, nbytes: int) -> None:
+        self.nbytes += nbytes
+        filled = math.floor(self.WIDTH * done / max(self.total, 1))
+        if filled == self._shown and done != self.total:
+            return
+        self._shown = filled
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        end = "\n" if done == self.total else ""
+        self.stream.write(f"\rload: [{bar}] {done}/{self.total} tensors, "
+                          f"{self.nbytes / 1e6:.0f} MB{end}")
+        self.stream.flush()

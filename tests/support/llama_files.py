@@ -1,0 +1,90 @@
+"""Writing small llama GGUFs the way converters do (keys of any type, tensors of any type), for
+the loader and generation tests. Weights come from :func:`llm_ref.random_weights`."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize, quantize
+
+from ggopt.models import llama
+from tests.support.llm_ref import random_weights
+
+Q = GGMLQuantizationType
+V = GGUFValueType
+_KQUANT_SCALES = {  # byte offsets of the f16 super-block scales (d, dmin) in each K-quant block
+    Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def keys(cfg: llama.Config) -> dict[str, tuple[object, GGUFValueType]]:
+    """llama.cpp's keys for ``cfg`` in their required types."""
+    a = "llama"
+    return {f"{a}.context_length": (cfg.n_ctx, V.UINT32),
+            f"{a}.embedding_length": (cfg.n_embd, V.UINT32),
+            f"{a}.block_count": (cfg.n_layer, V.UINT32),
+            f"{a}.feed_forward_length": (cfg.n_ff, V.UINT32),
+            f"{a}.attention.head_count": (cfg.n_head, V.UINT32),
+            f"{a}.attention.head_count_kv": (cfg.n_head_kv, V.UINT32),
+            f"{a}.attention.layer_norm_rms_epsilon": (cfg.eps, V.FLOAT32),
+            f"{a}.rope.freq_base": (cfg.freq_base, V.FLOAT32),
+            f"{a}.vocab_size": (cfg.n_vocab, V.UINT32)}
+
+
+def encode(arr: np.ndarray, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
+    """``arr`` (float32) stored as ``qtype``: quantized where the gguf package can, else
+    (K-quants) random blocks with small finite scales."""
+    if qtype == Q.F32:
+        return arr
+    if qtype == Q.F16:
+        return arr.astype(np.float16)
+    if qtype in _KQUANT_SCALES:
+        block, size = GGML_QUANT_SIZES[qtype]
+        rows = arr.reshape(-1, arr.shape[-1])
+        nblocks = rows.shape[1] // block
+        raw = rng.integers(0, 256, (rows.shape[0], nblocks, size), dtype=np.uint8)
+        for off in _KQUANT_SCALES[qtype]:
+            raw[:, :, off:off + 2] = np.frombuffer(np.float16(0.02).tobytes(), np.uint8)
+        return raw.reshape(rows.shape[0], nblocks * size)
+    return quantize(arr, qtype)
+
+
+def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | None = None,
+          types: dict[str, GGMLQuantizationType] | None = None,
+          key_overrides: dict[str, tuple[object, GGUFValueType] | None] | None = None,
+          drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None,
+          arch: str = "llama", seed: int = 7) -> dict[str, np.ndarray]:
+    """Write a llama GGUF with ggopt's byte vocabulary; return the weights as llama.cpp sees
+    them (dequantized), in NumPy order. ``types``: per-tensor storage types (default F32);
+    ``key_overrides``: replace a key (None removes it); ``drop``: tensors left out."""
+    w = weights or random_weights(llama.param_shapes(cfg), seed)
+    rng = np.random.default_rng(seed)
+    kv = keys(cfg)
+    for key, value in (key_overrides or {}).items():
+        if value is None:
+            kv.pop(key, None)
+        else:
+            kv[key] = value
+    writer = GGUFWriter(str(path), arch)
+    for key, (value, vtype) in kv.items():
+        if vtype == V.ARRAY:
+            writer.add_key_value(key, value, V.ARRAY, V.UINT32)
+        else:
+            writer.add_key_value(key, value, vtype)
+    writer.add_key_value("tokenizer.ggml.model", "rwkv", V.STRING)
+    writer.add_key_value("tokenizer.ggml.tokens", llama.byte_tokens(), V.ARRAY, V.STRING)
+    seen = {}
+    for name, arr in {**w, **(extra or {})}.items():
+        if name in drop:
+            continue
+        qtype = (types or {}).get(name, Q.F32)
+        data = encode(arr, qtype, rng)
+        writer.add_tensor(name, data, raw_shape=None if qtype in (Q.F32, Q.F16) else
+                          data.shape, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+        seen[name] = arr if qtype == Q.F32 else \
+            dequantize(data, qtype).astype(np.float32).reshape(arr.shape)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return seen

