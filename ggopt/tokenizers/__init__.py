@@ -1,0 +1,32 @@
+"""Tokenizers read from a GGUF's ``tokenizer.ggml.*`` keys, tokenizing exactly as llama.cpp.
+
+``load(path)`` (or ``from_gguf(reader)`` for an open ``gguf.GGUFReader``) returns a
+:class:`Tokenizer`. Implemented: the ``rwkv`` byte vocabulary of ggopt's own models, ``gpt2``
+byte-level BPE with the pre-tokenizers in :data:`PRE_TOKENIZERS`, and ``llama``
+SentencePiece (scores, byte fallback). Anything else is refused with a GgoptError naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gguf import GGUFReader
+
+from ggopt.tokenizers.fields import open_fields
+from ggopt.tokenizers.pretokenize import PRE_TOKENIZERS
+from ggopt.tokenizers.tokenizer import Tokenizer
+from ggopt.tokenizers.vocab import MODELS, read_vocab
+
+__all__ = ["Tokenizer", "load", "from_gguf", "MODELS", "PRE_TOKENIZERS"]
+
+
+def from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer of an open ``gguf.GGUFReader`` (or its ``fields`` mapping)."""
+    return Tokenizer(read_vocab(open_fields(source)))
+
+
+def load(path: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer of the GGUF file ``path`` (only its metadata is read)."""
+    return Tokenizer(read_vocab(open_fields(path)))
