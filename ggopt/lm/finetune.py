@@ -37,6 +37,9 @@ from .windows import MASKED, Windows, split_point, to_dataset
 
 __all__ = ["FinetuneParams", "EpochStats", "FineTuner"]
 
+#: Nodes a micro-batch's graph may hold (a LoRA'd SmolLM2 forward has about 2200).
+GRAPH_SIZE = 16384
+
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneParams:
@@ -174,7 +177,7 @@ class FineTuner:
         if not self.fp.static:
             ctx = Context()
             loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp))
-            gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, True)
+            gf = ggopt.new_graph_custom(ctx, GRAPH_SIZE, True)
             ggopt.build_forward_expand(gf, loss)
             self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, loss)
         self.opt_ctx.alloc(train)
