@@ -11,7 +11,7 @@ from finetune_support import CFG, loss_and_grads, tiny, windows
 import ggopt
 from ggopt import backend as gb
 from ggopt.errors import ShapeError
-from ggopt.lm.finetune import FineTuner, FinetuneParams, _LossInputs
+from ggopt.lm.finetune import FinetuneParams, FineTuner, _LossInputs
 from ggopt.lm.windows import MASKED, split_point, text_windows
 from ggopt.models import llama
 

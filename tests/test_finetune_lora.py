@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from ggopt import backend as gb
 from ggopt.errors import GgoptError, InvalidValueError
 from ggopt.lm import lora
-from ggopt.lm.finetune import FineTuner, FinetuneParams
+from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.models import llama
 
 

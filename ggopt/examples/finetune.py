@@ -21,7 +21,7 @@ from ..errors import GgoptError, InvalidValueError
 from ..lm import lora
 from ..lm.chat import chat_windows, read_conversations
 from ..lm.export import OUT_TYPES, export
-from ..lm.finetune import EpochStats, FineTuner, FinetuneParams
+from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import get_weights, load
 

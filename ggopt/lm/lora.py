@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -170,11 +171,11 @@ def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama"
             writer.close()
 
 
-def _string(fields: dict[str, object], key: str, where: str) -> str:
+def _string(fields: Mapping[str, Any], key: str, where: str) -> str:
     field = fields.get(key)
-    if field is None or list(field.types) != [GGUFValueType.STRING]:  # type: ignore[attr-defined]
+    if field is None or list(field.types) != [GGUFValueType.STRING]:
         raise InvalidValueError(f"{where}: key {key} must be a string")
-    value: str = field.contents()  # type: ignore[attr-defined]
+    value: str = field.contents()
     return value
 
 
@@ -225,7 +226,7 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
                              f"{list(b.shape[::-1])} do not fit a [{n_in}, {n_out}] weight "
                              f"(expected [{n_in}, r] and [r, {n_out}])")
         shapes[base] = (a.shape, b.shape)
-    ad = _alloc(net, shapes, alpha)  # type: ignore[arg-type]
+    ad = _alloc(net, shapes, alpha)
     for base, pair in arrays.items():
         tensor_set(ad.a[base], np.ascontiguousarray(pair["lora_a"]))
         tensor_set(ad.b[base], np.ascontiguousarray(pair["lora_b"]))
