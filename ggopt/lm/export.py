@@ -46,6 +46,9 @@ class ExportReport:
     file_type: int = 0
 
     def summary(self) -> str:
+        if not (self.kept or self.requantized):
+            return f"file type {self.file_type}" + (
+                f", {len(self.as_f16)} tensors F16 (rows not whole blocks)" if self.as_f16 else "")
         return (f"{len(self.kept)} tensors unchanged (original bytes), {len(self.requantized)} "
                 f"re-quantized to their own type, {len(self.as_f16)} written F16"
                 + (f" ({', '.join(self.as_f16[:3])}...)" if self.as_f16 else ""))
