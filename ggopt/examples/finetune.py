@@ -1,0 +1,152 @@
+"""Fine-tune a llama GGUF: ``python -m ggopt.examples.finetune --model IN.gguf --out OUT.gguf
+(--text FILE... | --chat FILE.jsonl) [--lora RANK ...]``.
+
+Validation loss and perplexity before training and after every epoch; at the end
+``trained N tokens in S s: X tokens/s`` (training steps only) and the peak memory. The merged
+model keeps every key of the input; with ``--lora`` the adapter is also written as llama.cpp's
+LoRA GGUF (``--adapter-out``), and ``--adapter IN.gguf`` continues training a saved one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+from collections.abc import Sequence
+
+import ggopt
+
+from ..errors import GgoptError, InvalidValueError
+from ..lm import lora
+from ..lm.chat import chat_windows, read_conversations
+from ..lm.export import OUT_TYPES, export
+from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
+from ..lm.windows import text_windows, tokenize_texts
+from ..models.llama import get_weights, load
+
+__all__ = ["main", "parse_args"]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ggopt.examples.finetune", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the llama GGUF to fine-tune")
+    p.add_argument("--out", required=True, help="the merged model (GGUF)")
+    data = p.add_mutually_exclusive_group(required=True)
+    data.add_argument("--text", nargs="+", help="plain text files (llama.cpp's windows)")
+    data.add_argument("--chat", help='JSON lines {"messages": [{"role", "content"}, ...]}')
+    p.add_argument("--ctx", type=int, default=256, help="tokens per window (default 256)")
+    p.add_argument("--batch", type=int, default=1, help="windows per optimizer step")
+    p.add_argument("--ubatch", type=int, default=1, help="windows per micro-batch")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--wd", type=float, default=0.0)
+    p.add_argument("--val-split", type=float, default=0.05)
+    p.add_argument("--lora", type=int, metavar="RANK", help="train a LoRA adapter of this rank")
+    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--lora-targets", default=",".join(lora.TARGETS))
+    p.add_argument("--adapter", help="continue training this LoRA adapter GGUF")
+    p.add_argument("--adapter-out", help="write the trained adapter here (LoRA)")
+    p.add_argument("--out-type", choices=OUT_TYPES, default="f32")
+    p.add_argument("--checkpoint", help="save the training state here after every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    p.add_argument("--static", action="store_true", help="one static graph (same bits)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=5489)
+    args = p.parse_args(argv)
+    for name in ("ctx", "batch", "ubatch", "epochs"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1")
+    if args.resume and not args.checkpoint:
+        p.error("--resume needs --checkpoint")
+    if args.adapter_out and args.lora is None and args.adapter is None:
+        p.error("--adapter-out needs --lora or --adapter")
+    if args.lora is not None and args.adapter is not None:
+        p.error("--lora starts a new adapter, --adapter continues one: give one of them")
+    return args
+
+
+def _line(name: str, s: EpochStats) -> str:
+    return f"{name}: loss={s.loss:.4f} ppl={s.ppl:.3f} over {s.n_tokens} tokens"
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        ggopt.set_n_threads(args.threads)
+    model = load(args.model)
+    tok = model.require_tokenizer()
+    if args.text:
+        texts = []
+        for path in args.text:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    texts.append(f.read())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InvalidValueError(f"--text {path!r}: cannot read: {exc}") from None
+        windows = text_windows(tokenize_texts(tok, texts), args.ctx)
+    else:
+        windows = chat_windows(tok, read_conversations(args.chat), args.ctx)
+    net = model.net
+    adapter = None
+    if args.lora is not None:
+        adapter = lora.create(net, args.lora, args.lora_alpha,
+                              lora.parse_targets(args.lora_targets), seed=args.seed)
+    elif args.adapter is not None:
+        adapter = lora.load(args.adapter, net)
+    if adapter is not None:
+        lora.attach(net, adapter)
+        print(f"lora: {len(adapter.a)} adapted weights, {adapter.n_params()} trainable "
+              f"parameters (base frozen)")
+    fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
+                        val_split=args.val_split, static=args.static, seed=args.seed)
+    ft = FineTuner(net, windows, fp)
+    print(f"data: {len(windows)} windows of {args.ctx} tokens, {ft.n_train_mb * args.ubatch} "
+          f"for training, {ft.n_val_mb * args.ubatch} held out")
+    try:
+        first = 1
+        if args.resume:
+            first = ft.resume(args.checkpoint) + 1
+            print(f"resumed after epoch {first - 1}")
+        if ft.n_val_mb:
+            print(_line("val before", ft.validate()), flush=True)
+        for epoch in range(first, args.epochs + 1):
+            train = ft.train_epoch()
+            line = f"epoch {epoch}: train loss={train.loss:.4f}"
+            if ft.n_val_mb:
+                line += " | " + _line("val", ft.validate())
+            print(line, flush=True)
+            if args.checkpoint:
+                ft.save(args.checkpoint, epoch)
+    finally:
+        ft.close()
+    weights = get_weights(net)
+    if adapter is not None:
+        weights = lora.merged(weights, adapter)
+        if args.adapter_out:
+            lora.save(args.adapter_out, adapter)
+            print(f"adapter written to {args.adapter_out}")
+    report = export(args.model, args.out, weights, args.out_type)
+    print(f"model written to {args.out} ({args.out_type}: {report.summary()})")
+    rate = ft.train_tokens / ft.train_seconds if ft.train_seconds else 0.0
+    print(f"trained {ft.train_tokens} tokens in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak memory: {peak:.0f} MB (max RSS)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.out == args.model or (args.adapter_out and os.path.abspath(args.adapter_out) ==
+                                  os.path.abspath(args.model)):
+        print("error: refusing to overwrite the input model", file=sys.stderr)
+        return 2
+    try:
+        run(args)
+    except GgoptError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Writing a fine-tuned llama back as GGUF: every key of the input kept (tokenizer, chat template,
+``context_length``), the tensors in the input's order, ``general.file_type`` set to what was
+written.
+
+Output types: ``f32``; ``f16`` / ``bf16`` / ``q8_0`` for the matrices (norms stay F32 as
+llama.cpp keeps them; a matrix whose rows are not whole Q8_0 blocks is written F16); ``keep``:
+a tensor that did not change keeps its original bytes, a changed one is re-quantized to its own
+type where ``gguf.quants`` can (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else written F16
+(K-quants and IQ types: ``gguf`` has no quantizer for them); :func:`export` says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf.quants import quantize
+
+from ..errors import InvalidValueError
+from ..io.atomic import atomic_path
+from ..models.llama.weights import iter_f32, open_reader, tensor_table
+
+__all__ = ["OUT_TYPES", "ExportReport", "export"]
+
+_Q = GGMLQuantizationType
+_FT = LlamaFileType
+OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "keep")
+_TARGET = {"f32": (_Q.F32, _FT.ALL_F32), "f16": (_Q.F16, _FT.MOSTLY_F16),
+           "bf16": (_Q.BF16, _FT.MOSTLY_BF16), "q8_0": (_Q.Q8_0, _FT.MOSTLY_Q8_0)}
+_REQUANTIZABLE = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1,
+                            _Q.Q8_0})
+_SKIP = ("GGUF.", "general.architecture", "general.file_type")
+
+
+@dataclasses.dataclass
+class ExportReport:
+    """What :func:`export` wrote: tensor names kept byte for byte, re-quantized to their own
+    type, and written as F16 for want of a quantizer; the file type stored."""
+
+    kept: list[str] = dataclasses.field(default_factory=list)
+    requantized: list[str] = dataclasses.field(default_factory=list)
+    as_f16: list[str] = dataclasses.field(default_factory=list)
+    file_type: int = 0
+
+    def summary(self) -> str:
+        if not (self.kept or self.requantized):
+            return f"file type {self.file_type}" + (
+                f", {len(self.as_f16)} tensors F16 (rows not whole blocks)" if self.as_f16 else "")
+        return (f"{len(self.kept)} tensors unchanged (original bytes), {len(self.requantized)} "
+                f"re-quantized to their own type, {len(self.as_f16)} written F16"
+                + (f" ({', '.join(self.as_f16[:3])}...)" if self.as_f16 else ""))
+
+
+def _encode(arr: np.ndarray, qtype: _Q) -> tuple[np.ndarray, _Q]:
+    if qtype == _Q.F32:
+        return np.ascontiguousarray(arr, np.float32), qtype
+    if qtype == _Q.F16:
+        return arr.astype(np.float16), qtype
+    block = {_Q.Q8_0: 32, _Q.Q4_0: 32, _Q.Q4_1: 32, _Q.Q5_0: 32, _Q.Q5_1: 32}.get(qtype, 1)
+    if arr.shape[-1] % block:
+        return arr.astype(np.float16), _Q.F16
+    return quantize(np.ascontiguousarray(arr, np.float32), qtype), qtype
+
+
+def _plan(out_type: str, t: Any, old: np.ndarray, new: np.ndarray,
+          report: ExportReport) -> tuple[np.ndarray, _Q]:
+    """The bytes and type one tensor is written with."""
+    own = _Q(int(t.tensor_type))
+    if out_type == "keep":
+        if np.array_equal(old, new):
+            report.kept.append(t.name)
+            return np.asarray(t.data), own
+        if own in _REQUANTIZABLE:
+            report.requantized.append(t.name)
+            return _encode(new, own)
+        report.as_f16.append(t.name)
+        return new.astype(np.float16), _Q.F16
+    if new.ndim == 1:
+        return np.ascontiguousarray(new, np.float32), _Q.F32
+    data, qtype = _encode(new, _TARGET[out_type][0])
+    if qtype != _TARGET[out_type][0]:
+        report.as_f16.append(t.name)
+    return data, qtype
+
+
+def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
+           weights: dict[str, np.ndarray], out_type: str = "f32") -> ExportReport:
+    """Write ``src``'s keys with ``weights`` (float32, NumPy order, llama.cpp names) to ``dst``
+    as ``out_type`` (atomically; ``src`` is read again to compare and copy).
+
+    Raises
+    ------
+    InvalidValueError
+        An unknown ``out_type``, a weight missing or misshaped for ``src``'s tensors.
+    """
+    if out_type not in OUT_TYPES:
+        raise InvalidValueError(f"export: --out-type must be one of {', '.join(OUT_TYPES)}, "
+                                f"got {out_type!r}")
+    where = f"export {os.fspath(src)!r}"
+    reader = open_reader(os.fspath(src), where)
+    table = tensor_table(reader, where)
+    shapes = {name: tuple(int(d) for d in t.shape)[::-1] for name, t in table.items()}
+    for name, shape in shapes.items():
+        if name not in weights or weights[name].shape != shape:
+            got = None if name not in weights else weights[name].shape
+            raise InvalidValueError(f"{where}: weight {name!r} expected shape {shape}, got {got}")
+    report = ExportReport()
+    originals = dict(iter_f32(table, shapes, where)) if out_type == "keep" else {}
+    ft_field = reader.fields.get("general.file_type")
+    if out_type == "keep":
+        report.file_type = int(ft_field.contents()) if ft_field is not None else -1
+    else:
+        report.file_type = int(_TARGET[out_type][1])
+    with atomic_path(os.fspath(dst)) as tmp:
+        writer = GGUFWriter(tmp, "llama")
+        try:
+            for key, field in reader.fields.items():
+                if key.startswith(_SKIP):
+                    continue
+                types = list(field.types)
+                sub = types[-1] if types[0] == GGUFValueType.ARRAY else None
+                writer.add_key_value(key, field.contents(), types[0], sub)
+            if report.file_type >= 0:
+                writer.add_key_value("general.file_type", report.file_type,
+                                     GGUFValueType.UINT32)
+            for name, t in table.items():
+                new = weights[name]
+                data, qtype = _plan(out_type, t, originals.get(name, new), new, report)
+                writer.add_tensor(name, data, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+    return report

@@ -1,0 +1,224 @@
+"""Fine-tuning a llama on token windows (:mod:`.windows`, :mod:`.chat`) through ggopt.opt.
+
+Per micro-batch (``n_ubatch`` windows) a fresh forward graph is built and run through
+:class:`~ggopt.opt.OptContext`'s dynamic-graph API (``prepare_alloc`` -> ``alloc`` -> ``eval``),
+an optimizer step every ``n_batch / n_ubatch`` micro-batches; ``static=True`` builds one static
+graph up front instead (the same bits). Whatever is a PARAM trains: every weight for a full
+fine-tune (``token_embd`` included; a tied output sums both uses' gradients), only the
+adapter with :func:`ggopt.lm.lora.attach`.
+
+The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss(logits * m, one_hot)``.
+``m`` is 1 for trained positions and 0 for masked ones (labels :data:`MASKED`); a masked row's
+labels are all zero, so it adds nothing to the loss, and its logits' gradient is multiplied by
+0, exactly zero. ``w = n_rows / n_trained`` over the optimizer step's micro-batches, which makes
+the step's loss and gradient exactly those of the mean over its trained tokens (PyTorch's
+``ignore_index``). Without masked tokens ``m`` is left out and ``w = 1/opt_period``: ggml's
+cross-entropy scaled as ggml scales it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import ggopt
+
+from .. import F32, Context, Tensor
+from ..backend import alloc_ctx_tensors, tensor_set
+from ..errors import ShapeError
+from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
+from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
+from .windows import MASKED, Windows, split_point, to_dataset
+
+__all__ = ["FinetuneParams", "EpochStats", "FineTuner"]
+
+#: Nodes a micro-batch's graph may hold (a LoRA'd SmolLM2 forward has about 2200).
+GRAPH_SIZE = 16384
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneParams:
+    """``n_batch`` windows per optimizer step, in micro-batches of ``n_ubatch`` windows."""
+
+    n_batch: int = 1
+    n_ubatch: int = 1
+    lr: float = 1e-5
+    wd: float = 0.0
+    val_split: float = 0.05
+    static: bool = False
+    seed: int = 5489
+
+    def check(self) -> None:
+        if self.n_batch < 1 or self.n_ubatch < 1 or self.n_batch % self.n_ubatch:
+            raise ShapeError(f"finetune: the micro-batch ({self.n_ubatch} windows) must divide "
+                             f"the batch ({self.n_batch} windows)")
+        if not (self.lr > 0 and 0 <= self.wd <= 1):
+            raise ShapeError(f"finetune: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
+                             f"{self.wd}")
+
+    @property
+    def opt_period(self) -> int:
+        return self.n_batch // self.n_ubatch
+
+
+@dataclasses.dataclass
+class EpochStats:
+    """Mean loss over the trained tokens of a part of the data (NaN when empty)."""
+
+    loss: float
+    n_tokens: int
+    seconds: float
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(self.loss) if math.isfinite(self.loss) else math.nan
+
+
+class _LossInputs:
+    """The loss's own inputs: one-hot labels ``[n_vocab, N]``, the row mask ``[1, N]`` and
+    the weight ``w`` (one value)."""
+
+    def __init__(self, net: LlamaModel, n_rows: int, masked: bool) -> None:
+        self.ctx = Context()
+        c, V = self.ctx, net.cfg.n_vocab
+        self.labels = ggopt.set_name(c.new_tensor_2d(F32, V, n_rows), "labels")
+        self.mask = ggopt.set_name(c.new_tensor_2d(F32, 1, n_rows), "label_mask") if masked \
+            else None
+        self.weight = ggopt.set_name(c.new_tensor_1d(F32, 1), "loss_weight")
+        for t in (self.labels, self.weight, *([self.mask] if self.mask is not None else [])):
+            ggopt.set_input(t)
+        alloc_ctx_tensors(c, net.sched.get_backend(0))
+        self._one_hot = np.zeros((n_rows, V), np.float32)
+
+    def loss(self, ctx: Context, logits: Tensor) -> Tensor:
+        g = ggopt
+        if self.mask is not None:
+            logits = g.mul(ctx, logits, self.mask)
+        ce = g.cross_entropy_loss(ctx, logits, self.labels)
+        return g.set_name(g.mul(ctx, ce, self.weight), "finetune_loss")
+
+    def set(self, labels: np.ndarray, weight: float) -> None:
+        """One-hot rows of ``labels`` (zero rows where masked) and the weight."""
+        flat = labels.reshape(-1)
+        keep = flat != MASKED
+        self._one_hot[:] = 0.0
+        self._one_hot[np.flatnonzero(keep), flat[keep]] = 1.0
+        tensor_set(self.labels, self._one_hot)
+        if self.mask is not None:
+            tensor_set(self.mask, keep.astype(np.float32))
+        tensor_set(self.weight, np.array([weight], np.float32))
+
+
+class FineTuner:
+    """An optimization context over ``net``'s PARAM tensors and the windows' dataset."""
+
+    def __init__(self, net: LlamaModel, windows: Windows, fp: FinetuneParams,
+                 get_opt_pars: Callable[..., OptimizerParams] | None = None) -> None:
+        fp.check()
+        if windows.n_ctx > net.cfg.n_ctx:
+            raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
+                             f"context of {net.cfg.n_ctx}")
+        self.net, self.fp, self.windows = net, fp, windows
+        self.dataset = to_dataset(windows)
+        n = len(windows) // fp.n_ubatch
+        ntrain = split_point(n, fp.val_split)
+        self.n_train_mb = ntrain - ntrain % fp.opt_period
+        if self.n_train_mb < 1:
+            raise ShapeError(f"finetune: {len(windows)} windows give {n} micro-batches of "
+                             f"{fp.n_ubatch}, {ntrain} for training; one batch needs "
+                             f"{fp.opt_period} (more data or a smaller --batch)")
+        self.n_val_mb = n - ntrain
+        T = windows.n_ctx
+        self.inp: Inputs = make_inputs(net, fp.n_ubatch, T)
+        masked = bool((windows.labels == MASKED).any())
+        self.loss_in = _LossInputs(net, fp.n_ubatch * T, masked)
+        params = default_params(net.sched, LossType.SUM)
+        params.opt_period = fp.opt_period
+        params.rng_seed = fp.seed
+        base = OptimizerParams()
+        base.adamw.wd = fp.wd
+        self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
+        params.get_opt_pars = self.schedule
+        if fp.static:
+            params.ctx_compute = Context()
+            params.inputs = self.inp.tokens
+            params.outputs = self.loss_in.loss(params.ctx_compute,
+                                               build_logits(params.ctx_compute, net, self.inp))
+        self.opt_ctx = OptContext(params)
+        self._tokens = np.empty((fp.n_ubatch, T), np.int32)
+        self._labels = np.empty((fp.n_ubatch, T), np.int32)
+        self.train_seconds = 0.0
+        self.train_tokens = 0
+
+    def _step_weights(self, ids: list[int]) -> dict[int, float]:
+        """``w`` per training micro-batch id: ``n_rows / n_trained`` of its optimizer step."""
+        P, out = self.fp.opt_period, {}
+        n_rows = self.fp.n_ubatch * self.windows.n_ctx
+        perm = self.dataset.permutation
+        for k in range(0, len(ids), P):
+            step = ids[k:k + P]
+            rows = [int(w) for i in step
+                    for w in perm[i * self.fp.n_ubatch:(i + 1) * self.fp.n_ubatch]]
+            n = int(np.count_nonzero(self.windows.labels[rows] != MASKED))
+            w = float(np.float32(n_rows) / np.float32(n)) if n else 0.0
+            if n == n_rows * P:
+                w = float(np.float32(1.0) / np.float32(P))
+            out.update({i: w for i in step})
+        return out
+
+    def microbatch(self, ibatch: int, train: bool, weight: float) -> tuple[float, int]:
+        """Train on (or evaluate) micro-batch ``ibatch`` of the current order; returns the
+        summed cross-entropy over its trained tokens and their count."""
+        if not self.fp.static:
+            ctx = Context()
+            loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp))
+            gf = ggopt.new_graph_custom(ctx, GRAPH_SIZE, True)
+            ggopt.build_forward_expand(gf, loss)
+            self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, loss)
+        self.opt_ctx.alloc(train)
+        self.dataset.get_batch_host(self._tokens, self._labels, ibatch)
+        tensor_set(self.inp.tokens, self._tokens.reshape(-1))
+        self.loss_in.set(self._labels, weight)
+        result = Result()
+        self.opt_ctx.eval(result)
+        n = int(np.count_nonzero(self._labels != MASKED))
+        value = result.loss()[0]
+        return (value * self._labels.size / weight if weight else 0.0), n
+
+    def _run(self, ids: list[int], train: bool) -> EpochStats:
+        t0 = time.perf_counter()
+        weights = self._step_weights(ids) if train else {i: 1.0 for i in ids}
+        total, count = 0.0, 0
+        for i in ids:
+            s, n = self.microbatch(i, train, weights[i])
+            total, count = total + s, count + n
+        seconds = time.perf_counter() - t0
+        if train:
+            self.train_seconds += seconds
+            self.train_tokens += len(ids) * self.fp.n_ubatch * self.windows.n_ctx
+        return EpochStats(total / count if count else math.nan, count, seconds)
+
+    def validate(self) -> EpochStats:
+        """The mean loss over the held-out windows' trained tokens (no training)."""
+        return self._run(list(range(self.n_train_mb, self.n_train_mb + self.n_val_mb)), False)
+
+    def train_epoch(self) -> EpochStats:
+        """Shuffle the training windows and train on each once."""
+        self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
+        return self._run(list(range(self.n_train_mb)), True)
+
+    def save(self, path: str | os.PathLike[str], epoch: int) -> None:
+        """The whole training state after ``epoch`` epochs (atomically)."""
+        self.opt_ctx.save_state(path, self.dataset, epoch=epoch)
+
+    def resume(self, path: str | os.PathLike[str]) -> int:
+        """Load a state written by :meth:`save`; returns the epochs it holds."""
+        return self.opt_ctx.load_state(path, self.dataset)
+
+    def close(self) -> None:
+        self.opt_ctx.close()

@@ -1,0 +1,233 @@
+"""LoRA adapters on a llama: ``y = W x + (alpha/r) B (A x)`` for the chosen projections, the
+base frozen, and llama.cpp's adapter GGUF (``src/llama-adapter.cpp``).
+
+``A`` ``(r, n_in)`` starts as PEFT's ``kaiming_uniform_(a=sqrt(5))``, i.e. uniform in
+``[-1/sqrt(n_in), 1/sqrt(n_in)]`` (from ``np.random.default_rng(seed)``, targets in layer
+order); ``B`` ``(n_out, r)`` starts at zero, so an untrained adapter leaves the model exactly
+as it was. Attaching an adapter clears the base weights' PARAM flag: no gradient accumulators
+and no AdamW moments are made for them, only for ``A`` and ``B``.
+
+File layout (as llama.cpp reads it): ``general.type = "adapter"``, ``general.architecture =
+"llama"``, ``adapter.type = "lora"``, ``adapter.lora.alpha`` FLOAT32; tensors
+``<weight name>.lora_a`` ggml ``[n_in, r]`` and ``.lora_b`` ``[r, n_out]``, F32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+
+import ggopt
+
+from .. import F32, Context, Tensor
+from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
+from ..errors import DTypeError, InvalidValueError, ShapeError
+from ..io.atomic import atomic_path
+from ..models.llama import LlamaModel, param_shapes
+from ..models.llama.weights import open_reader, tensor_table
+from ..types import FLAG_PARAM
+
+__all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "save", "load",
+           "merged"]
+
+#: The projections LoRA may adapt (llama.cpp's tensor names inside a block), in graph order.
+TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+@dataclasses.dataclass
+class LoraAdapter:
+    """``a[name]`` ggml ``[n_in, r]`` and ``b[name]`` ``[r, n_out]`` per adapted weight name
+    (e.g. ``blk.3.attn_q.weight``), PARAM tensors on the model's backend."""
+
+    alpha: float
+    ctx: Context
+    a: dict[str, Tensor]
+    b: dict[str, Tensor]
+
+    def scale(self, name: str) -> float:
+        """``alpha / r`` of one weight (llama.cpp takes r from ``lora_b``)."""
+        return self.alpha / self.b[name].ne[0]
+
+    def project(self, ctx: Context, name: str, w: Tensor, x: Tensor) -> Tensor:
+        """``W x + scale B (A x)`` (``W x`` alone for a weight without an adapter)."""
+        g = ggopt
+        y = g.mul_mat(ctx, w, x)
+        if name not in self.a:
+            return y
+        ab = g.mul_mat(ctx, self.b[name], g.mul_mat(ctx, self.a[name], x))
+        return g.add(ctx, y, g.scale(ctx, ab, self.scale(name)))
+
+    def arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Host copies ``(A (r, n_in), B (n_out, r))`` per weight name."""
+        return {n: (tensor_get(self.a[n]).reshape(self.a[n].ne[1], self.a[n].ne[0]),
+                    tensor_get(self.b[n]).reshape(self.b[n].ne[1], self.b[n].ne[0]))
+                for n in self.a}
+
+    def n_params(self) -> int:
+        return sum(t.nelements() for t in (*self.a.values(), *self.b.values()))
+
+
+def parse_targets(spec: str | Sequence[str]) -> tuple[str, ...]:
+    """``"attn_q,attn_v"`` (or a sequence) -> checked target names, graph order kept as given.
+
+    Raises
+    ------
+    InvalidValueError
+        An empty list, an unknown or repeated name.
+    """
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    bad = [n for n in names if n not in TARGETS]
+    if not names or bad or len(set(names)) != len(names):
+        raise InvalidValueError(f"lora targets: expected distinct names from {','.join(TARGETS)}"
+                                f", got {','.join(names)!r}")
+    return tuple(names)
+
+
+def _alloc(net: LlamaModel, shapes: dict[str, tuple[tuple[int, int], tuple[int, int]]],
+           alpha: float) -> LoraAdapter:
+    ctx = Context()
+    a, b = {}, {}
+    for name, (sa, sb) in shapes.items():
+        a[name] = ggopt.set_name(ctx.new_tensor_2d(F32, sa[1], sa[0]), name + ".lora_a")
+        b[name] = ggopt.set_name(ctx.new_tensor_2d(F32, sb[1], sb[0]), name + ".lora_b")
+        ggopt.set_param(a[name])
+        ggopt.set_param(b[name])
+    alloc_ctx_tensors(ctx, net.sched.get_backend(0))
+    return LoraAdapter(float(np.float32(alpha)), ctx, a, b)
+
+
+def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
+           seed: int = 0) -> LoraAdapter:
+    """A new adapter of rank ``rank`` on every block's ``targets`` (A random, B zero).
+
+    Raises
+    ------
+    InvalidValueError
+        A rank below 1 or above a target's smaller side, a non-finite or non-positive alpha.
+    """
+    targets = parse_targets(targets)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise InvalidValueError(f"lora: the rank must be a positive int, got {rank!r}")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise InvalidValueError(f"lora: alpha must be finite and > 0, got {alpha}")
+    all_shapes = param_shapes(net.cfg)
+    shapes = {}
+    for i in range(net.cfg.n_layer):
+        for t in targets:
+            name = f"blk.{i}.{t}.weight"
+            n_out, n_in = all_shapes[name]
+            if rank > min(n_out, n_in):
+                raise InvalidValueError(f"lora: rank {rank} exceeds {name}'s sides "
+                                        f"{n_out} x {n_in}")
+            shapes[name] = ((rank, n_in), (n_out, rank))
+    ad = _alloc(net, shapes, alpha)
+    rng = np.random.default_rng(seed)
+    for name, ((r, n_in), (n_out, _)) in shapes.items():
+        bound = 1.0 / math.sqrt(n_in)
+        tensor_set(ad.a[name], rng.uniform(-bound, bound, (r, n_in)).astype(np.float32))
+        tensor_set(ad.b[name], np.zeros((n_out, r), np.float32))
+    return ad
+
+
+def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
+    """Freeze the base (clear every weight's PARAM flag) and route the projections through
+    ``adapter``."""
+    for t in net.params.values():
+        t.flags &= ~FLAG_PARAM
+    net.projection = adapter.project
+
+
+def merged(weights: dict[str, np.ndarray], adapter: LoraAdapter) -> dict[str, np.ndarray]:
+    """``W + scale B A`` for the adapted weights (float64 product, rounded to float32); the
+    others as given (the same arrays)."""
+    out = dict(weights)
+    for name, (a, b) in adapter.arrays().items():
+        delta = adapter.scale(name) * (b.astype(np.float64) @ a.astype(np.float64))
+        out[name] = (weights[name].astype(np.float64) + delta).astype(np.float32)
+    return out
+
+
+def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama") -> None:
+    """Write llama.cpp's LoRA adapter GGUF (atomically)."""
+    with atomic_path(os.fspath(path)) as tmp:
+        writer = GGUFWriter(tmp, arch)
+        try:
+            writer.add_key_value("general.type", "adapter", GGUFValueType.STRING)
+            writer.add_key_value("adapter.type", "lora", GGUFValueType.STRING)
+            writer.add_key_value("adapter.lora.alpha", adapter.alpha, GGUFValueType.FLOAT32)
+            for name, (a, b) in adapter.arrays().items():
+                writer.add_tensor(name + ".lora_a", a)
+                writer.add_tensor(name + ".lora_b", b)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+
+
+def _string(fields: Mapping[str, Any], key: str, where: str) -> str:
+    field = fields.get(key)
+    if field is None or list(field.types) != [GGUFValueType.STRING]:
+        raise InvalidValueError(f"{where}: key {key} must be a string")
+    value: str = field.contents()
+    return value
+
+
+def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
+    """Read a llama.cpp LoRA GGUF made for ``net``'s shapes (F32 or F16 tensors).
+
+    Raises
+    ------
+    GgoptError
+        Not an adapter file, alpha not FLOAT32, a tensor for no weight of this model, a missing
+        half of a pair, shapes that do not fit the weight, another tensor type.
+    """
+    where = f"lora adapter {os.fspath(path)!r}"
+    reader = open_reader(os.fspath(path), where)
+    fields = dict(reader.fields)
+    for key, want in (("general.type", "adapter"), ("adapter.type", "lora"),
+                      ("general.architecture", "llama")):
+        got = _string(fields, key, where)
+        if got != want:
+            raise InvalidValueError(f"{where}: {key} is {got!r}, expected {want!r}")
+    alpha_field = reader.fields.get("adapter.lora.alpha")
+    if alpha_field is None or list(alpha_field.types) != [GGUFValueType.FLOAT32]:
+        raise DTypeError(f"{where}: adapter.lora.alpha must be a FLOAT32 (llama.cpp asserts)")
+    alpha = float(alpha_field.contents())
+    table = tensor_table(reader, where)
+    shapes_all = param_shapes(net.cfg)
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for tname, t in table.items():
+        base, _, half = tname.rpartition(".")
+        if half not in ("lora_a", "lora_b") or base not in shapes_all or \
+                len(shapes_all[base]) != 2:
+            raise ShapeError(f"{where}: tensor {tname!r} adapts no weight of this model")
+        qtype = GGMLQuantizationType(int(t.tensor_type))
+        if qtype not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            raise DTypeError(f"{where}: tensor {tname!r} has type {qtype.name}; expected F32 "
+                             f"or F16")
+        ne = [int(d) for d in t.shape]
+        arrays.setdefault(base, {})[half] = np.asarray(t.data, np.float32).reshape(ne[::-1])
+    shapes = {}
+    for base, pair in arrays.items():
+        if len(pair) != 2:
+            raise ShapeError(f"{where}: {base} has only its {next(iter(pair))}")
+        n_out, n_in = shapes_all[base]
+        a, b = pair["lora_a"], pair["lora_b"]
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != n_in or b.shape[0] != n_out or \
+                a.shape[0] != b.shape[1]:
+            raise ShapeError(f"{where}: {base}: lora_a ggml {list(a.shape[::-1])} and lora_b "
+                             f"{list(b.shape[::-1])} do not fit a [{n_in}, {n_out}] weight "
+                             f"(expected [{n_in}, r] and [r, {n_out}])")
+        shapes[base] = (a.shape, b.shape)
+    ad = _alloc(net, shapes, alpha)
+    for base, pair in arrays.items():
+        tensor_set(ad.a[base], np.ascontiguousarray(pair["lora_a"]))
+        tensor_set(ad.b[base], np.ascontiguousarray(pair["lora_b"]))
+    return ad

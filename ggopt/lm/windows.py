@@ -1,0 +1,103 @@
+"""Training windows of token ids, as llama.cpp's ``common_opt_dataset_init`` cuts a text.
+
+A text is tokenized with BOS as the model says (special tokens not parsed); window ``i`` holds
+tokens ``i*stride .. i*stride + n_ctx - 1`` and its labels are the same tokens shifted by one;
+``stride = n_ctx // 2`` and there are ``(n_tokens - n_ctx - 1) // stride`` windows (llama.cpp's
+count). A label of :data:`MASKED` takes no part in the loss (chat data, :mod:`.chat`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..models.llama.vocab import Tokenizer
+from ..opt import Dataset
+from ..types import I32
+
+__all__ = ["MASKED", "Windows", "text_windows", "tokenize_texts", "split_point", "to_dataset"]
+
+#: The label of a position whose prediction is not trained (as PyTorch's ``ignore_index``).
+MASKED = -100
+
+
+@dataclasses.dataclass
+class Windows:
+    """``tokens`` and ``labels``, both int32 ``(n, n_ctx)``; a label :data:`MASKED` is left
+    out of the loss."""
+
+    tokens: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.tokens.shape[1])
+
+    def n_trained(self) -> int:
+        """How many positions carry a label (the tokens the loss is over)."""
+        return int(np.count_nonzero(self.labels != MASKED))
+
+
+def tokenize_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
+    """The token ids of each text (BOS as the model says, special tokens not parsed, as
+    llama.cpp's ``common_tokenize(ctx, text, true)``), concatenated."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer.encode(text, add_special=True, parse_special=False))
+    return ids
+
+
+def text_windows(ids: Sequence[int], n_ctx: int) -> Windows:
+    """llama.cpp's windows of ``n_ctx`` tokens every ``n_ctx // 2``.
+
+    Raises
+    ------
+    ShapeError
+        ``n_ctx`` below 2, or fewer tokens than one window needs (llama.cpp underflows there).
+    """
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
+        raise ShapeError(f"text windows: the context must be an int >= 2, got {n_ctx!r}")
+    stride = n_ctx // 2
+    need = n_ctx + stride + 1
+    if len(ids) < need:
+        raise ShapeError(f"text windows: the text has {len(ids)} tokens; one window of "
+                         f"{n_ctx} tokens (every {stride}) needs at least {need}")
+    arr = np.asarray(ids, np.int32)
+    n = (len(arr) - n_ctx - 1) // stride
+    starts = np.arange(n)[:, None] * stride + np.arange(n_ctx)[None, :]
+    return Windows(arr[starts], arr[starts + 1])
+
+
+def split_point(n: int, val_split: float) -> int:
+    """How many of ``n`` windows train, the rest held out: llama.cpp's
+    ``ndata * (1.0f - val_split)`` in float32, truncated.
+
+    Raises
+    ------
+    ShapeError
+        ``val_split`` outside ``[0, 1)``, or no window left for training.
+    """
+    if not 0.0 <= val_split < 1.0:
+        raise ShapeError(f"val split: expected a fraction in [0, 1), got {val_split}")
+    ntrain = int(np.float32(n) * (np.float32(1.0) - np.float32(val_split)))
+    if ntrain < 1:
+        raise ShapeError(f"val split: {n} windows leave none for training at val split "
+                         f"{val_split}")
+    return ntrain
+
+
+def to_dataset(windows: Windows) -> Dataset:
+    """An :class:`~ggopt.opt.Dataset` of the windows: I32 tokens and I32 labels."""
+    n, n_ctx = windows.tokens.shape
+    ds = Dataset(I32, I32, n_ctx, n_ctx, n, 1)
+    ds.data.numpy()[...] = windows.tokens
+    labels = ds.labels
+    assert labels is not None  # made with ne_label = n_ctx
+    labels.numpy()[...] = windows.labels
+    return ds

@@ -1,0 +1,106 @@
+"""``python -m ggopt.examples.finetune`` on a tiny byte-vocabulary llama: full and LoRA runs,
+the adapter loaded back, bad input as errors (issue 23)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from ggopt.examples.finetune import main
+from ggopt.lm import lora
+from ggopt.models import llama
+from tests.support.llama_files import write
+
+CFG = llama.Config(n_ctx=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64)
+TEXT = ("GNU GENERAL PUBLIC LICENSE. Everyone is permitted to copy and distribute verbatim "
+        "copies of this license document, but changing it is not allowed. ") * 12
+
+
+@pytest.fixture
+def files(tmp_path):
+    model = tmp_path / "tiny.gguf"
+    write(model, CFG)
+    text = tmp_path / "data.txt"
+    text.write_text(TEXT)
+    return model, text
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_full_fine_tune(tmp_path, files, capsys):
+    model, text = files
+    out = tmp_path / "out.gguf"
+    rc, stdout, err = _run(capsys, "--model", model, "--out", out, "--text", text, "--ctx", 32,
+                           "--lr", 1e-3, "--epochs", 2, "--val-split", 0.1)
+    assert rc == 0, err
+    lines = stdout.splitlines()
+    assert lines[-2].startswith("trained ") and "tokens/s" in lines[-2]
+    assert lines[-1].startswith("peak memory")
+    assert sum(line.startswith("epoch") for line in lines) == 2
+    assert any(line.startswith("val before") for line in lines)
+    _, before, _ = llama.read_weights(model)
+    _, after, _ = llama.read_weights(out)
+    assert all(not np.array_equal(before[k], after[k]) for k in before)  # every weight trained
+
+
+def test_lora_adapter_out_and_back(tmp_path, files, capsys):
+    model, text = files
+    out, ad = tmp_path / "merged.gguf", tmp_path / "adapter.gguf"
+    rc, stdout, err = _run(capsys, "--model", model, "--out", out, "--adapter-out", ad,
+                           "--text", text, "--ctx", 32, "--lr", 1e-2, "--lora", 4,
+                           "--lora-targets", "attn_q,ffn_up")
+    assert rc == 0, err
+    assert "trainable parameters (base frozen)" in stdout
+    r = GGUFReader(ad)
+    assert len(r.tensors) == 2 * 2 * CFG.n_layer
+    _, base, _ = llama.read_weights(model)
+    _, merged, _ = llama.read_weights(out)
+    changed = sorted(k for k in base if not np.array_equal(base[k], merged[k]))
+    assert changed == sorted(f"blk.{i}.{t}.weight" for i in range(2)
+                             for t in ("attn_q", "ffn_up"))
+    net = llama.load(model).net
+    adapter = lora.load(ad, net)
+    again = lora.merged(llama.get_weights(net), adapter)
+    assert np.array_equal(again["blk.1.ffn_up.weight"], merged["blk.1.ffn_up.weight"])
+    # continue training the saved adapter
+    rc, stdout, err = _run(capsys, "--model", model, "--out", tmp_path / "m2.gguf",
+                           "--adapter", ad, "--adapter-out", tmp_path / "a2.gguf",
+                           "--text", text, "--ctx", 32, "--lr", 1e-2)
+    assert rc == 0, err
+    assert "4 adapted weights" in stdout
+
+
+def test_checkpoint_resume(tmp_path, files, capsys):
+    model, text = files
+    args = ["--model", model, "--text", text, "--ctx", 32, "--lr", 1e-3, "--val-split", 0.1]
+    rc, _, err = _run(capsys, *args, "--out", tmp_path / "a.gguf", "--epochs", 2)
+    assert rc == 0, err
+    ckpt = tmp_path / "state.gguf"
+    assert _run(capsys, *args, "--out", tmp_path / "b1.gguf", "--epochs", 1,
+                "--checkpoint", ckpt)[0] == 0
+    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--epochs", 2,
+                           "--checkpoint", ckpt, "--resume")
+    assert rc == 0, err
+    assert "resumed after epoch 1" in stdout
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
+def test_bad_input(tmp_path, files, capsys):
+    model, text = files
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "o.gguf", "--text", short,
+                      "--ctx", 32)
+    assert rc == 1 and "has 9 tokens" in err and "needs at least 49" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{oops\n")
+    rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "o.gguf", "--chat", bad)
+    assert rc == 1 and "not JSON" in err
+    rc, _, err = _run(capsys, "--model", model, "--out", model, "--text", text)
+    assert rc == 2 and "overwrite" in err
+    assert not (tmp_path / "o.gguf").exists()

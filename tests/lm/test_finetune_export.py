@@ -1,0 +1,86 @@
+"""Exporting a fine-tuned llama (issue 23): every key kept, --out-type, keep's original bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
+
+from ggopt.errors import InvalidValueError
+from ggopt.lm.export import export
+from ggopt.models import llama
+from tests.support.llama_files import write
+
+Q = GGMLQuantizationType
+CFG = llama.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=256)
+
+
+def _fields(path) -> dict[str, object]:
+    r = GGUFReader(path)
+    return {k: (list(f.types), f.contents()) for k, f in r.fields.items()
+            if not k.startswith("GGUF.") and k != "general.file_type"}
+
+
+@pytest.fixture
+def src(tmp_path):
+    path = tmp_path / "in.gguf"
+    types = {"blk.0.attn_q.weight": Q.Q8_0, "blk.1.ffn_up.weight": Q.Q4_1,
+             "blk.0.ffn_down.weight": Q.Q4_K, "blk.1.attn_k.weight": Q.F16}
+    write(path, CFG, types=types, key_overrides={"general.name": ("tiny", GGUFValueType.STRING)})
+    return path
+
+
+def _changed(path) -> dict[str, np.ndarray]:
+    _, w, _ = llama.read_weights(path)
+    w = dict(w)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.attn_norm.weight"):
+        w[name] = w[name] + np.float32(0.01)
+    return w
+
+
+@pytest.mark.parametrize("out_type, qtype, ftype", [
+    ("f32", Q.F32, LlamaFileType.ALL_F32), ("f16", Q.F16, LlamaFileType.MOSTLY_F16),
+    ("bf16", Q.BF16, LlamaFileType.MOSTLY_BF16), ("q8_0", Q.Q8_0, LlamaFileType.MOSTLY_Q8_0)])
+def test_out_types_keep_every_key(tmp_path, src, out_type, qtype, ftype):
+    w = _changed(src)
+    dst = tmp_path / "out.gguf"
+    export(src, dst, w, out_type)
+    assert _fields(dst) == _fields(src)
+    r = GGUFReader(dst)
+    assert int(r.fields["general.file_type"].contents()) == int(ftype)
+    for t in r.tensors:
+        want = Q.F32 if len(t.shape) == 1 else qtype
+        assert int(t.tensor_type) == int(want), t.name
+    _, back, _ = llama.read_weights(dst)
+    tol = {"f32": 0, "f16": 1e-3, "bf16": 1e-2, "q8_0": 2e-2}[out_type]
+    for k in w:
+        np.testing.assert_allclose(back[k], w[k], atol=tol * max(1.0, np.abs(w[k]).max()))
+    assert [t.name for t in r.tensors] == [t.name for t in GGUFReader(src).tensors]
+
+
+def test_keep_copies_unchanged_bytes_and_requantizes_changed(tmp_path, src):
+    w = _changed(src)
+    dst = tmp_path / "out.gguf"
+    rep = export(src, dst, w, "keep")
+    assert sorted(rep.requantized) == ["blk.0.attn_q.weight", "blk.1.attn_norm.weight"]
+    assert rep.as_f16 == ["blk.0.ffn_down.weight"]  # Q4_K: gguf has no quantizer
+    assert _fields(dst) == _fields(src)
+    a = {t.name: t for t in GGUFReader(src).tensors}
+    b = {t.name: t for t in GGUFReader(dst).tensors}
+    for name in a:
+        if name in rep.kept:
+            assert a[name].tensor_type == b[name].tensor_type
+            assert np.asarray(a[name].data).tobytes() == np.asarray(b[name].data).tobytes()
+    assert int(b["blk.0.attn_q.weight"].tensor_type) == int(Q.Q8_0)
+    assert int(b["blk.0.ffn_down.weight"].tensor_type) == int(Q.F16)
+    assert len(rep.kept) == len(a) - 3
+
+
+def test_bad_export(tmp_path, src):
+    w = _changed(src)
+    with pytest.raises(InvalidValueError, match="out-type"):
+        export(src, tmp_path / "o.gguf", w, "q4_k")
+    del w["blk.1.ffn_up.weight"]
+    with pytest.raises(InvalidValueError, match="ffn_up"):
+        export(src, tmp_path / "o.gguf", w, "f32")
+    assert not (tmp_path / "o.gguf").exists()
