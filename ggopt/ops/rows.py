@@ -6,7 +6,7 @@ Kernels: :mod:`ggopt._kernels._get_rows`; compilers: ``backend/*_ops/rows.py``.
 from __future__ import annotations
 
 from ..context import Context
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
 from ..types import F32, I32
 from ._base import (
@@ -29,7 +29,11 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ``a=[ne0, nrows, ne2, ne3]``, ``b=[n, ne2, ne3]`` gives ``[ne0, n, ne2, ne3]``.
     """
     check_ctx("get_rows", ctx)
-    check_f32("get_rows", a=a)
+    check_tensor("get_rows", "a", a)
+    if not a.type.is_quantized:  # a quantized a: its rows are dequantized (the embeddings)
+        check_f32("get_rows", a=a)
+    elif a.nb[0] != a.type.size:
+        raise ShapeError(f"ggml_get_rows: quantized a '{a.name}' must have whole rows of blocks")
     check_type("get_rows", "b", b, I32)
     if b.ne[3] != 1 or b.ne[1] != a.ne[2] or b.ne[2] != a.ne[3]:
         raise ShapeError(f"ggml_get_rows: indices {ne_str(b)} must be [n, a.ne2, a.ne3] for "
@@ -57,6 +61,9 @@ def get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 def _get_rows_back_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     a, b = node.src
     if sink.needs(0):
+        if a.type.is_quantized:
+            raise DTypeError(f"ggml_get_rows: a gradient cannot flow into the quantized tensor "
+                             f"'{a.name}' ({a.type.name}): quantized tensors are never trained")
         if not a.is_matrix():
             raise ShapeError("ggml_get_rows: gradients are supported for 2-D sources only")
         sink.add(0, get_rows_back(ctx, g, b, a))

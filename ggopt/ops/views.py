@@ -245,7 +245,22 @@ def cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     check_tensor("cpy", "b", b)
     if a.nelements() != b.nelements():
         raise ShapeError(f"ggml_cpy: a has {a.nelements()} elements, b has {b.nelements()}")
+    if (a.type.is_quantized or b.type.is_quantized) and a.type is not b.type:
+        _check_conversion(a, b)
     return ctx.new_view(b, b.ne, b.nb, 0, Op.CPY, (a, b))
+
+
+def _check_conversion(a: Tensor, b: Tensor) -> None:
+    """A cpy between a quantized type and F32 (ggml's dequantize / quantize): row for row,
+    the quantized side with whole rows of blocks, the F32 side contiguous."""
+    q, f = (a, b) if a.type.is_quantized else (b, a)
+    if f.type is not F32 or (a.type.is_quantized and b.type.is_quantized):
+        raise DTypeError(f"ggml_cpy: {a.type.name} -> {b.type.name}: a quantized tensor "
+                         "converts to or from F32 only")
+    if a.ne != b.ne or not f.is_contiguous() or q.nb[0] != q.type.size:
+        raise ShapeError(f"ggml_cpy: {a.type.name} -> {b.type.name} needs the same shape "
+                         f"(a {ne_str(a)}, b {ne_str(b)}), a contiguous F32 side and whole "
+                         "rows of blocks")
 
 
 @backward(Op.CONT)
