@@ -10,6 +10,7 @@ as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from .errors import DTypeError, ShapeError
 from .tensor import Tensor
 from .types import GGType, as_type, row_size
 
-__all__ = ["QUANTIZED_TYPES", "dequantize", "quantize", "tensor_from_blocks"]
+__all__ = ["QUANTIZED_TYPES", "Blocks", "dequantize", "quantize", "tensor_from_blocks"]
 
 #: the block types ggopt computes with
 QUANTIZED_TYPES = tuple(t for t in GGType if t.is_quantized)
@@ -98,6 +99,36 @@ def quantize(values: npt.ArrayLike, qtype: GGType | int,
 
     _quant.quantize(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
     return out
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A quantized array: its type and its raw blocks, uint8 of shape ``(..., row bytes)``
+    (what :func:`ggopt.io.gguf.load` returns for a quantized tensor and ``save`` takes).
+    The data is checked on creation (ShapeError / DTypeError)."""
+
+    type: GGType
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        t = _quant_type("Blocks", self.type)
+        object.__setattr__(self, "type", t)
+        if not isinstance(self.data, np.ndarray) or self.data.dtype != np.uint8:
+            raise DTypeError(f"Blocks: {t.name} data must be a uint8 array of raw blocks, got "
+                             f"{getattr(self.data, 'dtype', type(self.data).__name__)}")
+        if not 1 <= self.data.ndim <= 4 or self.data.shape[-1] % t.size:
+            raise ShapeError(f"Blocks: {t.name} data of shape {self.data.shape} is not 1-4 dims "
+                             f"of whole {t.size}-byte blocks per row (truncated?)")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The NumPy shape in elements: ``(..., ne0)``."""
+        d = self.data.shape
+        return d[:-1] + (d[-1] // self.type.size * self.type.blck_size,)
+
+    def dequantize(self, n_threads: int | None = None) -> np.ndarray:
+        """The float32 values (:func:`dequantize`)."""
+        return dequantize(self.data, self.type, n_threads=n_threads)
 
 
 def tensor_from_blocks(ctx: Context, qtype: GGType | int, ne: Sequence[int], data: Any,
