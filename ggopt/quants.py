@@ -78,7 +78,7 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
     out = np.empty(out_shape, dtype=np.float32)
     from ._kernels import _quant
 
-    _quant.dequantize(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
+    _quant.dequantize_rows(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
     return out
 
 
@@ -97,7 +97,7 @@ def quantize(values: npt.ArrayLike, qtype: GGType | int,
     out = np.empty(arr.shape[:-1] + (rb,), dtype=np.uint8)
     from ._kernels import _quant
 
-    _quant.quantize(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
+    _quant.quantize_rows(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
     return out
 
 

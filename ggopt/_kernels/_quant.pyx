@@ -60,28 +60,38 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
     return ne0 // QK
 
 
-def f16_bits(float x) -> int:
+cdef int _check_unit(str fn, str name, Py_ssize_t n, Py_ssize_t stride,
+                     Py_ssize_t itemsize) except -1:
+    """ShapeError unless a row of ``n`` items has a unit stride (rows may be spaced freely)."""
+    if n > 1 and stride != itemsize:
+        raise ShapeError(f"{fn}: {name} needs a unit stride along its rows, got a stride of "
+                         f"{stride} bytes")
+    return 0
+
+
+def _f16_bits(float x) -> int:
     """The F16 bits of ``x``, rounded to nearest even (the scales' conversion; for tests)."""
     return ggopt_f32_to_f16(x)
 
 
-def f16_value(unsigned short h) -> float:
+def _f16_value(unsigned short h) -> float:
     """The float32 value of the F16 bits ``h`` (for tests)."""
     return ggopt_f16_to_f32(h)
 
 
-def dequantize(const uint8_t[:, :, :, ::1] src not None, int qtype,
+def dequantize_rows(const uint8_t[:, :, :, :] src not None, int qtype,
                float[:, :, :, ::1] dst not None, int n_threads):
     """``dst`` = the float32 values of the blocks in ``src`` (ggml's dequantize_row_*).
 
     Parameters
     ----------
-    src : (n3, n2, n1, row bytes) uint8, unit stride in a row
+    src : (n3, n2, n1, row bytes) uint8, unit stride in a row (else ShapeError)
     qtype : ggml type code
     dst : (n3, n2, n1, ne0) float32, C-contiguous, overwritten
     """
-    cdef str fn = "dequantize"
+    cdef str fn = "dequantize_rows"
     check_n_threads(fn, n_threads)
+    _check_unit(fn, "src", src.shape[3], src.strides[3], 1)
     check_shape(fn, "dst's leading dims", dst.shape, 3, src.shape[0], src.shape[1], src.shape[2])
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, src.shape[3], dst.shape[3])
     cdef Py_ssize_t n2 = src.shape[1], n1 = src.shape[2], ne0 = dst.shape[3]
@@ -99,7 +109,7 @@ def dequantize(const uint8_t[:, :, :, ::1] src not None, int qtype,
                               db + r * ne0, nb)
 
 
-def quantize(const float[:, :, :, ::1] src not None, int qtype,
+def quantize_rows(const float[:, :, :, ::1] src not None, int qtype,
              uint8_t[:, :, :, ::1] dst not None, int n_threads):
     """``dst`` = the blocks of ``src`` (ggml's quantize_row_*_ref, bit for bit).
 
@@ -109,7 +119,7 @@ def quantize(const float[:, :, :, ::1] src not None, int qtype,
     qtype : ggml type code
     dst : (n3, n2, n1, row bytes) uint8, C-contiguous, overwritten
     """
-    cdef str fn = "quantize"
+    cdef str fn = "quantize_rows"
     check_n_threads(fn, n_threads)
     check_shape(fn, "dst's leading dims", dst.shape, 3, src.shape[0], src.shape[1], src.shape[2])
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, dst.shape[3], src.shape[3])
@@ -125,7 +135,7 @@ def quantize(const float[:, :, :, ::1] src not None, int qtype,
             ggopt_quant_row(qtype, sb + r * ne0, db + r * rb, nb)
 
 
-def get_rows(const uint8_t[:, :, :, ::1] a not None, int qtype,
+def get_quantized_rows(const uint8_t[:, :, :, :] a not None, int qtype,
              const int32_t[:, :, ::1] idx not None, float[:, :, :, ::1] dst not None,
              int n_threads):
     """Gather and dequantize rows: ``dst[i2, i1, i0, :] = deq(a[i2, i1, idx[i2, i1, i0]])``.
@@ -140,6 +150,7 @@ def get_rows(const uint8_t[:, :, :, ::1] a not None, int qtype,
     """
     cdef str fn = "get_rows (ggml_get_rows)"
     check_n_threads(fn, n_threads)
+    _check_unit(fn, "a", a.shape[3], a.strides[3], 1)
     check_shape(fn, "idx's leading dims", idx.shape, 2, a.shape[0], a.shape[1])
     check_shape(fn, "dst's leading dims", dst.shape, 3, a.shape[0], a.shape[1], idx.shape[2])
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, a.shape[3], dst.shape[3])
@@ -164,14 +175,18 @@ def get_rows(const uint8_t[:, :, :, ::1] a not None, int qtype,
                               db + r * ne0, nb)
 
 
-cdef int _check_ld(str fn, str name, Py_ssize_t ld) except -1:
-    if ld > 2147483647:
-        raise ShapeError(f"{fn}: {name}'s row stride {ld} does not fit BLAS's int")
+cdef int _check_ld(str fn, str name, Py_ssize_t rows, Py_ssize_t stride,
+                   Py_ssize_t cols) except -1:
+    """ShapeError unless a float32 matrix of ``rows`` rows of ``cols`` has a row stride BLAS
+    takes: whole floats, at least a row apart (no overlap), within an int."""
+    if rows > 1 and (stride % 4 or stride // 4 < cols or stride // 4 > 2147483647):
+        raise ShapeError(f"{fn}: {name}'s rows of {cols} floats are {stride} bytes apart; "
+                         "expected a multiple of 4 bytes, at least a row and below 2**31 floats")
     return 0
 
 
-def mul_mat(const uint8_t[:, ::1] w not None, int qtype, const float[:, ::1] x not None,
-            float[:, ::1] out not None, int n_threads):
+def mul_mat_quantized(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
+                      float[:, :] out not None, int n_threads):
     """``out = x @ deq(w).T``: ggml's mul_mat of a quantized ``w`` (M rows of K) with ``x``.
 
     Panels of 64 weight rows are dequantized into a per-thread scratch and multiplied on one
@@ -185,11 +200,14 @@ def mul_mat(const uint8_t[:, ::1] w not None, int qtype, const float[:, ::1] x n
     """
     cdef str fn = "mul_mat (quantized src0)"
     check_n_threads(fn, n_threads)
+    _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
+    _check_unit(fn, "x", x.shape[1], x.strides[1], 4)
+    _check_unit(fn, "out", out.shape[1], out.strides[1], 4)
     cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1]
     check_shape(fn, "out", out.shape, 2, N, M)
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
-    _check_ld(fn, "x", x.strides[0] // 4)
-    _check_ld(fn, "out", out.strides[0] // 4)
+    _check_ld(fn, "x", N, x.strides[0], K)
+    _check_ld(fn, "out", N, out.strides[0], M)
     cdef Py_ssize_t npanels = (M + PANEL_ROWS - 1) // PANEL_ROWS, p, i
     if N == 0 or M == 0:
         return
@@ -230,8 +248,8 @@ cdef void _mul_mat_panel(int qtype, const char *wb, Py_ssize_t ws, Py_ssize_t nb
                    out + r0, ldo)
 
 
-def out_prod(const uint8_t[:, ::1] w not None, int qtype, const float[:, ::1] g not None,
-             float[:, ::1] out not None, int n_threads):
+def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:, :] g not None,
+                       float[:, :] out not None, int n_threads):
     """``out = g @ deq(w)``: ggml's out_prod of a quantized ``w`` (M rows of K) with
     ``g`` (N, M) — the gradient of mul_mat(w, x) with respect to ``x``.
 
@@ -247,12 +265,15 @@ def out_prod(const uint8_t[:, ::1] w not None, int qtype, const float[:, ::1] g 
     """
     cdef str fn = "out_prod (quantized src0)"
     check_n_threads(fn, n_threads)
+    _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
+    _check_unit(fn, "g", g.shape[1], g.strides[1], 4)
+    _check_unit(fn, "out", out.shape[1], out.strides[1], 4)
     cdef Py_ssize_t M = w.shape[0], N = g.shape[0], K = out.shape[1]
     check_shape(fn, "g", g.shape, 2, N, M)
     check_shape(fn, "out", out.shape, 2, N, K)
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
-    _check_ld(fn, "g", g.strides[0] // 4)
-    _check_ld(fn, "out", out.strides[0] // 4)
+    _check_ld(fn, "g", N, g.strides[0], M)
+    _check_ld(fn, "out", N, out.strides[0], K)
     cdef Py_ssize_t npanels = (nb + PANEL_BLOCKS - 1) // PANEL_BLOCKS, p, i
     if N == 0 or K == 0:
         return

@@ -66,12 +66,6 @@ def _check_weight(fn: str, a: Tensor) -> None:
     check_f32(fn, a=a)
 
 
-def _no_grad_into_quantized(fn: str, t: Tensor) -> None:
-    if t.type.is_quantized:
-        raise DTypeError(f"ggml_{fn}: a gradient cannot flow into the quantized tensor "
-                         f"'{t.name}' ({t.type.name}): quantized tensors are never trained")
-
-
 def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
     """``t=[K, M, B2, B3]`` summed over the blocks that mul_mat's broadcast of ``a=[K, M, A2, A3]``
     maps to one slice of ``a`` (slice ``i`` of ``a`` serves slices ``i*r .. i*r + r-1``)."""
@@ -93,7 +87,6 @@ def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
 def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     a, b = node.src
     if sink.needs(0):
-        _no_grad_into_quantized("mul_mat", a)
         sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
     if sink.needs(1):  # with a quantized a: out_prod dequantizes panels, never all of a
         sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
@@ -105,7 +98,6 @@ def _out_prod_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> Non
     # of a) and dB = A G^T, i.e. (G A^T)^T = mul_mat(a, g) transposed when a is broadcast.
     a, b = node.src
     if sink.needs(0):
-        _no_grad_into_quantized("out_prod", a)
         sink.add(0, _sum_blocks(ctx, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b), a))
     if sink.needs(1):
         if a.type.is_quantized:

@@ -6,7 +6,7 @@ Kernels: :mod:`ggopt._kernels._get_rows`; compilers: ``backend/*_ops/rows.py``.
 from __future__ import annotations
 
 from ..context import Context
-from ..errors import DTypeError, ShapeError
+from ..errors import ShapeError
 from ..tensor import Op, Tensor
 from ..types import F32, I32
 from ._base import (
@@ -61,9 +61,6 @@ def get_rows_back(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
 def _get_rows_back_rule(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     a, b = node.src
     if sink.needs(0):
-        if a.type.is_quantized:
-            raise DTypeError(f"ggml_get_rows: a gradient cannot flow into the quantized tensor "
-                             f"'{a.name}' ({a.type.name}): quantized tensors are never trained")
         if not a.is_matrix():
             raise ShapeError("ggml_get_rows: gradients are supported for 2-D sources only")
         sink.add(0, get_rows_back(ctx, g, b, a))

@@ -37,7 +37,7 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
     slices = [(a[i3 // r3, i2 // r2], b[i3, i2], c[i3, i2])
               for i3 in range(b.shape[0]) for i2 in range(b.shape[1])]
-    kernel = _quant.mul_mat if node.op is Op.MUL_MAT else _quant.out_prod
+    kernel = _quant.mul_mat_quantized if node.op is Op.MUL_MAT else _quant.out_prod_quantized
     mul_mat = node.op is Op.MUL_MAT
 
     def step() -> None:
@@ -50,7 +50,7 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
 def get_rows_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     a, idx, d = mem(srcs[0]), mem(srcs[1])[0], mem(node)
     qtype = int(srcs[0].type)
-    return lambda: _quant.get_rows(a, qtype, np.ascontiguousarray(idx), d, be.n_threads)
+    return lambda: _quant.get_quantized_rows(a, qtype, np.ascontiguousarray(idx), d, be.n_threads)
 
 
 def convert_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
@@ -58,6 +58,6 @@ def convert_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     a, d = mem(srcs[0]), mem(node)
     if srcs[0].type.is_quantized:
         qtype = int(srcs[0].type)
-        return lambda: _quant.dequantize(a, qtype, d, be.n_threads)
+        return lambda: _quant.dequantize_rows(a, qtype, d, be.n_threads)
     qtype = int(node.type)
-    return lambda: _quant.quantize(a, qtype, d, be.n_threads)
+    return lambda: _quant.quantize_rows(a, qtype, d, be.n_threads)
