@@ -16,6 +16,7 @@ import ggopt._kernels._quant as _quant
 
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from ..blas import products_blas
 from ._base import Srcs
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def _rows_unit(a: np.ndarray) -> np.ndarray:
 def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     """MUL_MAT (``C = B @ deq(A).T``) or OUT_PROD (``R = B.T @ deq(A)``) of a quantized ``A``
     (NumPy order per 2-D slice)."""
+    products_blas()  # the sgemm the F32 products call (held at one thread while computing)
     a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
     qtype = int(srcs[0].type)
     r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
