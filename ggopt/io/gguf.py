@@ -157,8 +157,8 @@ def _tensor(path: str, name: object, array: object) -> np.ndarray | Blocks:
     dtype = arr.dtype.newbyteorder("=")
     if dtype not in _TENSOR_TYPES:
         raise DTypeError(
-            f"gguf_write_to_file {path!r}: tensor {name!r}: expected float32, float16, "
-            f"int32 or ggopt.quants.Blocks, got {arr.dtype}"
+            f"gguf_write_to_file {path!r}: tensor {name!r}: expected float32, float16 or "
+            f"int32, got {arr.dtype} (quantized blocks: pass a ggopt.quants.Blocks)"
         )
     if not 1 <= arr.ndim <= GGML_MAX_DIMS:
         raise ShapeError(
