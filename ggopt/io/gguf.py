@@ -248,10 +248,13 @@ def _read(path: str, blocks: bool) -> tuple[dict[str, object], dict[str, np.ndar
         dtype = _TENSOR_DTYPES.get(t.tensor_type)
         qtype = _QUANT_TYPES.get(int(t.tensor_type))
         if dtype is None and (qtype is None or not blocks):
-            also = f" or one of {', '.join(q.name for q in QUANTIZED_TYPES)}" if blocks else \
-                " (quantized tensors: ggopt.io.gguf.load_blocks)"
-            raise DTypeError(f"{where}: type: expected F32, F16, I32{also}, "
-                             f"got {t.tensor_type.name}")
+            if blocks:
+                want = f"F32, F16, I32 or {', '.join(q.name for q in QUANTIZED_TYPES)}"
+            else:
+                want = "F32, F16 or I32"
+            hint = " (read quantized tensors with ggopt.io.gguf.load_blocks)" \
+                if qtype is not None else ""
+            raise DTypeError(f"{where}: type: expected {want}, got {t.tensor_type.name}{hint}")
         if qtype is not None and int(t.shape[0]) % qtype.blck_size:
             raise ShapeError(f"{where}: ne0 = {int(t.shape[0])} is not a whole number of "
                              f"{qtype.blck_size}-element {qtype.name} blocks")
