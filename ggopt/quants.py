@@ -20,7 +20,7 @@ from .backend.buffer import Buffer
 from .backend.cpu import host_backend
 from .backend.cpu.threads import get_n_threads
 from .context import Context, check_whole_blocks, normalize_ne
-from .errors import DTypeError, ShapeError
+from .errors import DTypeError, ShapeError, StateError
 from .tensor import Tensor
 from .types import GGType, as_type, row_size
 
@@ -149,8 +149,8 @@ def tensor_from_blocks(ctx: Context, qtype: GGType | int, ne: Sequence[int], dat
     if arr.size != probe.nbytes():
         raise ShapeError(f"tensor_from_blocks: tensor '{name}' ({t_type.name}, ne={list(ne4)}) "
                          f"is {probe.nbytes()} bytes, the data {arr.size} (truncated?)")
-    if ctx.no_alloc is False:
-        raise ShapeError("tensor_from_blocks: the context must be no_alloc=True (its tensors "
+    if not ctx.no_alloc:
+        raise StateError("tensor_from_blocks: the context must be no_alloc=True (its tensors "
                          "would otherwise get memory of their own)")
     t = ctx.new_tensor(t_type, ne4)
     t.name = name

@@ -159,6 +159,8 @@ def test_refusals_before_anything_runs():
         ctx.new_tensor(GGType.Q4_0, (48, 2))
     with pytest.raises(ShapeError, match="'partial'.*multiple of its block size"):
         tensor_from_blocks(ctx, GGType.Q4_0, (40, 2), bytes(40), "partial")
+    with pytest.raises(ggopt.StateError, match="no_alloc=True"):
+        tensor_from_blocks(ggopt.Context(no_alloc=False), GGType.Q8_0, (64, 4), raw, "own")
     with pytest.raises(ShapeError, match="'cut'.*truncated"):
         tensor_from_blocks(ctx, GGType.Q8_0, (64, 4), raw.reshape(-1)[:-1], "cut")
     for op in (lambda: ggopt.add(ctx, w, w), lambda: ggopt.rms_norm(ctx, w, 1e-5),
@@ -200,3 +202,27 @@ def test_out_prod_of_a_quantized_weight_has_no_gradient_to_b():
     ggopt.build_forward_expand(gf, loss)
     with pytest.raises(DTypeError, match="quantized src1"):
         ggopt.build_backward_expand(ctx, gf, None)
+
+
+def test_a_tensor_over_read_only_bytes_is_not_copied_and_computes(tmp_path):
+    raw, w = _blocks(GGType.Q4_0, 8, 64, seed=9)
+    path = tmp_path / "blocks.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    x = _f32(3, 64, seed=10)
+    ctx = ggopt.Context()
+    wt = tensor_from_blocks(ctx, GGType.Q4_0, (64, 8), mapped, "mapped")
+    assert np.shares_memory(wt.numpy(), mapped) and not wt.numpy().flags.writeable
+    xt = ctx.new_tensor(F32, (64, 3))
+    ggopt.set_input(xt)
+    y = ggopt.mul_mat(ctx, wt, xt)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(ctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    cpu = gb.cpu_init(2)
+    gb.alloc_ctx_tensors(ctx, cpu)
+    gb.tensor_set(xt, x)
+    sched = gb.Scheduler([cpu])
+    sched.alloc_graph(gf)
+    sched.graph_compute(gf)
+    np.testing.assert_allclose(y.numpy(), x @ w.T, rtol=1e-5, atol=1e-4)
