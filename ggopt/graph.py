@@ -5,7 +5,8 @@ All walks are iterative, so graph depth is limited by memory, not by Python's re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
 
 from .context import Context
 from .errors import DTypeError, ShapeError, StateError
@@ -23,6 +24,7 @@ __all__ = [
     "build_forward_expand",
     "graph_dup",
     "build_backward_expand",
+    "graph_rollback",
     "graph_reset",
     "graph_get_grad",
     "graph_get_grad_acc",
@@ -213,6 +215,40 @@ class _Sink:
             self._set(src, sub(self.ctx, prev, t))
 
 
+@contextlib.contextmanager
+def graph_rollback(g: Graph, contexts: Iterable[Context | None],
+                   tensors: Iterable[Tensor | None]) -> Iterator[None]:
+    """Restore ``g``, the tensor lists of ``contexts`` and the flags and names of their tensors,
+    of ``g``'s tensors and of ``tensors`` and their ancestors, if the block raises."""
+    ctxs = [c for c in contexts if c is not None]
+    saved_graph = (list(g.nodes), list(g.leafs), set(g.visited), g.version,
+                   None if g.grads is None else dict(g.grads),
+                   None if g.grad_accs is None else dict(g.grad_accs))
+    saved_ctxs = [(c, len(c.tensors), c._mem_used) for c in ctxs]
+    marked: dict[Tensor, tuple[int, str]] = {}
+    stack = [t for t in tensors if t is not None]
+    for t in [*g.nodes, *g.leafs, *(t for c in ctxs for t in c.tensors)]:
+        marked[t] = (t.flags, t.name)
+    seen = set(stack)
+    while stack:  # the given tensors and everything they are computed from or view
+        t = stack.pop()
+        marked.setdefault(t, (t.flags, t.name))
+        for s in (*t.src, t.view_src):
+            if s is not None and s not in seen:
+                seen.add(s)
+                stack.append(s)
+    try:
+        yield
+    except BaseException:
+        g.nodes, g.leafs, g.visited, g.version, g.grads, g.grad_accs = saved_graph
+        for c, n, used in saved_ctxs:
+            del c.tensors[n:]
+            c._mem_used = used
+        for t, (flags, name) in marked.items():
+            t.flags, t.name = flags, name
+        raise
+
+
 def build_backward_expand(
     ctx: Context, g: Graph, grad_accs: Sequence[Tensor | None] | None = None
 ) -> None:
@@ -273,20 +309,8 @@ def build_backward_expand(
                              "no backward rule")
         needs_grad.add(node)
 
-    grads, accs = _slots(g)
-    snapshot = (list(g.nodes), list(g.leafs), set(g.visited), dict(grads), dict(accs),
-                len(ctx.tensors), {t: t.name for t in g.nodes + g.leafs}, g.version)
-    try:
+    with graph_rollback(g, [ctx], []):  # a backward rule refused: graph and context as they were
         _propagate(ctx, g, grad_accs, needs_grad, n_fwd)
-    except BaseException:
-        # a backward rule refused: leave the graph and the context as they were
-        g.nodes, g.leafs, g.visited, g.grads, g.grad_accs, n_ctx, names, g.version = snapshot
-        for t in ctx.tensors[n_ctx:]:
-            t.flags &= ~FLAG_COMPUTE
-        del ctx.tensors[n_ctx:]
-        for t, name in names.items():
-            t.name = name
-        raise
     g.version += 1
 
 

@@ -1,4 +1,11 @@
-"""Shared fixtures, and the hypothesis profiles of the property tests (tests/test_properties_*)."""
+"""Fixtures shared by every layer of the suite (``n_threads``, ``rng``, ``ctx``) and the
+hypothesis profiles of the property tests (tests/*/test_properties_*.py).
+
+The suite is one package per layer (tests/ops, tests/kernels, tests/backend, ...; see
+docs/architecture.md, "Tests"), so pytest imports each file by its dotted name
+(``tests.ops.test_rope``) with the repository root on ``sys.path``; helpers that several test
+modules share live in ``tests.support`` and no test module imports another.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +23,7 @@ except ImportError:  # the property tests skip themselves
 else:
     # "ci" (the default): few, fixed examples, so the default run stays fast and repeatable.
     # "fuzz": release checks, thousands of random examples per property, e.g.
-    # GGOPT_HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_properties_*.py
+    # GGOPT_HYPOTHESIS_PROFILE=fuzz python -m pytest tests/*/test_properties_*.py
     _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                           HealthCheck.data_too_large])
     settings.register_profile("ci", max_examples=25, derandomize=True, database=None,
@@ -37,3 +44,9 @@ def n_threads(request):
 def rng() -> np.random.Generator:
     """A NumPy generator with a fixed seed."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def ctx() -> ggopt.Context:
+    """A fresh context without memory (``no_alloc``), for tests of graph building and refusals."""
+    return ggopt.Context()

@@ -194,3 +194,138 @@ def test_op_families_do_not_import_each_other_in_a_cycle():
             if m not in seen:
                 seen.add(m)
                 todo += [n for n in graph.get(m, ()) if n in families]
+
+
+# --- no module reads another's private state --------------------------------------------------
+_GUARDED = {"OptContext": "opt/context.py", "Scheduler": "backend/sched.py",
+            "Dataset": "opt/dataset.py"}
+
+
+def _private_names(module: str, cls: str) -> set[str]:
+    """The ``_names`` of class ``cls``: set on ``self`` anywhere in its module, or defined in
+    its body (methods, properties, class attributes); dunders excluded."""
+    tree = ast.parse((ROOT / module).read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id == "self" and isinstance(node.ctx, ast.Store)):
+            names.add(node.attr)
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    for item in body.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            names.add(item.target.id)
+        elif isinstance(item, ast.Assign):
+            names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
+    """Rule: outside the module defining OptContext, Scheduler or Dataset, no attribute
+    access ``x._name`` where ``_name`` is one of that class's private names and ``x`` is
+    anything but ``self`` or ``cls`` (a mixin's own ``self._name`` is the class's code). The
+    check is by name, so it also refuses another object's attribute of the same private
+    name: rename one of them. Covers ggopt, bench and tools (white-box tests may look
+    inside)."""
+    private = {cls: _private_names(module, cls) for cls, module in _GUARDED.items()}
+    assert "_st" in private["OptContext"] and "_permutation" in private["Dataset"]
+    own = {ROOT / module: cls for cls, module in _GUARDED.items()}
+    files = [p for d in (ROOT, ROOT.parent / "bench", ROOT.parent / "tools") if d.exists()
+             for p in d.rglob("*.py")]
+    bad = []
+    for path in files:
+        names = set().union(*(n for cls, n in private.items() if own.get(path) != cls))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr in names
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls"))):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}")
+    assert not bad, bad
+
+
+# --- the test suite's own layout (docs/architecture.md, "Tests") ---------------------------
+
+REPO = ROOT.parent
+TESTS = REPO / "tests"
+TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed",
+               "support", "data"}
+#: bench/ modules allowed to import from tests/, each with its reason. bench_transformer times
+#: the transformer block of tests/support/llama_block.py until that block becomes a library
+#: graph; then this entry goes.
+BENCH_IMPORTS_FROM_TESTS = {("bench_transformer.py", "tests.support.llama_block")}
+
+
+def _module_imports(path: pathlib.Path) -> list[str]:
+    """The absolute names of the modules that ``path`` imports (relative imports resolved
+    against its package under the repository root)."""
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out += [mod] + [f"{mod}.{a.name}" for a in node.names]
+    return out
+
+
+def _test_module_names() -> set[str]:
+    """Every test module and conftest, by its dotted name and by its bare file name (how a
+    module on sys.path would import it)."""
+    names = set()
+    for p in TESTS.rglob("*.py"):
+        if p.name.startswith("test_") or p.name == "conftest.py":
+            names.add(".".join(p.relative_to(REPO).with_suffix("").parts))
+            names.add(p.stem)
+    return names
+
+
+def _imports_a_test_module(imports: list[str], test_modules: set[str]) -> list[str]:
+    return sorted({m for m in imports if m in test_modules})
+
+
+def test_no_test_module_imports_another():
+    # what tests share lives in tests/support; a test module is never a library
+    test_modules = _test_module_names()
+    bad = {str(p.relative_to(REPO)): found for p in sorted(TESTS.rglob("*.py"))
+           if (found := _imports_a_test_module(_module_imports(p), test_modules))}
+    assert not bad
+
+
+def test_the_import_check_sees_test_modules(tmp_path):
+    test_modules = {"tests.ops.test_rope", "test_rope", "tests.conftest", "conftest"}
+    imports = _module_imports(TESTS / "ops" / "test_rope.py")
+    assert not _imports_a_test_module(imports, test_modules)
+    assert _imports_a_test_module(["tests.ops.test_rope", "tests.support.helpers"],
+                                  test_modules) == ["tests.ops.test_rope"]
+    assert _imports_a_test_module(["test_rope.f32"], test_modules) == []
+    assert _imports_a_test_module(["test_rope"], test_modules) == ["test_rope"]
+
+
+def test_bench_imports_nothing_from_tests():
+    bare = {p.stem for p in TESTS.rglob("*.py")} - {"__init__"}
+    found = {}
+    for p in sorted((REPO / "bench").glob("*.py")):
+        allowed = {m for f, m in BENCH_IMPORTS_FROM_TESTS if f == p.name}
+        bad = [m for m in _module_imports(p) if m.split(".")[0] in bare | {"tests"}
+               and not any(m == a or m.startswith(a + ".") for a in allowed)]
+        if bad:
+            found[p.name] = bad
+    assert not found
+
+
+def test_tests_are_laid_out_by_layer():
+    # top level: the conftest and the whole-repository checks; every folder is a package, so
+    # that same-named files in two layers (ops/test_rope.py, kernels/test_rope.py) coexist
+    top = {p.name for p in TESTS.glob("*.py")}
+    assert top == {"__init__.py", "conftest.py", "test_architecture.py",
+                   "test_suite_hygiene.py", "test_no_crash_subprocess.py"}
+    dirs = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert dirs <= TEST_LAYERS
+    for d in dirs - {"data"}:
+        assert (TESTS / d / "__init__.py").is_file(), d
+    # one test file per op family, beside its kernel tests
+    for fam in FAMILIES:
+        assert (TESTS / "ops" / f"test_{fam}.py").is_file(), fam

@@ -33,7 +33,7 @@ cdef extern from *:
     /* Mark the loops that are worth more copies of their machine code, for AVX-512
        (x86-64-v4) and AVX2 (x86-64-v3): GCC builds all three and picks one when the module
        loads (an ifunc, so glibc on x86-64 only). Only the speed differs: setup.py compiles
-       with -ffp-contract=off, so no FMA changes a rounding (tests/test_kernels_no_fma.py), and
+       with -ffp-contract=off, so no FMA changes a rounding (tests/kernels/test_no_fma.py), and
        vectorized loops keep the order of every floating-point reduction of the source.
        Helpers called from such loops are GGOPT_ROW_INLINE: always inlined, so that they take
        the instruction set of their caller. */

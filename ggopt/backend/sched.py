@@ -12,7 +12,6 @@ when every step of the plan reads and writes only memory (no tensor object).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from collections.abc import Sequence
@@ -228,15 +227,22 @@ class Scheduler:
                     "call reset() and alloc_graph(g) again")
             self._compute()
 
-    def _compute(self) -> None:
+    def _compute(self, first: int = 0) -> None:
+        """Run the steps inside the compute scopes of backends ``first`` and on.
+
+        Plain nested ``with`` statements, not an ExitStack: once a scope's ``__enter__``
+        returns, its ``__exit__`` runs whatever interrupts the compute (an ExitStack's Python
+        code can be interrupted between entering a scope and registering its exit).
+        """
         assert self._current is not None
-        with contextlib.ExitStack() as scopes:
-            for b in self.backends:
-                scopes.enter_context(b.compute_scope())
-            for step in self._current.steps:
-                step()
-            for b in self.backends:
-                b.synchronize()
+        if first < len(self.backends):
+            with self.backends[first].compute_scope():
+                self._compute(first + 1)
+            return
+        for step in self._current.steps:
+            step()
+        for b in self.backends:
+            b.synchronize()
 
     def get_n_splits(self) -> int:
         """Number of backend runs in the allocated graph (ggml_backend_sched_get_n_splits)."""

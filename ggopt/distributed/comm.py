@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
-from ..errors import DTypeError, GgoptError, ShapeError, StateError
+from ..errors import DTypeError, GgoptError, InvalidValueError, ShapeError, StateError
 
 if TYPE_CHECKING:
     from .faults import Watchdog
@@ -80,7 +80,7 @@ class Communicator:
                 f"mpi_comm must be an mpi4py communicator, got {type(mpi_comm).__name__}"
             )
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
-            raise ShapeError(f"check_every must be an int >= 0, got {check_every!r}")
+            raise InvalidValueError(f"check_every must be an int >= 0, got {check_every!r}")
         self._mpi = MPI
         self._comm = mpi_comm
         self.check_every = check_every
@@ -140,7 +140,7 @@ class Communicator:
         while the others wait at the next step.
         """
         if not timeout > 0:
-            raise ShapeError(f"timeout must be > 0 seconds, got {timeout!r}")
+            raise InvalidValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if self._watchdog is None:
             from .faults import Watchdog
 

@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import graph as _graph
-from .. import ops
 from ..backend import Scheduler, tensor_get, tensor_set
 from ..backend.buffer import Buffer, align, buffer_of
 from ..context import Context
 from ..errors import DTypeError, ShapeError, StateError
+from ..opt.build import optimizer_steps
 from ..opt.enums import BuildType
 from ..tensor import Tensor
-from ..types import FLAG_PARAM
 from .comm import Communicator
 
 if TYPE_CHECKING:
@@ -70,14 +69,13 @@ class DataParallel:
         of the number of ranks.
         """
         c = self._ctx
-        spec, built, persist = c._spec, c._b, c._persist
-        assert built is not None and persist is not None  # set up after the first build
-        assert c._inputs is not None and c._outputs is not None
-        params = [n for n in built.gf.nodes if n.flags & FLAG_PARAM]
+        spec, state = c.spec, c.state()
+        assert state.built and c.inputs is not None and c.outputs is not None  # after a build
+        params = state.params
         self.comm.agree(_FN, "the optimization", {
             "parameters (name, type, ne)": [(p.name, p.type.name, tuple(p.ne)) for p in params],
-            "inputs ne": tuple(c._inputs.ne),
-            "outputs ne": tuple(c._outputs.ne),
+            "inputs ne": tuple(c.inputs.ne),
+            "outputs ne": tuple(c.outputs.ne),
             "loss_type": spec.loss_type.name,
             "build_type": spec.build_type.name,
             "optimizer": spec.optimizer.name,
@@ -94,8 +92,8 @@ class DataParallel:
             self.local_period = spec.opt_period // size
         for p in params:
             self._bcast_tensor(p)
-        if persist.param_accs:
-            self._span = self._accumulator_span(list(persist.param_accs.values()))
+        if state.param_accs:
+            self._span = self._accumulator_span(list(state.param_accs.values()))
         if spec.build_type is BuildType.OPT:
             self._build_step_graph()
         self.ready = True
@@ -129,20 +127,14 @@ class DataParallel:
     def _build_step_graph(self) -> None:
         """The optimizer steps alone, reading the (summed) accumulators as gradients."""
         c = self._ctx
-        persist = c._persist
-        assert persist is not None
-        step_params = persist.step_params(c._spec)
+        state = c.state()
+        assert state.persistent is not None  # the context is open
         ctx = Context()
         g = _graph.new_graph_custom(ctx, _graph.GRAPH_DEFAULT_SIZE, False)
-        for param, acc in reversed(list(persist.param_accs.items())):
-            if persist.moments:
-                m, v = persist.moments[param]
-                step = ops.opt_step_adamw(ctx, param, acc, m, v, step_params)
-            else:
-                step = ops.opt_step_sgd(ctx, param, acc, step_params)
-            _graph.build_forward_expand(g, ops.set_name(step, f"step for {param.name}"))
+        optimizer_steps(c.spec, state.persistent, dict(state.moments), ctx, g,
+                        list(reversed(list(state.param_accs.items()))))
         self._step_graph = g
-        self._step_sched = Scheduler(c._spec.sched.backends)
+        self._step_sched = Scheduler(c.spec.sched.backends)
         self._step_sched.alloc_graph(g)
 
     # --- every period -------------------------------------------------------------------------
@@ -176,19 +168,18 @@ class DataParallel:
     def check_consistency(self) -> None:
         """Collective: raise :class:`StateError` on every rank unless all ranks hold the same
         parameters, optimizer moments and step count (compared by a digest)."""
-        c = self._ctx
-        persist = c._persist
-        assert persist is not None
+        state = self._ctx.state()
+        iteration = state.counters.iteration
         h = hashlib.blake2b(digest_size=16)
-        h.update(str(c._iter).encode())
-        for param in persist.param_accs:
+        h.update(str(iteration).encode())
+        for param in state.param_accs:
             h.update(np.ascontiguousarray(tensor_get(param)).tobytes())
-            for moment in persist.moments.get(param, ()):
+            for moment in state.moments.get(param, ()):
                 h.update(np.ascontiguousarray(tensor_get(moment)).tobytes())
         digests = self.comm.allgather(h.hexdigest())
         differ = [r for r, d in enumerate(digests) if d != digests[0]]
         if differ:
             raise StateError(
                 f"ranks {differ} hold parameters or optimizer state different from rank 0's "
-                f"after optimizer step {c._iter} (data-parallel consistency check)"
+                f"after optimizer step {iteration} (data-parallel consistency check)"
             )

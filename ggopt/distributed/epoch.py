@@ -39,8 +39,8 @@ def _merge(target: Result, parts: list[list[Result]]) -> None:
         for part in rank_parts:
             pred = part._pred[0] if part._pred else None
             ncorrect = None if part._ncorrect < 0 else part._ncorrect
-            target._check_eval(part._loss_per_datapoint, part._opt_period, part._ndata)
-            target._add_eval(part._loss_per_datapoint, part._opt_period, part._ndata,
+            target._check_eval(part._loss_per_datapoint, part._opt_period, part.ndata)
+            target._add_eval(part._loss_per_datapoint, part._opt_period, part.ndata,
                              part._loss[0], pred, ncorrect)
 
 
@@ -55,17 +55,15 @@ def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple[Result | None, 
             f"logical batches of opt_period={period} physical batches when data-parallel "
             f"({_FN})"
         )
-    if opt_ctx._opt_i != 0:
+    if opt_ctx.state().counters.opt_i != 0:
         raise StateError(f"the context is inside an optimizer period; a data-parallel epoch "
                          f"starts at the beginning of one ({_FN})")
-    built = opt_ctx._b
-    assert built is not None  # static graphs are built at construction
     for result in results:
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"results must be Result or None, got {type(result).__name__} "
                              f"({_FN})")
         if result is not None:
-            result._check_eval(built.loss_per_datapoint, period, ndata_batch)
+            result._check_eval(opt_ctx.loss_per_datapoint, period, ndata_batch)
     return ndata_batch, ibatch_split, nbatches
 
 

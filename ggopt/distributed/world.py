@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import BackendUnavailableError, ShapeError
+from ..errors import BackendUnavailableError, InvalidValueError
 from .comm import Communicator
 from .faults import install_abort_on_error
 
@@ -47,8 +47,8 @@ def mpi_world(
         try:
             timeout = float(os.environ["GGOPT_DIST_TIMEOUT"])
         except ValueError:
-            raise ShapeError(f"GGOPT_DIST_TIMEOUT must be a number of seconds, got "
-                             f"{os.environ['GGOPT_DIST_TIMEOUT']!r}") from None
+            raise InvalidValueError(f"GGOPT_DIST_TIMEOUT must be a number of seconds, got "
+                                    f"{os.environ['GGOPT_DIST_TIMEOUT']!r}") from None
     if timeout is not None and comm.size > 1:
         comm.start_watchdog(timeout)
     return comm

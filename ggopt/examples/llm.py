@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -54,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     t = training.TrainParams()
     tr = sub.add_parser("train", help="train a model on text and save it as GGUF",
                         description="llama.cpp's training path: windows of --ctx bytes every "
-                                    "--stride bytes, 5%% held out, AdamW (--lr 3e-3 "
-                                    "by default here), a fresh graph per micro-batch.")
+                                    "--stride bytes, 5%% held out, AdamW (--lr "
+                                    f"{t.lr:g} by default here), a fresh graph per "
+                                    "micro-batch.")
     tr.add_argument("--text", nargs="+", metavar="FILE",
                     help="training text (any bytes); default: "
                          f"{len(data.DEFAULT_MODULES)} modules of Python's standard library")
@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"sequences per optimizer step (default {t.n_batch})")
     tr.add_argument("--ubatch", type=_positive,
                     help="sequences per micro-batch, dividing --batch (default: --batch)")
-    tr.add_argument("--wd", type=float, default=t.wd,
+    tr.add_argument("--wd", type=training_cli.unit_float32, default=t.wd,
                     help=f"AdamW weight decay (default {t.wd})")
     tr.add_argument("--epochs", type=_positive, default=1, help="epochs (default 1)")
     tr.add_argument("--static", action="store_true",
@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                          "example): 'auto' (default) when an MPI launcher started more than "
                          "one process, 'mpi' always, 'none' never; --ubatch defaults to "
                          "--batch / N there")
-    training_cli.add_training_args(tr)
-    tr.set_defaults(func=_train, lr=t.lr)  # from-scratch training wants more than ggml's 1e-3
+    # from-scratch training wants more than ggml's 1e-3
+    training_cli.add_training_args(tr, default_lr=t.lr)
+    tr.set_defaults(func=_train)
 
     ge = sub.add_parser("generate", help="sample text from a model")
     ge.add_argument("--model", required=True, metavar="FILE.gguf")
@@ -129,6 +130,10 @@ def _load(args: argparse.Namespace) -> model.LlamaModel:
 
 
 def _train(args: argparse.Namespace) -> int:
+    paths = args.text or data.default_corpus_paths()
+    training_cli.check_output_paths(
+        [("--out", args.out), ("--checkpoint", args.checkpoint), ("--plot", args.plot)],
+        [("--text", path) for path in paths])
     if args.plot:
         require_matplotlib()  # fail before training, not after
     comm = _world(args)
@@ -140,13 +145,9 @@ def _train(args: argparse.Namespace) -> int:
     tp = training.TrainParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch // nranks,
                               lr=args.lr, wd=args.wd, static=args.static)
     tp.check()
-    paths = args.text or data.default_corpus_paths()
     tokens = data.tokenize(data.read_corpus(paths))
     stride = args.stride or max(1, cfg.n_ctx // 2)
     dataset = data.make_dataset(tokens, cfg.n_ctx, stride, "llm train")
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    if not os.path.isdir(out_dir):
-        raise ShapeError(f"--out {args.out!r}: directory {out_dir!r} does not exist")
     h1 = data.unigram_entropy_bits(tokens)
     rank0 = comm is None or comm.rank == 0
     log = sys.stderr if rank0 else io.StringIO()
@@ -167,7 +168,8 @@ def _train(args: argparse.Namespace) -> int:
           file=log)
     t0 = time.perf_counter()
     history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr,
-                          checkpoint=args.checkpoint, resume=args.resume)
+                          checkpoint=args.checkpoint,
+                          resume=training_cli.resume_mode(args))
     seconds = time.perf_counter() - t0
     trainer.close()
     if not rank0:

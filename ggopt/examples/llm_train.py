@@ -10,11 +10,12 @@ optimizer step happens every ``opt_period = n_batch / n_ubatch`` micro-batches. 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import Literal, TextIO
 
 import numpy as np
 
@@ -23,7 +24,8 @@ import ggopt
 from .. import Tensor
 from ..backend import tensor_get, tensor_set
 from ..distributed import Communicator
-from ..errors import ShapeError
+from ..errors import InvalidValueError, ShapeError, StateError
+from ..io.paths import check_output_path
 from ..opt import (
     BuildType,
     Dataset,
@@ -37,7 +39,8 @@ from ..opt import (
     default_params,
     epoch_callback_progress_bar,
 )
-from ..opt.progress import time_us
+from ..opt._checks import check_float32
+from ..opt.training import Stats, run_batches, train_epochs
 from .llm_model import Inputs, LlamaModel, build_logits, make_inputs
 
 __all__ = ["TrainParams", "Timing", "Trainer", "split", "bits_per_byte", "evaluate"]
@@ -70,10 +73,10 @@ class TrainParams:
             raise ShapeError(f"llm train: the micro-batch ({self.n_ubatch} sequences) must "
                              f"divide the batch ({self.n_batch} sequences)")
         if not 0.0 <= self.val_split < 1.0:
-            raise ShapeError(f"llm train: val_split must be in [0, 1), got {self.val_split}")
-        if not (self.lr > 0 and 0 <= self.wd <= 1):
-            raise ShapeError(f"llm train: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
-                             f"{self.wd}")
+            raise InvalidValueError(f"llm train: val_split must be in [0, 1), got "
+                                    f"{self.val_split}")
+        check_float32(self.lr, "lr", "llm train", low=0.0, low_open=True)
+        check_float32(self.wd, "wd", "llm train", low=0.0, high=1.0)
 
 
 @dataclasses.dataclass
@@ -157,22 +160,29 @@ class Trainer:
         """``(training micro-batches, validation micro-batches)`` of ``dataset``."""
         return split(dataset.ndata, self.tp)
 
-    def microbatch(self, dataset: Dataset, ibatch: int, train: bool, result: Result) -> None:
+    def microbatch(self, dataset: Dataset, ibatch: int, train: bool,
+                   result: Result | None) -> None:
         """Train on (``train``) or evaluate micro-batch ``ibatch`` of ``dataset``'s current
         order, adding to ``result``; as :meth:`epoch` does for each of its micro-batches."""
+        self._step(self.opt_ctx, dataset, ibatch, train, result)
+
+    def _step(self, opt_ctx: OptContext, dataset: Dataset, ibatch: int, train: bool,
+              result: Result | None) -> None:
+        """The batch step (:data:`ggopt.opt.training.BatchStep`) of this model: a fresh
+        dynamic graph (unless static), alloc, tokens and one-hot labels, eval."""
         t0 = time.perf_counter()
         if not self.tp.static:
             ctx = ggopt.Context()
             logits = build_logits(ctx, self.model, self.inp)
             gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, True)
             ggopt.build_forward_expand(gf, logits)
-            self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, logits)
-        self.opt_ctx.alloc(train)
+            opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, logits)
+        opt_ctx.alloc(train)
         t1 = time.perf_counter()
         dataset.get_batch_host(self._tokens, self._labels, ibatch)
         tensor_set(self.inp.tokens, self._tokens.reshape(-1))
-        tensor_set(_labels_of(self.opt_ctx), _one_hot(self._labels, self.model.cfg.n_vocab))
-        self.opt_ctx.eval(result)
+        tensor_set(_labels_of(opt_ctx), _one_hot(self._labels, self.model.cfg.n_vocab))
+        opt_ctx.eval(result)
         if train:
             t2 = time.perf_counter()
             self.timing.n += 1
@@ -181,7 +191,8 @@ class Trainer:
 
     def epoch(self, dataset: Dataset, result_train: Result, result_val: Result,
               progress: TextIO | None = None, silent: bool = False) -> None:
-        """Shuffle the training windows, train on them, evaluate the validation windows.
+        """Shuffle the training windows, train on them, evaluate the validation windows
+        (:func:`ggopt.opt.training.run_batches` with this model's batch step).
 
         Data-parallel: rank ``r`` of ``N`` takes micro-batches ``k*P + r*P/N ...`` of
         optimizer step ``k`` (``P = opt_period``) and every ``N``-th validation micro-batch;
@@ -194,52 +205,49 @@ class Trainer:
         train_ids = [k * period + rank * local + j
                      for k in range(ntrain // period) for j in range(local)]
         val_ids = list(range(ntrain + rank, ntrain + nval, size))
-        silent = silent or rank != 0
-        for part, ids, result in ((True, train_ids, result_train),
-                                  (False, val_ids, result_val)):
-            t_start = time_us()
-            for i, ibatch in enumerate(ids):
-                self.microbatch(dataset, ibatch, part, result)
-                if not silent:
-                    epoch_callback_progress_bar(part, self.opt_ctx, dataset, result, i + 1,
-                                                len(ids), t_start, stream=progress)
+        callback = None if silent or rank != 0 else functools.partial(
+            epoch_callback_progress_bar, stream=progress)
+        run_batches(self.opt_ctx, dataset, train_ids, val_ids, result_train, result_val,
+                    callback, callback, step=self._step)
 
     def fit(self, dataset: Dataset, nepoch: int, silent: bool = False,
             stream: TextIO | None = None, checkpoint: str | os.PathLike[str] | None = None,
-            resume: bool = False) -> FitHistory:
-        """Epochs up to ``nepoch``; returns the per-epoch statistics (over all ranks), printing
-        one line per epoch. ``checkpoint``: save the whole training state there after every
-        epoch; ``resume``: load it first and continue after its epoch (bit for bit the same
-        weights as an uninterrupted run)."""
+            resume: bool | Literal["force"] = False) -> FitHistory:
+        """Epochs up to ``nepoch`` (:func:`ggopt.opt.training.train_epochs`); returns the
+        per-epoch statistics (over all ranks), printing one line per epoch. ``checkpoint``:
+        save the whole training state there after every epoch; ``resume``: load it first and
+        continue after its epoch (bit for bit the same weights as an uninterrupted run;
+        refused when the checkpoint's run had other data, batch sizes or split, unless
+        ``"force"``: then no longer bit-exact)."""
         if resume and checkpoint is None:
-            raise ShapeError("llm train: resuming needs a checkpoint file")
-        history = FitHistory()
+            raise StateError("llm train: resuming needs a checkpoint file")
+        if checkpoint is not None:
+            check_output_path(checkpoint, "llm train: checkpoint")
         comm = self.opt_ctx.comm
-        first = 1
-        if resume and checkpoint is not None:
-            first = self.opt_ctx.load_state(checkpoint, dataset, self.schedule) + 1
-            if first > nepoch:
-                raise ShapeError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} already "
-                                 f"holds {first - 1} epochs; ask for more than that")
-        for iepoch in range(first, nepoch + 1):
-            t0 = time.perf_counter()
-            self.schedule.epoch = iepoch - 1
-            train, val = Result(), Result()
-            self.epoch(dataset, train, val, progress=stream, silent=silent)
-            stats = gather_stats(comm, train), gather_stats(comm, val)
-            record(history, *stats, time.perf_counter() - t0)
+        run: dict[str, int | float | str] = {"batch": self.tp.n_batch,
+                                             "micro_batch": self.tp.n_ubatch,
+                                             "val_split": self.tp.val_split,
+                                             "data": dataset.digest()}
+
+        def run_epoch(iepoch: int, result_train: Result, result_val: Result) -> None:
+            self.epoch(dataset, result_train, result_val, progress=stream, silent=silent)
+
+        def report(iepoch: int, train: Stats, val: Stats) -> None:
             if not silent and self.rank == 0:
-                print(epoch_line(iepoch, *stats), file=stream, flush=True)
-            if checkpoint is not None:
-                self.opt_ctx.save_state(checkpoint, dataset, self.schedule, epoch=iepoch)
+                print(epoch_line(iepoch, train, val), file=stream, flush=True)
+
+        history = train_epochs(self.opt_ctx, dataset, nepoch, run_epoch,
+                               schedule=self.schedule, checkpoint=checkpoint, resume=resume,
+                               run=run, stats=functools.partial(gather_stats, comm),
+                               report=report)
+        if resume and checkpoint is not None and history.resumed_after >= nepoch:
+            raise InvalidValueError(f"llm train: the checkpoint {os.fspath(checkpoint)!r} "
+                                    f"already holds {history.resumed_after} epochs; ask for "
+                                    "more than that")
         return history
 
     def close(self) -> None:
         self.opt_ctx.close()
-
-
-#: (loss, loss uncertainty, accuracy, accuracy uncertainty), NaN when empty.
-Stats = tuple[float, float, float, float]
 
 
 def gather_stats(comm: Communicator | None, result: Result) -> Stats:
@@ -259,14 +267,6 @@ def gather_stats(comm: Communicator | None, result: Result) -> Stats:
     loss = sum(p[0] * p[1] for p in parts) / n
     acc = sum(p[2] * p[1] for p in parts) / n
     return loss, math.nan, acc, math.nan
-
-
-def record(history: FitHistory, train: Stats, val: Stats, seconds: float) -> None:
-    """Append one epoch's losses and accuracies."""
-    for prefix, stats in (("train", train), ("val", val)):
-        for name, value in zip(("loss", "loss_unc", "acc", "acc_unc"), stats, strict=True):
-            getattr(history, f"{prefix}_{name}").append(value)
-    history.seconds.append(seconds)
 
 
 def epoch_line(iepoch: int, train: Stats, val: Stats) -> str:

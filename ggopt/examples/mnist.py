@@ -167,6 +167,9 @@ def _world(args: argparse.Namespace) -> distributed.Communicator | None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    out = args.out or f"{_ARCHS[args.arch]}.gguf"
+    training_cli.check_output_paths(
+        [("--out", out), ("--checkpoint", args.checkpoint), ("--plot", args.plot)])
     if args.plot:
         require_matplotlib()  # fail before training, not after
     comm = _world(args)
@@ -175,7 +178,6 @@ def _train(args: argparse.Namespace) -> int:
         return _train_rank(args, comm, nbatch)
     sched = _setup(args)
     arch = _ARCHS[args.arch]
-    out = args.out or f"{arch}.gguf"
     nepoch = args.epochs or (FULL_EPOCHS if args.data else SUBSET_EPOCHS)
     mnist = data.load_mnist(args.data)
     print(f"main: {len(mnist.train_images)} training and {len(mnist.test_images)} test images "
@@ -215,7 +217,8 @@ def _fit(args: argparse.Namespace, m: model.MnistModel, ds_train: Dataset, nepoc
                                VAL_SPLIT)
     schedule = training_cli.make_schedule(args, nepoch, idata_split // model.NBATCH_LOGICAL)
     return model.train(m, ds_train, nepoch, val_split=VAL_SPLIT, comm=comm,
-                       get_opt_pars=schedule, checkpoint=args.checkpoint, resume=args.resume)
+                       get_opt_pars=schedule, checkpoint=args.checkpoint,
+                       resume=training_cli.resume_mode(args))
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -85,7 +85,7 @@ def _labels(path: str | os.PathLike[str]) -> np.ndarray:
             f"{raw.dtype} {raw.shape} (ggml's mnist_label_load)"
         )
     if raw.size and int(raw.max()) >= NCLASSES:
-        raise ShapeError(
+        raise InvalidValueError(
             f"MNIST labels {os.fspath(path)!r}: expected digits 0..{NCLASSES - 1}, got "
             f"{int(raw.max())} (ggml's mnist_label_load)"
         )

@@ -305,7 +305,7 @@ def train(
     stream: TextIO | None = None,
     get_opt_pars: Callable[[Any], OptimizerParams] = get_default_optimizer_params,
     checkpoint: str | os.PathLike[str] | None = None,
-    resume: bool = False,
+    resume: bool | Literal["force"] = False,
     comm: Communicator | None = None,
 ) -> FitHistory:
     """Train with cross-entropy and AdamW (ggml's ``mnist_model_train``).

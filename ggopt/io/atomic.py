@@ -11,6 +11,8 @@ import os
 import tempfile
 from collections.abc import Iterator
 
+from .paths import check_output_path
+
 __all__ = ["atomic_path"]
 
 
@@ -41,15 +43,19 @@ def _fsync(path: str, directory: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike[str], what: str = "output file") -> Iterator[str]:
     """Yield a temporary path to write instead of ``path``; on success it replaces ``path``.
+
+    ``path`` is first checked by :func:`~ggopt.io.paths.check_output_path` (an
+    InvalidValueError starting with ``what`` for an empty path, a directory, a missing or
+    read-only directory), so no writer fails with a raw OSError about a temporary file.
 
     On leaving the block without an exception the temporary file is flushed to disk (fsync),
     given the permissions a plain ``open(path, "w")`` would give (an existing file keeps its
     own), and renamed over ``path``. On an exception it is deleted and ``path`` is untouched.
     A symbolic link at ``path`` is followed: its target is replaced.
     """
-    final = os.path.realpath(os.fspath(path))
+    final = check_output_path(path, what)
     directory = os.path.dirname(final)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(final)}.",
                                suffix=".tmp")

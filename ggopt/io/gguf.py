@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
-from ..errors import DTypeError, GgoptError, ShapeError
+from ..errors import DTypeError, GgoptError, InvalidValueError, ShapeError
 from ..quants import QUANTIZED_TYPES, Blocks
 from ..types import GGML_MAX_DIMS
 from .atomic import atomic_path
@@ -103,21 +103,21 @@ def _check_utf8(where: str, what: str, text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ShapeError(f"{where}: {what}: expected text that UTF-8 can encode, got {text!r} "
-                         f"({exc.reason} at index {exc.start})") from None
+        raise InvalidValueError(f"{where}: {what}: expected text that UTF-8 can encode, got "
+                                f"{text!r} ({exc.reason} at index {exc.start})") from None
 
 
 def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, Any]:
     """Check one metadata entry; return (value to write, GGUF type, array element type)."""
     where = f"gguf_write_to_file {path!r}: metadata key {key!r}"
     if not isinstance(key, str) or not key:
-        raise ShapeError(f"{where}: expected a non-empty str key, got {key!r}")
+        raise InvalidValueError(f"{where}: expected a non-empty str key, got {key!r}")
     _check_utf8(where, "key", key)
     for item in value if isinstance(value, (list, tuple)) else (value,):
         if isinstance(item, str):
             _check_utf8(where, "value", item)
     if key.startswith(_READER_KEYS) or key == _ALIGNMENT_KEY:
-        raise ShapeError(
+        raise InvalidValueError(
             f"{where}: expected a key the writer does not manage, got a reserved key "
             f"(keys starting with {_READER_KEYS!r} and {_ALIGNMENT_KEY!r} are reserved)"
         )
@@ -128,8 +128,8 @@ def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, A
             raise DTypeError(f"{where}: expected {kinds} (int within int64), got {value!r}")
         return typed[1], typed[0], None
     if not value:
-        raise ShapeError(f"{where}: expected a non-empty list (the gguf writer cannot "
-                         f"store empty arrays), got {value!r}")
+        raise InvalidValueError(f"{where}: expected a non-empty list (the gguf writer cannot "
+                                f"store empty arrays), got {value!r}")
     typed_items = [_scalar_type(v) for v in value]
     types = {t[0] if t else None for t in typed_items}
     if types == {GGUFValueType.INT32, GGUFValueType.INT64}:
@@ -144,7 +144,7 @@ def _tensor(path: str, name: object, array: object) -> np.ndarray | Blocks:
     if isinstance(name, str):
         _check_utf8(f"gguf_write_to_file {path!r}", "tensor name", name)
     if not isinstance(name, str) or not name or len(name.encode()) >= _MAX_NAME:
-        raise ShapeError(
+        raise InvalidValueError(
             f"gguf_write_to_file {path!r}: tensor name: expected a non-empty str of at most "
             f"{_MAX_NAME - 1} UTF-8 bytes (GGML_MAX_NAME), got {name!r}"
         )
@@ -196,7 +196,7 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray | Blocks
         )
     arch = metadata.get(_ARCH_KEY)
     if not isinstance(arch, str) or not arch:
-        raise ShapeError(
+        raise InvalidValueError(
             f"gguf_write_to_file {spath!r}: metadata[{_ARCH_KEY!r}]: expected a non-empty "
             f"str, got {arch!r}"
         )

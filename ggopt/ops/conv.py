@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ..context import Context, normalize_ne
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..tensor import Op, Tensor
 from ..types import F32, GGType
 from ._base import (
@@ -114,7 +114,8 @@ def im2col(ctx: Context, a: Tensor, b: Tensor, s0: int, s1: int, p0: int, p1: in
     check_tensor("im2col", "a", a)
     check_f32("im2col", b=b)
     if not is_2D:
-        raise ShapeError("ggml_im2col: only 2-D im2col (is_2D=True) is supported by ggopt")
+        raise InvalidValueError("ggml_im2col: only 2-D im2col (is_2D=True) is supported by "
+                                "ggopt")
     if dst_type != F32:
         raise DTypeError("ggml_im2col: ggopt computes convolutions in float32; dst_type must "
                          "be F32")
@@ -138,7 +139,7 @@ def im2col_back(ctx: Context, a: Tensor, b: Tensor, ne: tuple[int, ...], s0: int
     check_f32("im2col_back", a=a)
     check_tensor("im2col_back", "b", b)
     if not is_2D:
-        raise ShapeError("ggml_im2col_back: only 2-D im2col is supported by ggopt")
+        raise InvalidValueError("ggml_im2col_back: only 2-D im2col is supported by ggopt")
     ne = normalize_ne(ne)
     p = Im2ColParams(*_conv_params("im2col_back", s0=s0, s1=s1, p0=p0, p1=p1, d0=d0, d1=d1))
     KW, KH = _conv_params("im2col_back", kw=b.ne[0], kh=b.ne[1])

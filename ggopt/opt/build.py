@@ -17,12 +17,13 @@ from .. import graph as _graph
 from .. import ops
 from ..backend import Scheduler, alloc_ctx_tensors, tensor_fill
 from ..context import Context
-from ..errors import ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, FLAG_LOSS, FLAG_PARAM
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
+from .params import OptParams
 
-__all__ = ["Spec", "Persistent", "build"]
+__all__ = ["Spec", "Persistent", "build", "check_graph_args", "optimizer_steps"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,44 @@ class Spec:
     optimizer: OptimizerType
     opt_period: int
     static_graphs: bool
+
+    @classmethod
+    def of(cls, params: OptParams, fn: str) -> Spec:
+        """The checked spec of ``params`` (raises DTypeError, InvalidValueError, StateError)."""
+        sched = params.backend_sched
+        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
+                     "__enter__"):
+            if not hasattr(sched, attr):
+                raise DTypeError(
+                    f"backend_sched must be a ggopt.backend.Scheduler, got "
+                    f"{type(sched).__name__} ({fn})"
+                )
+        loss_type = LossType.coerce(params.loss_type, fn)
+        build_type = BuildType.coerce(params.build_type, fn)
+        optimizer = OptimizerType.coerce(params.optimizer, fn)
+        opt_period = params.opt_period
+        if isinstance(opt_period, bool) or not isinstance(opt_period, (int, np.integer)):
+            raise DTypeError(f"opt_period must be an int, got {opt_period!r} ({fn})")
+        if opt_period < 1:
+            raise InvalidValueError(f"opt_period must be >= 1, got {opt_period} ({fn})")
+        if not callable(params.get_opt_pars):
+            raise DTypeError(f"get_opt_pars must be callable ({fn})")
+        given = [x is not None for x in (params.ctx_compute, params.inputs, params.outputs)]
+        if any(given) and not all(given):
+            raise StateError(
+                "ctx_compute, inputs and outputs must all be set (static graphs) or all be "
+                f"None (dynamic graphs, see prepare_alloc) ({fn})"
+            )
+        return cls(sched, loss_type, build_type, optimizer, int(opt_period), all(given))
+
+
+def check_graph_args(ctx_compute: object, inputs: object, outputs: object, fn: str) -> None:
+    """Raise unless a compute context and two tensors are given (static or prepared graphs)."""
+    if not isinstance(ctx_compute, Context):
+        raise DTypeError(f"ctx_compute must be a Context, got {type(ctx_compute).__name__} ({fn})")
+    for name, t in (("inputs", inputs), ("outputs", outputs)):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"{name} must be a Tensor, got {type(t).__name__} ({fn})")
 
 
 @dataclasses.dataclass
@@ -236,19 +275,27 @@ def _build_opt(spec: Spec, persist: Persistent, moments: dict[Tensor, tuple[Tens
                ctx_compute: Context, gf: _graph.Graph, gb_grad: _graph.Graph) -> _graph.Graph:
     """``gb_grad`` plus one optimizer step per parameter, in reverse forward order."""
     gb_opt = _graph.graph_dup(ctx_compute, gb_grad, True)
+    grads = [(node, grad) for node in reversed(gf.nodes) if node.flags & FLAG_PARAM
+             if (grad := _graph.graph_get_grad(gb_opt, node)) is not None]
+    optimizer_steps(spec, persist, moments, ctx_compute, gb_opt, grads)
+    return gb_opt
+
+
+def optimizer_steps(spec: Spec, persist: Persistent,
+                    moments: dict[Tensor, tuple[Tensor, Tensor]], ctx: Context,
+                    graph: _graph.Graph, grads: list[tuple[Tensor, Tensor]]) -> None:
+    """Add the optimizer step of each ``(parameter, gradient)`` to ``graph``, in that order.
+
+    The one builder of optimizer steps: :func:`build`'s ``gb_opt`` (gradients from the
+    backward pass) and the data-parallel step graph (gradients: the summed accumulators).
+    """
     step_params = persist.step_params(spec)
     name = optimizer_name(spec.optimizer)
-    for node in reversed(gf.nodes):
-        if not node.flags & FLAG_PARAM:
-            continue
-        grad = _graph.graph_get_grad(gb_opt, node)
-        if grad is None:
-            continue
+    for node, grad in grads:
         if spec.optimizer is OptimizerType.ADAMW:
             m, v = moments[node]
-            step = ops.opt_step_adamw(ctx_compute, node, grad, m, v, step_params)
+            step = ops.opt_step_adamw(ctx, node, grad, m, v, step_params)
         else:
-            step = ops.opt_step_sgd(ctx_compute, node, grad, step_params)
+            step = ops.opt_step_sgd(ctx, node, grad, step_params)
         ops.set_name(step, f"{name} step for {node.name}")
-        _graph.build_forward_expand(gb_opt, step)
-    return gb_opt
+        _graph.build_forward_expand(graph, step)

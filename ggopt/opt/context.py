@@ -19,9 +19,11 @@ Deliberate differences from ggml (ggml-opt-spec §2.8):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
@@ -29,20 +31,24 @@ import numpy as np
 from .. import graph as _graph
 from ..backend import tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, GgoptError, InvalidValueError, StateError
+from ..errors import DTypeError, GgoptError, StateError
+from ..graph import graph_rollback
+from ..io.staging import Staging
 from ..tensor import Tensor
-from .build import Persistent, Spec, _Build, build
+from ..types import FLAG_PARAM
+from .build import Spec, _Build, build, check_graph_args
 from .checkpoint import Checkpointing
-from .enums import BuildType, LossType, OptimizerType, optimizer_name
+from .context_views import ContextViews
+from .enums import BuildType, LossType, optimizer_name
 from .params import OptParams, optimizer_step_values
 from .result import Result
 from .rng import Mt19937
-from .rollback import graph_rollback
+from .schedule import Schedule
+from .state import Counters, OptState, Snapshot, StateView
 
 if TYPE_CHECKING:
     from ..distributed import Communicator
     from ..distributed.data_parallel import DataParallel
-    from .checkpoint import PendingState
 
 __all__ = ["OptContext"]
 
@@ -54,13 +60,13 @@ def _locked(method: _M) -> _M:
 
     @functools.wraps(method)
     def wrapper(self: OptContext, *args: Any, **kwargs: Any) -> Any:
-        with self._spec.sched, self._lock:
+        with self.locked():
             return method(self, *args, **kwargs)
 
     return cast(_M, wrapper)
 
 
-class OptContext(Checkpointing):
+class OptContext(Checkpointing, ContextViews):
     """State of an optimization: graphs, gradient accumulators, optimizer moments, counters.
 
     Parameters
@@ -104,43 +110,19 @@ class OptContext(Checkpointing):
             return
         comm.run_all("ggml_opt_init", lambda: self._init(params))
         self._dp = DataParallel(self, comm)
-        if self._persist is not None and self._persist.allocated:
+        if self._st.built:
             comm.run_all("ggml_opt_init", self._dp.setup)
 
     def _init(self, params: OptParams) -> None:
         fn = "ggml_opt_init"
         if not isinstance(params, OptParams):
             raise DTypeError(f"params must be an OptParams, got {type(params).__name__} ({fn})")
-        sched = params.backend_sched
-        for attr in ("backends", "reset", "alloc_graph", "graph_compute", "allocated_graph",
-                     "__enter__"):
-            if not hasattr(sched, attr):
-                raise DTypeError(
-                    f"backend_sched must be a ggopt.backend.Scheduler, got "
-                    f"{type(sched).__name__} ({fn})"
-                )
-        loss_type = LossType.coerce(params.loss_type, fn)
-        build_type = BuildType.coerce(params.build_type, fn)
-        optimizer = OptimizerType.coerce(params.optimizer, fn)
-        opt_period = params.opt_period
-        if isinstance(opt_period, bool) or not isinstance(opt_period, (int, np.integer)):
-            raise DTypeError(f"opt_period must be an int, got {opt_period!r} ({fn})")
-        if opt_period < 1:
-            raise InvalidValueError(f"opt_period must be >= 1, got {opt_period} ({fn})")
-        if not callable(params.get_opt_pars):
-            raise DTypeError(f"get_opt_pars must be callable ({fn})")
-        given = [x is not None for x in (params.ctx_compute, params.inputs, params.outputs)]
-        if any(given) and not all(given):
-            raise StateError(
-                "ctx_compute, inputs and outputs must all be set (static graphs) or all be "
-                f"None (dynamic graphs, see prepare_alloc) ({fn})"
-            )
         rng = Mt19937(params.rng_seed)
-
-        self._spec = Spec(sched, loss_type, build_type, optimizer, int(opt_period), all(given))
+        self._spec = spec = Spec.of(params, fn)
+        build_type = spec.build_type
         self._get_opt_pars: Callable[[Any], Any] = params.get_opt_pars
         self._get_opt_pars_ud = params.get_opt_pars_ud
-        self._rng = rng
+        self._st = OptState(rng)  # accumulators, moments, counters, generator, pending load
         self._closed = False
         self._lock = threading.RLock()
         self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
@@ -152,19 +134,15 @@ class OptContext(Checkpointing):
         self._next_gf: _graph.Graph | None = None  # dynamic graphs: from prepare_alloc
         self._b: _Build | None = None  # the graphs and loss tensors of the last build
         self._acc_by_node: dict[Tensor, Tensor] | None = None
-        self._persist: Persistent | None = Persistent()  # made by the first build needing them
 
         # The state machine.
         self._build_type = build_type  # of the allocated graph
         self._allocated_graph: _graph.Graph | None = None
         self._eval_ready = False
-        self._iter = 1
-        self._opt_i = 0
-        self._period_complete = False
-        self._pending_state: PendingState | None = None  # loaded before the first dynamic build
 
         if self._spec.static_graphs:
-            self._check_static_args(params.ctx_compute, params.inputs, params.outputs, fn)
+            check_graph_args(params.ctx_compute, params.inputs, params.outputs, fn)
+            assert params.ctx_compute is not None and params.outputs is not None  # just checked
             gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
             with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
                 _graph.build_forward_expand(gf, params.outputs)
@@ -175,20 +153,10 @@ class OptContext(Checkpointing):
         if self._closed:
             raise StateError(f"the optimization context is closed ({fn})")
 
-    @staticmethod
-    def _check_static_args(ctx_compute: object, inputs: object, outputs: object, fn: str) -> None:
-        if not isinstance(ctx_compute, Context):
-            raise DTypeError(
-                f"ctx_compute must be a Context, got {type(ctx_compute).__name__} ({fn})"
-            )
-        for name, t in (("inputs", inputs), ("outputs", outputs)):
-            if not isinstance(t, Tensor):
-                raise DTypeError(f"{name} must be a Tensor, got {type(t).__name__} ({fn})")
-
     def _build(self, gf: _graph.Graph, build_type: BuildType) -> None:
-        assert self._persist is not None and self._ctx_compute is not None
+        assert self._st.persist is not None and self._ctx_compute is not None
         assert self._inputs is not None and self._outputs is not None
-        b = build(self._spec, self._persist, self._ctx_compute, gf, self._inputs, self._outputs,
+        b = build(self._spec, self._st.persist, self._ctx_compute, gf, self._inputs, self._outputs,
                   build_type)
         self._b = b
         if b.acc_by_node is not None:
@@ -212,9 +180,10 @@ class OptContext(Checkpointing):
             raise StateError(f"prepare_alloc is for dynamic graphs; this context is static ({fn})")
         if self._eval_ready:
             raise StateError(f"a graph is allocated and waiting for eval; call eval first ({fn})")
-        self._check_static_args(ctx_compute, inputs, outputs, fn)
+        check_graph_args(ctx_compute, inputs, outputs, fn)
         if not isinstance(gf, _graph.Graph):
             raise DTypeError(f"gf must be a Graph, got {type(gf).__name__} ({fn})")
+        self._st.check_pending(self._spec, self._graph_params(gf))
         self._ctx_compute, self._next_gf = ctx_compute, gf
         self._inputs, self._outputs = inputs, outputs
 
@@ -250,26 +219,27 @@ class OptContext(Checkpointing):
             raise StateError(
                 f"dynamic graphs: call prepare_alloc with a new forward graph before alloc ({fn})"
             )
-        if self._pending_state is not None:
-            self._pending_state.begin(self)
+        st = self._st
+        if st.pending is not None:
+            assert self._next_gf is not None  # pending loads are for unbuilt dynamic contexts
+            st.check_pending(spec, self._graph_params(self._next_gf))
+            st.begin_pending()
         if not backward:
             build_type = BuildType.FORWARD
-        elif spec.build_type is BuildType.OPT and (self._opt_i + 1) % self._period == 0:
+        elif spec.build_type is BuildType.OPT and (st.counters.opt_i + 1) % self._period == 0:
             build_type = BuildType.OPT
         else:
             build_type = BuildType.GRAD
 
         if not spec.static_graphs:
-            assert self._next_gf is not None and self._persist is not None
-            with graph_rollback(self._next_gf, [self._ctx_compute, self._persist.ctx_static],
+            assert self._next_gf is not None and st.persist is not None
+            with graph_rollback(self._next_gf, [self._ctx_compute, st.persist.ctx_static],
                                 [self._inputs, self._outputs]):
                 self._build(self._next_gf, build_type)
-            if self._pending_state is not None:
-                self._pending_state.finish(self)
-                self._pending_state = None
+            st.finish_pending(self._built_params())
             if self._dp is not None and not self._dp.ready:
                 self._dp.comm.run_all(fn, self._dp.setup)
-        assert self._b is not None and self._persist is not None
+        assert self._b is not None and st.persist is not None
         # data-parallel: the step runs in eval, after the accumulators are summed
         graph = self._b.graph(build_type if self._dp is None or build_type is not BuildType.OPT
                               else BuildType.GRAD)
@@ -278,17 +248,23 @@ class OptContext(Checkpointing):
             spec.sched.reset()
             spec.sched.alloc_graph(graph)
             self._allocated_graph = graph
-        if self._period_complete and self._persist.param_accs:
-            self._persist.reset_grads(momenta=False)
-        self._period_complete = False
+        if st.counters.period_complete and st.persist.param_accs:
+            st.persist.reset_grads(momenta=False)
+        st.counters = dataclasses.replace(st.counters, period_complete=False)
         self._build_type = build_type
         self._eval_ready = True
         self._alloc_thread = threading.get_ident()
         self._eval_failed = False
 
+    def abandon(self) -> None:
+        """Drop an alloc that waits for its eval (after an interrupted eval; no-op without
+        one); dynamic graphs also drop their graphs, which hold the loss now: prepare_alloc
+        comes next. The training loops call it when an epoch is cut short."""
+        with self.locked():
+            if self._eval_ready:
+                self._abandon()
+
     def _abandon(self) -> None:
-        """Drop an alloc that waits for its eval (after an interrupted eval); dynamic graphs
-        also drop their graphs, which hold the loss now: prepare_alloc comes next."""
         self._eval_ready = False
         self._alloc_thread = None
         self._eval_failed = False
@@ -313,7 +289,7 @@ class OptContext(Checkpointing):
                              f"pair belongs to one thread ({fn})")
         if result is not None and not isinstance(result, Result):
             raise DTypeError(f"result must be a Result or None, got {type(result).__name__} ({fn})")
-        spec, b, persist = self._spec, self._b, self._persist
+        spec, b, persist = self._spec, self._b, self._st.persist
         assert b is not None and persist is not None and self._outputs is not None
         nd = self._outputs.ne[1]
         if result is not None:
@@ -331,7 +307,7 @@ class OptContext(Checkpointing):
         try:
             if is_opt:
                 pars = self._get_opt_pars(self._get_opt_pars_ud)
-                values = optimizer_step_values(pars, spec.optimizer, self._iter)
+                values = optimizer_step_values(pars, spec.optimizer, self._st.counters.iteration)
                 tensor_set(persist.step_params(spec), values)
             spec.sched.graph_compute(graph)
         except GgoptError:  # refused before anything changed: fix the cause and eval again
@@ -340,13 +316,14 @@ class OptContext(Checkpointing):
             self._eval_failed = True  # be retried), and reset drops it
             raise
 
+        c = self._st.counters
         if self._build_type is not BuildType.FORWARD:
-            self._opt_i = (self._opt_i + 1) % self._period
-            self._period_complete = self._opt_i == 0
-            if self._dp is not None and self._period_complete:
+            opt_i = (c.opt_i + 1) % self._period
+            c = self._st.counters = Counters(c.iteration, opt_i, opt_i == 0)
+            if self._dp is not None and c.period_complete:
                 self._dp.end_period(step=is_opt)
         if is_opt:
-            self._iter += 1
+            self._st.counters = dataclasses.replace(c, iteration=c.iteration + 1)
         if not spec.static_graphs:
             # the graphs go; the loss tensors stay readable until the next alloc
             self._next_gf = self._allocated_graph = None
@@ -375,10 +352,12 @@ class OptContext(Checkpointing):
         self._check_open("ggml_opt_reset")
         if self._eval_ready and self._eval_failed:
             self._abandon()
-        if self._persist is not None and self._persist.allocated:
-            self._persist.reset_grads(momenta=bool(optimizer))
+        st = self._st
+        if st.built:
+            assert st.persist is not None
+            st.persist.reset_grads(momenta=bool(optimizer))
         if optimizer:
-            self._iter = 1
+            st.counters = dataclasses.replace(st.counters, iteration=1)
 
     @_locked
     def grad_acc(self, node: Tensor) -> Tensor | None:
@@ -400,14 +379,89 @@ class OptContext(Checkpointing):
             raise StateError(f"no gradient graph built yet; call alloc first ({fn})")
         return self._acc_by_node.get(node)
 
+    # --- the state, for checkpoints, data parallelism and training loops ----------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[OptContext]:
+        """Hold the scheduler's lock, then the context's (as every call does), e.g. around
+        an alloc/eval pair or a whole epoch; re-entrant."""
+        with self._spec.sched, self._lock:
+            yield self
+
+    @_locked
+    def state(self) -> StateView:
+        """A read-only view of the optimization's state: parameters, accumulators, moments,
+        counters, generator, whether a loaded state is pending (:mod:`ggopt.opt.state`)."""
+        return self._st.view(self._built_params())
+
+    @_locked
+    def stage_load(self, snap: Snapshot, extras: Staging | None = None) -> Staging:
+        """Check ``snap`` against this context and stage its restoration (nothing changes
+        until the returned staging is committed); ``extras``: the caller's checked changes
+        (a dataset's shard order, a schedule's position) to commit with it.
+
+        A dynamic context before its first build checks ``snap`` against the graph given to
+        :meth:`prepare_alloc` and restores the counters, generator and ``extras`` at commit,
+        the tensors at the first build; without a prepared graph all of it waits for the
+        first :meth:`alloc`, which drops it (changing nothing) when the graph does not match.
+        """
+        fn = "ggml_opt_load_state"
+        self._check_open(fn)
+        if self._eval_ready:
+            raise StateError(f"a graph is allocated and waiting for eval; load between evals "
+                             f"({fn})")
+        st = self._st
+        params = self._built_params() if st.built else (
+            self._graph_params(self._next_gf) if self._next_gf is not None else [])
+        return st.stage(self._spec, snap, params, extras or Staging(snap.where))
+
+    def load(self, snap: Snapshot, extras: Staging | None = None) -> None:
+        """Restore ``snap`` in one transaction: :meth:`stage_load`, then commit."""
+        with self.locked():
+            self.stage_load(snap, extras).commit()
+
+    def _built_params(self) -> list[Tensor]:
+        """The parameters of the built graphs, in graph order (none before a build)."""
+        if self._spec.static_graphs and self._b is not None:
+            return self._graph_params(self._b.gf)
+        persist = self._st.persist
+        return [] if persist is None else list(persist.param_accs)
+
+    @staticmethod
+    def _graph_params(gf: _graph.Graph) -> list[Tensor]:
+        return [n for n in gf.nodes if n.flags & FLAG_PARAM]
+
+    @property
+    def spec(self) -> Spec:
+        """What the context builds (scheduler, loss, build type, optimizer, opt_period)."""
+        return self._spec
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def eval_pending(self) -> bool:
+        """An alloc waits for its eval."""
+        return self._eval_ready
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """``get_opt_pars`` when it is a :class:`~ggopt.opt.schedule.Schedule`."""
+        return self._get_opt_pars if isinstance(self._get_opt_pars, Schedule) else None
+
+    @property
+    def loss_per_datapoint(self) -> bool:
+        """Whether the loss is a mean over datapoints (every loss but SUM)."""
+        return self._spec.loss_type is not LossType.SUM
+
     @_locked
     def close(self) -> None:
         """Release the graphs and persistent tensors (ggml: ``ggml_opt_free``); idempotent."""
         self._closed = True
         self._next_gf = self._allocated_graph = None
         self._acc_by_node = None
-        self._persist = None
-        self._pending_state = None
+        self._st.persist = None
+        self._st.pending = None
 
     def __enter__(self) -> OptContext:
         return self
@@ -415,61 +469,7 @@ class OptContext(Checkpointing):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # --- read-only properties -------------------------------------------------------------
-    @property
-    def inputs(self) -> Tensor | None:
-        """Input tensor (ggml: ``ggml_opt_inputs``); dynamic graphs: valid until next alloc."""
-        return self._inputs
-
-    @property
-    def outputs(self) -> Tensor | None:
-        """Output tensor (ggml: ``ggml_opt_outputs``)."""
-        return self._outputs
-
-    @property
-    def labels(self) -> Tensor | None:
-        """Labels input; None for MEAN and SUM losses (ggml: ``ggml_opt_labels``)."""
-        return self._b.labels if self._b is not None else None
-
-    @property
-    def loss(self) -> Tensor | None:
-        """Scalar loss tensor (ggml: ``ggml_opt_loss``)."""
-        return self._b.loss if self._b is not None else None
-
-    @property
-    def pred(self) -> Tensor | None:
-        """Predicted classes, CROSS_ENTROPY only (ggml: ``ggml_opt_pred``)."""
-        return self._b.pred if self._b is not None else None
-
-    @property
-    def ncorrect(self) -> Tensor | None:
-        """Number of correct predictions, CROSS_ENTROPY only (ggml: ``ggml_opt_ncorrect``)."""
-        return self._b.ncorrect if self._b is not None else None
-
-    @property
-    def static_graphs(self) -> bool:
-        """True when the graphs were built once at construction (``ggml_opt_static_graphs``)."""
-        return self._spec.static_graphs
-
-    @property
-    def optimizer_type(self) -> OptimizerType:
-        """The optimizer (ggml: ``ggml_opt_context_optimizer_type``)."""
-        return self._spec.optimizer
-
-    @property
-    def loss_type(self) -> LossType:
-        return self._spec.loss_type
-
-    @property
-    def build_type(self) -> BuildType:
-        """Largest graph this context builds."""
-        return self._spec.build_type
-
-    @property
-    def opt_period(self) -> int:
-        """Physical batches per optimizer step (over all ranks when data-parallel)."""
-        return self._spec.opt_period
-
+    # --- read-only properties (the graph tensors: ContextViews) -------------------------
     @property
     def _period(self) -> int:
         """Backward evals of this process per optimizer step."""
@@ -484,7 +484,7 @@ class OptContext(Checkpointing):
     @property
     def rng(self) -> Mt19937:
         """The ``std::mt19937`` that :meth:`Dataset.shuffle` draws from."""
-        return self._rng
+        return self._st.rng
 
     def __repr__(self) -> str:
         spec = self._spec

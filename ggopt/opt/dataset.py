@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+import xxhash
 
 from .._kernels._gather import gather_shards
 from ..backend import tensor_set
 from ..backend.cpu.threads import get_n_threads
 from ..context import Context
-from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
+from ..errors import DTypeError, InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
 from ._checks import check_int
@@ -133,6 +134,27 @@ class Dataset:
         perm: np.ndarray = self._permutation.copy()
         return perm
 
+    def set_permutation(self, order: np.ndarray) -> None:
+        """Restore a shard order (from :attr:`permutation`, e.g. a checkpoint's); checked
+        to be a permutation of ``0..nshards-1`` before anything changes."""
+        order = np.asarray(order)
+        n = len(self._permutation)
+        if order.shape != (n,) or order.dtype.kind not in "iu" or not np.array_equal(
+                np.sort(order), np.arange(n)):
+            raise ShapeError(f"the shard order must be a permutation of 0..{n - 1}, got "
+                             f"{order.dtype} shape {order.shape} (set_permutation)")
+        self._permutation[:] = order
+
+    def digest(self) -> str:
+        """xxh3-128 (hex) of the data and labels (types, shapes, bytes): what a checkpoint
+        records to recognise the dataset it was trained on. The shard order is not in it."""
+        h = xxhash.xxh3_128()
+        for t in (self._data, self._labels):
+            if t is not None:
+                h.update(f"{t.type.name}{t.ne}".encode())
+                h.update(_host_bytes(t).data)
+        return h.hexdigest()
+
     # --- shuffling ------------------------------------------------------------------------
     def shuffle(self, rng: Mt19937 | _HasRng, idata: int = -1) -> None:
         """Shuffle the shard order with the random engine ``rng``.
@@ -192,6 +214,20 @@ class Dataset:
             )
         return nbytes // self._nbs_data
 
+    def _check_destinations(self, dsts: list[tuple[str, np.ndarray]], fn: str) -> None:
+        """Raise InvalidValueError when a destination shares memory with the dataset's storage
+        or with another destination: the copy would overwrite the rows it reads."""
+        storages = [("data", self._data), ("labels", self._labels)]
+        for i, (name, dst) in enumerate(dsts):
+            for what, t in storages:
+                if t is not None and np.may_share_memory(dst, _host_bytes(t)):
+                    raise InvalidValueError(f"{name} shares memory with the dataset's {what}: "
+                                            f"expected a separate array ({fn})")
+            for other, odst in dsts[i + 1:]:
+                if np.may_share_memory(dst, odst):
+                    raise InvalidValueError(f"{name} and {other} share memory; expected "
+                                            f"separate arrays ({fn})")
+
     def _gather(self, src: Tensor | None, dst: np.ndarray, first: int, nshards: int,
                 nbs: int) -> None:
         assert src is not None  # labels are gathered only when the dataset has them
@@ -245,6 +281,8 @@ class Dataset:
         for name, t in batches:
             if t.buffer is None:
                 raise StateError(f"{name} '{t.name}' has no memory; allocate it first ({fn})")
+        self._check_destinations([(name, _host_bytes(t)) for name, t in batches if t.is_host],
+                                 fn)
 
         first = ibatch * spb
         for dst, src, nbs in ((data_batch, self._data, self._nbs_data),
@@ -264,16 +302,19 @@ class Dataset:
         """Copy batch ``ibatch`` into NumPy arrays (ggml: ``ggml_opt_dataset_get_batch_host``).
 
         ``data_arr`` and ``labels_arr`` must be writeable, C-contiguous and of the dataset's
-        element types; the batch size follows from ``data_arr.nbytes``, and ``labels_arr`` must
-        hold exactly the matching label bytes.
+        element types, plain arrays (not ``np.matrix``) apart from each other and from the
+        dataset's own storage; the batch size follows from ``data_arr.nbytes``, and
+        ``labels_arr`` must hold exactly the matching label bytes. Every check runs before
+        anything is written.
         """
         fn = "ggml_opt_dataset_get_batch_host"
         arrays: list[tuple[str, np.ndarray, Tensor | None]] = [("data_arr", data_arr, self._data)]
         if labels_arr is not None:
             arrays.append(("labels_arr", labels_arr, self._labels))
         for name, arr, _ in arrays:
-            if not isinstance(arr, np.ndarray):
-                raise DTypeError(f"{name} must be a NumPy array, got {type(arr).__name__} ({fn})")
+            if not isinstance(arr, np.ndarray) or isinstance(arr, np.matrix):
+                raise DTypeError(f"{name} must be a NumPy array (not a matrix, which stays 2-D), "
+                                 f"got {type(arr).__name__} ({fn})")
             if not arr.flags.c_contiguous or not arr.flags.writeable:
                 raise ShapeError(f"{name} must be C-contiguous and writeable ({fn})")
         self._check_labels_presence(labels_arr is not None, fn)
@@ -289,6 +330,7 @@ class Dataset:
                 f"{spb * self._nbs_labels} for a batch of {spb} shards ({fn})"
             )
         ibatch = self._check_ibatch(ibatch, spb, fn)
+        self._check_destinations([(name, arr) for name, arr, _ in arrays], fn)
         first = ibatch * spb
         self._gather(self._data, data_arr.reshape(-1).view(np.uint8), first, spb, self._nbs_data)
         if labels_arr is not None:

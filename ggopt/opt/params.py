@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import numbers
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import DTypeError, InvalidValueError
+from ..errors import DTypeError
+from ._checks import check_float32
 from .enums import BuildType, LossType, OptimizerType
+
+if TYPE_CHECKING:
+    from ..backend.sched import Scheduler
+    from ..context import Context
+    from ..distributed.comm import Communicator
+    from ..tensor import Tensor
 
 __all__ = [
     "AdamWParams",
@@ -25,12 +32,33 @@ __all__ = [
 ]
 
 
+#: ggml's bounds of each hyperparameter: ``(low, high, low_open)``.
+_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "alpha": (0.0, math.inf, True), "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False),
+    "eps": (0.0, math.inf, False), "wd": (0.0, 1.0, False),
+}
+
+
+def _check_fields(obj: AdamWParams | SGDParams, prefix: str, where: str) -> list[np.float32]:
+    """Every field of ``obj`` checked in float32 within ggml's bounds; their float32 values."""
+    out = []
+    for field in dataclasses.fields(obj):
+        low, high, low_open = _BOUNDS[field.name]
+        value = check_float32(getattr(obj, field.name), f"optimizer parameter {prefix}."
+                              f"{field.name}", where, low=low, high=high, low_open=low_open)
+        out.append(np.float32(value))
+    return out
+
+
 @dataclasses.dataclass
 class AdamWParams:
     """AdamW hyperparameters, stored as float32 when used (ggml ``adamw`` struct).
 
     torch equivalents: ``alpha`` is ``lr``, ``(beta1, beta2)`` is ``betas``, ``wd`` is
     ``weight_decay`` (decoupled, as in ``torch.optim.AdamW``).
+
+    The constructor checks its values as :meth:`OptimizerParams.check` does; values assigned
+    later are checked at the next optimizer step (ggml's ``ggml_opt_eval``).
     """
 
     alpha: float = 0.001
@@ -39,13 +67,22 @@ class AdamWParams:
     eps: float = 1e-8
     wd: float = 0.0
 
+    def __post_init__(self) -> None:
+        _check_fields(self, "adamw", "AdamWParams")
+
 
 @dataclasses.dataclass
 class SGDParams:
-    """SGD hyperparameters (ggml ``sgd`` struct): ``alpha`` is ``lr``, ``wd`` decoupled decay."""
+    """SGD hyperparameters (ggml ``sgd`` struct): ``alpha`` is ``lr``, ``wd`` decoupled decay.
+
+    Checked on construction and at every optimizer step, as :class:`AdamWParams`.
+    """
 
     alpha: float = 0.001
     wd: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "sgd", "SGDParams")
 
 
 @dataclasses.dataclass
@@ -55,8 +92,27 @@ class OptimizerParams:
     adamw: AdamWParams = dataclasses.field(default_factory=AdamWParams)
     sgd: SGDParams = dataclasses.field(default_factory=SGDParams)
 
+    def check(self, where: str) -> None:
+        """Raise unless every value is a real number whose float32 (the kernels' type) is
+        finite, not flushed to zero, and within ggml's bounds: ``alpha > 0``,
+        ``0 <= beta1, beta2 <= 1``, ``eps >= 0``, ``0 <= wd <= 1``.
 
-def get_default_optimizer_params(userdata: Any = None) -> OptimizerParams:
+        Raises
+        ------
+        DTypeError
+            ``adamw``/``sgd`` of the wrong type, or a value that is not a real number.
+        InvalidValueError
+            A value out of those bounds; the message names it (``adamw.alpha``, ...).
+        """
+        for name, part, kind in (("adamw", self.adamw, AdamWParams),
+                                 ("sgd", self.sgd, SGDParams)):
+            if not isinstance(part, kind):
+                raise DTypeError(f"OptimizerParams.{name} must be a {kind.__name__}, got "
+                                 f"{type(part).__name__} ({where})")
+            _check_fields(part, name, where)
+
+
+def get_default_optimizer_params(userdata: object = None) -> OptimizerParams:
     """Return fresh default hyperparameters; ``userdata`` is ignored.
 
     AdamW ``alpha=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0``; SGD ``alpha=1e-3, wd=0``.
@@ -79,7 +135,8 @@ def get_constant_optimizer_params(userdata: OptimizerParams) -> OptimizerParams:
     return copy.deepcopy(userdata)
 
 
-GetOptPars = Callable[[Any], OptimizerParams]
+#: ``get_opt_pars(userdata) -> OptimizerParams``: ggml's ``ggml_opt_get_optimizer_params``.
+GetOptPars = Callable[[object], OptimizerParams]
 
 
 @dataclasses.dataclass
@@ -111,48 +168,27 @@ class OptParams:
         batches of all ranks (``docs/distributed.md``). None or one rank: a plain context.
     """
 
-    backend_sched: Any
-    ctx_compute: Any = None
-    inputs: Any = None
-    outputs: Any = None
+    backend_sched: Scheduler
+    ctx_compute: Context | None = None
+    inputs: Tensor | None = None
+    outputs: Tensor | None = None
     loss_type: LossType = LossType.MEAN
     build_type: BuildType = BuildType.OPT
     opt_period: int = 1
     get_opt_pars: GetOptPars = get_default_optimizer_params
-    get_opt_pars_ud: Any = None
+    get_opt_pars_ud: object = None
     optimizer: OptimizerType = OptimizerType.ADAMW
     rng_seed: int = 5489
-    comm: Any = None
+    comm: Communicator | None = None
 
 
-def default_params(backend_sched: Any, loss_type: LossType | int | str) -> OptParams:
+def default_params(backend_sched: Scheduler, loss_type: LossType | int | str) -> OptParams:
     """Return the default context parameters: dynamic graphs, OPT, ``opt_period=1``, AdamW.
 
     ggml: ``ggml_opt_default_params``.
     """
     loss_type = LossType.coerce(loss_type, "ggml_opt_default_params")
     return OptParams(backend_sched=backend_sched, loss_type=loss_type)
-
-
-def _f32(value: Any, name: str) -> np.float32:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise DTypeError(
-            f"optimizer parameter {name} must be a real number, got {value!r} (ggml_opt_eval)"
-        )
-    try:
-        out: np.float32 = np.float32(value)
-    except OverflowError:
-        raise InvalidValueError(f"optimizer parameter {name}={value} out of bounds, expected a "
-                                "value that fits in a float (ggml_opt_eval)") from None
-    return out
-
-
-def _check(ok: bool | np.bool_, name: str, value: np.float32, bound: str) -> None:
-    if not ok:
-        raise InvalidValueError(
-            f"optimizer parameter {name}={float(value)!r} out of bounds, expected {bound} "
-            "(ggml_opt_eval)"
-        )
 
 
 def optimizer_step_values(
@@ -169,7 +205,8 @@ def optimizer_step_values(
         ``pars`` is not an :class:`OptimizerParams` or a value is not a number.
     InvalidValueError
         A value is outside ggml's bounds: ``alpha > 0``, ``0 <= beta <= 1``, ``eps >= 0``,
-        ``0 <= wd <= 1`` (NaN fails every bound).
+        ``0 <= wd <= 1``, or not a usable float32: NaN, inf or beyond 3.4e38, or nonzero but
+        rounding to zero or a subnormal (see :meth:`OptimizerParams.check`).
 
     ggml: the optimizer-parameter checks of ``ggml_opt_eval``.
     """
@@ -178,26 +215,19 @@ def optimizer_step_values(
             f"get_opt_pars must return an OptimizerParams, got {type(pars).__name__} "
             "(ggml_opt_eval)"
         )
+    where = "ggml_opt_eval"
     if optimizer == OptimizerType.ADAMW:
-        p = pars.adamw
-        alpha = _f32(p.alpha, "adamw.alpha")
-        beta1 = _f32(p.beta1, "adamw.beta1")
-        beta2 = _f32(p.beta2, "adamw.beta2")
-        eps = _f32(p.eps, "adamw.eps")
-        wd = _f32(p.wd, "adamw.wd")
-        _check(alpha > 0, "adamw.alpha", alpha, "alpha > 0")
-        _check(0 <= beta1 <= 1, "adamw.beta1", beta1, "0 <= beta1 <= 1")
-        _check(0 <= beta2 <= 1, "adamw.beta2", beta2, "0 <= beta2 <= 1")
-        _check(eps >= 0, "adamw.eps", eps, "eps >= 0")
-        _check(0 <= wd <= 1, "adamw.wd", wd, "0 <= wd <= 1")
+        if not isinstance(pars.adamw, AdamWParams):
+            raise DTypeError(f"OptimizerParams.adamw must be an AdamWParams, got "
+                             f"{type(pars.adamw).__name__} ({where})")
+        alpha, beta1, beta2, eps, wd = _check_fields(pars.adamw, "adamw", where)
         t = np.float32(iteration)
         one = np.float32(1.0)
         with np.errstate(divide="ignore", over="ignore"):
             beta1h = one / (one - beta1**t)
             beta2h = one / (one - beta2**t)
         return np.array([alpha, beta1, beta2, eps, wd, beta1h, beta2h], dtype=np.float32)
-    sgd = pars.sgd
-    alpha, wd = _f32(sgd.alpha, "sgd.alpha"), _f32(sgd.wd, "sgd.wd")
-    _check(alpha > 0, "sgd.alpha", alpha, "alpha > 0")
-    _check(0 <= wd <= 1, "sgd.wd", wd, "0 <= wd <= 1")
-    return np.array([alpha, wd], dtype=np.float32)
+    if not isinstance(pars.sgd, SGDParams):
+        raise DTypeError(f"OptimizerParams.sgd must be an SGDParams, got "
+                         f"{type(pars.sgd).__name__} ({where})")
+    return np.array(_check_fields(pars.sgd, "sgd", where), dtype=np.float32)

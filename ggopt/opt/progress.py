@@ -5,10 +5,14 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..errors import ShapeError, StateError
 from .result import Result
+
+if TYPE_CHECKING:
+    from .context import OptContext
+    from .dataset import Dataset
 
 __all__ = ["time_us", "format_hms", "progress_bar_line", "epoch_callback_progress_bar"]
 
@@ -87,9 +91,9 @@ def progress_bar_line(
 
 def epoch_callback_progress_bar(
     train: bool,
-    opt_ctx: Any,
-    dataset: Any,
-    result: Result,
+    opt_ctx: OptContext,
+    dataset: Dataset,
+    result: Result | None,
     ibatch: int,
     ibatch_max: int,
     t_start_us: int,
@@ -108,11 +112,16 @@ def epoch_callback_progress_bar(
             f"the progress bar needs a Result to report, got {type(result).__name__} "
             "(ggml_opt_epoch_callback_progress_bar)"
         )
+    inputs = opt_ctx.inputs
+    if inputs is None:
+        raise StateError("the progress bar reads the batch size from the context's inputs, "
+                         "which it has once a graph is prepared "
+                         "(ggml_opt_epoch_callback_progress_bar)")
     line = progress_bar_line(
         train,
         ibatch,
         ibatch_max,
-        opt_ctx.inputs.ne[1],
+        inputs.ne[1],
         result.loss(),
         result.accuracy(),
         time_us() - t_start_us,

@@ -82,6 +82,11 @@ class Mt19937:
                 f"mt19937 state: expected pos <= {_BLOCK} and {2 + _BLOCK} + nbuffered words "
                 f"with nbuffered <= {_BLOCK}, got pos={pos}, nbuffered={nbuf}, {len(words)} words"
             )
+        key = words[2:2 + _BLOCK]
+        if not (key[0] & 0x80000000) and not key[1:].any():
+            raise ShapeError(  # the 19937 bits of state are all zero: the generator would
+                "mt19937 state: all 19937 state bits are zero, which is not a valid state "
+                "(the generator would only ever return 0)")  # return 0 forever
         bitgen = np.random.MT19937()
         bitgen.state = {"bit_generator": "MT19937",
                         "state": {"key": words[2:2 + _BLOCK].copy(), "pos": pos}}

@@ -23,24 +23,21 @@ from __future__ import annotations
 import abc
 import copy
 import math
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from ..errors import DTypeError, InvalidValueError, ShapeError
+from ._checks import check_float32
 from .params import OptimizerParams
 
 __all__ = ["Schedule", "ConstantLR", "EpochDecayLR", "WarmupCosineLR", "constant",
            "epoch_decay", "warmup_cosine"]
 
 
-def _real(value: object, name: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise DTypeError(f"{where}: {name} must be a real number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out):
-        raise InvalidValueError(f"{where}: {name} must be finite, got {out}")
-    return out
+def _real(value: object, name: str, where: str, positive: bool = False) -> float:
+    """``value`` checked as the float32 the optimizer computes with (>= 0, or > 0)."""
+    return check_float32(value, name, where, low=0.0, low_open=positive)
 
 
 def _count(value: object, name: str, where: str) -> int:
@@ -72,6 +69,7 @@ class Schedule(abc.ABC):
                 f"{self.kind}: base must be an OptimizerParams or None, got {type(base).__name__}"
             )
         self._base = OptimizerParams() if base is None else copy.deepcopy(base)
+        self._base.check(f"{self.kind} schedule: base")
         self.step = 0
         self.epoch = 0
 
@@ -83,12 +81,26 @@ class Schedule(abc.ABC):
     def hyperparameters(self) -> dict[str, float | int]:
         """The constants that define the curve (stored in checkpoints and compared on load)."""
 
+    def check_run(self, nepoch: int, steps_per_epoch: int, where: str) -> None:
+        """Raise InvalidValueError unless every rate of a run of ``nepoch`` epochs of
+        ``steps_per_epoch`` optimizer steps is a usable float32 (> 0, not flushed to zero).
+
+        The rate is lowest at the first step (warm-up) or the last (decay), so those two are
+        checked. Changes nothing.
+        """
+        if nepoch < 1 or steps_per_epoch < 1:
+            return
+        last = nepoch * steps_per_epoch - 1
+        for step, epoch in ((0, 0), (last, nepoch - 1)):
+            _real(self.lr_at(step, epoch), f"the {self.kind} learning rate of optimizer step "
+                  f"{step + 1} (epoch {epoch + 1})", where, positive=True)
+
     @property
     def lr(self) -> float:
         """The learning rate the next call returns."""
         return self.lr_at(self.step, self.epoch)
 
-    def __call__(self, userdata: Any = None) -> OptimizerParams:
+    def __call__(self, userdata: object = None) -> OptimizerParams:
         """Return the next step's hyperparameters and advance :attr:`step` by one.
 
         ``userdata``: an int is :func:`fit`'s 1-based epoch number and sets :attr:`epoch` to
@@ -133,9 +145,7 @@ class ConstantLR(Schedule):
 
     def __init__(self, lr: float, base: OptimizerParams | None = None) -> None:
         where = "constant schedule"
-        self.lr0 = _real(lr, "lr", where)
-        if self.lr0 <= 0:
-            raise InvalidValueError(f"{where}: lr must be > 0, got {self.lr0}")
+        self.lr0 = _real(lr, "lr", where, positive=True)
         super().__init__(base)
 
     def lr_at(self, step: int, epoch: int) -> float:
@@ -157,12 +167,9 @@ class EpochDecayLR(Schedule):
     def __init__(self, lr0: float, decay_epochs: float, lr_min: float = 0.0,
                  base: OptimizerParams | None = None) -> None:
         where = "epoch_decay schedule"
-        self.lr0 = _real(lr0, "lr0", where)
-        self.decay_epochs = _real(decay_epochs, "decay_epochs", where)
+        self.lr0 = _real(lr0, "lr0", where, positive=True)
+        self.decay_epochs = _real(decay_epochs, "decay_epochs", where, positive=True)
         self.lr_min = _real(lr_min, "lr_min", where)
-        if self.lr0 <= 0 or self.decay_epochs <= 0:
-            raise InvalidValueError(f"{where}: lr0 and decay_epochs must be > 0, got "
-                                    f"lr0={self.lr0}, decay_epochs={self.decay_epochs}")
         if not 0 <= self.lr_min <= self.lr0:
             raise InvalidValueError(f"{where}: lr_min must be in [0, lr0={self.lr0}], got "
                                     f"{self.lr_min}")
@@ -182,7 +189,8 @@ class WarmupCosineLR(Schedule):
     Step ``s`` (0-based): ``lr0 * (s + 1) / warmup`` while ``s < warmup``; then with
     ``p = (s - warmup) / (total_steps - warmup)``, ``lr_min + (lr0 - lr_min) * (1 + cos(pi p))
     / 2``; from ``total_steps`` on, ``lr_min``. Every step before ``total_steps`` has a rate
-    above ``lr_min``; past it, ``lr_min = 0`` fails ggml's ``alpha > 0`` check at the next eval.
+    above ``lr_min``; a longer run with ``lr_min = 0`` is refused by :meth:`~Schedule.check_run`
+    (:func:`fit` and the example CLIs call it before training).
     """
 
     kind = "warmup_cosine"
@@ -190,18 +198,20 @@ class WarmupCosineLR(Schedule):
     def __init__(self, lr0: float, total_steps: int, warmup: int = 0, lr_min: float = 0.0,
                  base: OptimizerParams | None = None) -> None:
         where = "warmup_cosine schedule"
-        self.lr0 = _real(lr0, "lr0", where)
+        self.lr0 = _real(lr0, "lr0", where, positive=True)
         self.lr_min = _real(lr_min, "lr_min", where)
         self.total_steps = _count(total_steps, "total_steps", where)
         self.warmup = _count(warmup, "warmup", where)
-        if self.lr0 <= 0:
-            raise InvalidValueError(f"{where}: lr0 must be > 0, got {self.lr0}")
         if not 0 <= self.lr_min < self.lr0:
             raise InvalidValueError(f"{where}: lr_min must be in [0, lr0={self.lr0}), got "
                                     f"{self.lr_min}")
         if self.total_steps <= self.warmup:
             raise InvalidValueError(f"{where}: total_steps must exceed warmup, got total_steps="
                                     f"{self.total_steps}, warmup={self.warmup}")
+        # The lowest rates of the run: the first warm-up step and the last cosine step.
+        for step in (0, self.total_steps - 1):
+            _real(self.lr_at(step, 0), f"the learning rate of step {step}", where,
+                  positive=True)
         super().__init__(base)
 
     def lr_at(self, step: int, epoch: int) -> float:

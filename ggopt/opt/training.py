@@ -11,12 +11,13 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol, TextIO
 
 import numpy as np
 
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
+from ..io.paths import check_output_path
 from ..tensor import Tensor
 from ._checks import check_int
 from .context import OptContext
@@ -27,10 +28,28 @@ from .progress import epoch_callback_progress_bar, format_hms, time_us
 from .result import Result
 from .schedule import Schedule
 
-__all__ = ["EpochCallback", "epoch", "fit", "FitHistory", "fit_split"]
+__all__ = ["EpochCallback", "EpochOptPars", "BatchStep", "EpochRunner", "Stats", "epoch", "fit",
+           "FitHistory", "fit_split", "fit_run", "run_batches", "static_step", "train_epochs",
+           "result_stats"]
 
-#: ``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``
-EpochCallback = Callable[[bool, OptContext, Dataset, Result | None, int, int, int], None]
+if TYPE_CHECKING:
+    from ..backend.sched import Scheduler
+    from ..context import Context
+    from ..distributed.comm import Communicator
+
+
+class EpochCallback(Protocol):
+    """``callback(train, opt_ctx, dataset, result, ibatch, ibatch_max, t_start_us)``, called
+    after every batch's eval (ggml's ``ggml_opt_epoch_callback``);
+    e.g. :func:`~ggopt.opt.progress.epoch_callback_progress_bar`."""
+
+    def __call__(self, train: bool, opt_ctx: OptContext, dataset: Dataset,
+                 result: Result | None, ibatch: int, ibatch_max: int, t_start_us: int,
+                 /) -> None: ...
+
+
+#: ``get_opt_pars(epoch) -> OptimizerParams`` as :func:`fit` calls it: with the 1-based epoch.
+EpochOptPars = Callable[[int], OptimizerParams]
 
 
 def _check_dataset(dataset: Dataset, inputs: Tensor, loss_type: LossType, fn: str) -> None:
@@ -118,7 +137,7 @@ def epoch(
         raise DTypeError(f"opt_ctx must be an OptContext, got {type(opt_ctx).__name__} ({fn})")
     # Hold the scheduler and the context for the whole epoch (other threads wait), and never
     # leave an alloc waiting for an eval that an exception or interrupt cut short.
-    with opt_ctx._spec.sched, opt_ctx._lock:
+    with opt_ctx.locked():
         try:
             if opt_ctx.comm is not None:
                 from ..distributed.epoch import epoch_data_parallel
@@ -127,41 +146,52 @@ def epoch(
                                     callback_train, callback_eval, _epoch_batches)
                 return
             _, ibatch_split, nbatches = _epoch_batches(opt_ctx, dataset, idata_split, fn)
-            _run_epoch(opt_ctx, dataset, result_train, result_eval, ibatch_split, nbatches,
-                       callback_train, callback_eval)
+            run_batches(opt_ctx, dataset, range(ibatch_split), range(ibatch_split, nbatches),
+                        result_train, result_eval, callback_train, callback_eval)
         except BaseException:
-            if opt_ctx._eval_ready:
-                opt_ctx._abandon()
+            opt_ctx.abandon()
             raise
 
 
-def _run_epoch(opt_ctx: OptContext, dataset: Dataset, result_train: Result | None,
-               result_eval: Result | None, ibatch_split: int, nbatches: int,
-               callback_train: EpochCallback | None, callback_eval: EpochCallback | None) -> None:
-    inputs, labels = opt_ctx.inputs, opt_ctx.labels
-    assert inputs is not None  # static graphs have their inputs from the start
-    t_start = time_us()
-    for ibatch in range(ibatch_split):
-        dataset.get_batch(inputs, labels, ibatch)
-        opt_ctx.alloc(True)
-        opt_ctx.eval(result_train)
-        if callback_train is not None:
-            callback_train(True, opt_ctx, dataset, result_train, ibatch + 1, ibatch_split, t_start)
-    t_start = time_us()
-    for ibatch in range(ibatch_split, nbatches):
-        dataset.get_batch(inputs, labels, ibatch)
-        opt_ctx.alloc(False)
-        opt_ctx.eval(result_eval)
-        if callback_eval is not None:
-            callback_eval(
-                False,
-                opt_ctx,
-                dataset,
-                result_eval,
-                ibatch + 1 - ibatch_split,
-                nbatches - ibatch_split,
-                t_start,
-            )
+#: ``step(opt_ctx, dataset, ibatch, train, result)``: compute batch ``ibatch`` of the dataset's
+#: current order (a backward pass when ``train``) and add it to ``result``.
+BatchStep = Callable[[OptContext, Dataset, int, bool, Result | None], None]
+
+
+def static_step(opt_ctx: OptContext, dataset: Dataset, ibatch: int, train: bool,
+                result: Result | None) -> None:
+    """The batch step of static graphs (:func:`epoch`'s): copy the batch into the context's
+    inputs and labels, alloc, eval."""
+    assert opt_ctx.inputs is not None  # static graphs have their inputs from the start
+    dataset.get_batch(opt_ctx.inputs, opt_ctx.labels, ibatch)
+    opt_ctx.alloc(train)
+    opt_ctx.eval(result)
+
+
+def run_batches(opt_ctx: OptContext, dataset: Dataset, train_ids: Sequence[int],
+                val_ids: Sequence[int], result_train: Result | None, result_eval: Result | None,
+                callback_train: EpochCallback | None = None,
+                callback_eval: EpochCallback | None = None,
+                step: BatchStep = static_step) -> None:
+    """Train on batches ``train_ids``, then evaluate ``val_ids`` (the dataset's current order),
+    one ``step`` each (default :func:`static_step`; e.g. a fresh dynamic graph per
+    micro-batch), a callback after each with ``ibatch`` counting from 1 within its part.
+
+    Holds the scheduler and the context throughout; an exception (or KeyboardInterrupt)
+    leaves the context ready for the next alloc.
+    """
+    with opt_ctx.locked():
+        try:
+            for train, ids, result, callback in ((True, train_ids, result_train, callback_train),
+                                                 (False, val_ids, result_eval, callback_eval)):
+                t_start = time_us()
+                for i, ibatch in enumerate(ids):
+                    step(opt_ctx, dataset, ibatch, train, result)
+                    if callback is not None:
+                        callback(train, opt_ctx, dataset, result, i + 1, len(ids), t_start)
+        except BaseException:
+            opt_ctx.abandon()
+            raise
 
 
 def fit_split(
@@ -201,6 +231,14 @@ def fit_split(
     return opt_period, train_logical * opt_period * nbatch_physical
 
 
+def fit_run(dataset: Dataset, nbatch_logical: int, nbatch_physical: int,
+            val_split: float) -> dict[str, int | float | str]:
+    """What a :func:`fit` run depends on, recorded in its checkpoints and checked on resume:
+    the batch sizes, the validation split (as float32, as fit uses it) and the data."""
+    return {"batch": int(nbatch_logical), "micro_batch": int(nbatch_physical),
+            "val_split": float(np.float32(val_split)), "data": dataset.digest()}
+
+
 @dataclasses.dataclass
 class FitHistory:
     """Per-epoch statistics returned by :func:`fit`; every list has one entry per epoch.
@@ -222,35 +260,104 @@ class FitHistory:
     def __len__(self) -> int:
         return len(self.seconds)
 
-    def _record(self, train: Result, val: Result, seconds: float) -> None:
-        for prefix, result in (("train", train), ("val", val)):
-            if result.ndata == 0:
-                stats = (math.nan,) * 4
-            else:
-                stats = (*result.loss(), *result.accuracy())
+    #: epochs the resumed checkpoint held (0: a fresh run); the lists start after them
+    resumed_after: int = 0
+
+    def record(self, train: Stats, val: Stats, seconds: float) -> None:
+        """Append one epoch's statistics."""
+        for prefix, stats in (("train", train), ("val", val)):
             for name, value in zip(("loss", "loss_unc", "acc", "acc_unc"), stats, strict=True):
                 getattr(self, f"{prefix}_{name}").append(value)
         self.seconds.append(seconds)
 
 
+def _check_run_inputs(fn: str, checkpoint: object, schedule: Schedule | None, nepoch: int,
+                      steps_per_epoch: int) -> None:
+    """What :func:`fit` checks before any work: the checkpoint path can be written, every
+    learning rate of the run is a usable float32."""
+    if checkpoint is not None:
+        check_output_path(checkpoint, f"checkpoint ({fn})")
+    if schedule is not None:
+        schedule.check_run(nepoch, steps_per_epoch, fn)
+
+
+#: (loss, loss uncertainty, accuracy, accuracy uncertainty) of one part of an epoch
+Stats = tuple[float, float, float, float]
+
+
+def result_stats(result: Result) -> Stats:
+    """Loss and accuracy with uncertainties of ``result``, NaN when it is empty."""
+    if result.ndata == 0:
+        return (math.nan,) * 4
+    return (*result.loss(), *result.accuracy())
+
+
+#: ``run_epoch(iepoch, result_train, result_val)``: train and evaluate epoch ``iepoch``
+EpochRunner = Callable[[int, Result, Result], None]
+
+
+def train_epochs(opt_ctx: OptContext, dataset: Dataset, nepoch: int, run_epoch: EpochRunner, *,
+                 schedule: Schedule | None = None, shuffle_first: bool = False,
+                 checkpoint: str | os.PathLike[str] | None = None,
+                 resume: bool | Literal["force"] = False,
+                 run: Mapping[str, int | float | str | bool] | None = None,
+                 stats: Callable[[Result], Stats] = result_stats,
+                 report: Callable[[int, Stats, Stats], None] | None = None,
+                 stream: TextIO | None = None) -> FitHistory:
+    """The epoch loop of :func:`fit` (and of any loop over a prepared context): resume, then
+    per epoch ``run_epoch``, the history, a checkpoint.
+
+    With ``resume`` the state (and the dataset's order, ``schedule``'s position) is loaded
+    from ``checkpoint`` (``run`` compared, ``"force"`` to accept a different run) and the
+    loop continues after its epoch; otherwise, with ``shuffle_first``, all shards are
+    shuffled once. Each epoch sets ``schedule.epoch`` (0-based), calls ``run_epoch`` with
+    fresh results, records ``stats`` of them, calls ``report`` and saves ``checkpoint``
+    (with ``run``). ``stream``: where the resume note goes (None: nowhere).
+    """
+    history = FitHistory()
+    first_epoch = 1
+    if resume and checkpoint is not None:
+        first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule, run=run,
+                                         force=resume == "force") + 1
+        history.resumed_after = first_epoch - 1
+        if stream is not None:
+            stream.write(f"ggml_opt_fit: resuming from '{os.fspath(checkpoint)}' after epoch "
+                         f"{first_epoch - 1}\n")
+    elif shuffle_first:
+        dataset.shuffle(opt_ctx, -1)
+    for iepoch in range(first_epoch, nepoch + 1):
+        t_epoch = time.perf_counter()
+        if schedule is not None:
+            schedule.epoch = iepoch - 1
+        result_train, result_val = Result(), Result()
+        run_epoch(iepoch, result_train, result_val)
+        train, val = stats(result_train), stats(result_val)
+        history.record(train, val, time.perf_counter() - t_epoch)
+        if report is not None:
+            report(iepoch, train, val)
+        if checkpoint is not None:
+            opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch, run=run)
+    return history
+
+
 def fit(
-    sched: Any,
-    ctx_compute: Any,
+    sched: Scheduler,
+    ctx_compute: Context,
     inputs: Tensor,
     outputs: Tensor,
     dataset: Dataset,
     loss_type: LossType = LossType.MEAN,
     optimizer: OptimizerType = OptimizerType.ADAMW,
-    get_opt_pars: Callable[[int], OptimizerParams] = get_default_optimizer_params,
+    get_opt_pars: EpochOptPars = get_default_optimizer_params,
     nepoch: int = 1,
     nbatch_logical: int = 1,
     val_split: float = 0.0,
     silent: bool = False,
     *,
     stream: TextIO | None = None,
-    comm: Any = None,
+    comm: Communicator | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
-    resume: bool = False,
+    resume: bool | Literal["force"] = False,
 ) -> FitHistory:
     """Train a model with static graphs for ``nepoch`` epochs.
 
@@ -286,10 +393,13 @@ def fit(
         Save the whole state there (:meth:`OptContext.save_state`, with the dataset's shard
         order and, when ``get_opt_pars`` is a :class:`Schedule`, its position) after every
         epoch.
-    resume : bool
+    resume : bool or "force"
         Load ``checkpoint`` first and continue after the epoch it holds (``nepoch`` counts
         all epochs, those before the checkpoint included); the result is bit for bit the
-        one of an uninterrupted run.
+        one of an uninterrupted run. The checkpoint records what the run depends on (logical
+        and physical batch size, ``val_split``, a digest of the dataset); a different run is
+        refused (StateError), or with ``"force"`` resumed with a
+        :class:`~ggopt.opt.checkpoint.RunMismatchWarning` (no longer bit-exact).
 
     Returns
     -------
@@ -314,46 +424,41 @@ def fit(
     _check_dataset(dataset, inputs, loss_type, fn)
     ndata = dataset.data.ne[1]
     opt_period, idata_split = fit_split(ndata, nbatch_logical, inputs.ne[1], val_split)
+    if resume not in (False, True, "force"):
+        raise InvalidValueError(f"resume must be True, False or 'force', got {resume!r} ({fn})")
     if resume and checkpoint is None:
         raise StateError(f"resume=True needs a checkpoint path ({fn})")
     schedule = get_opt_pars if isinstance(get_opt_pars, Schedule) else None
+    _check_run_inputs(fn, checkpoint, schedule, nepoch, idata_split // nbatch_logical)
 
     t_start = time.perf_counter()
-    iepoch = 1
+    current = [1]  # the epoch running, for get_opt_pars
     params = default_params(sched, loss_type)
     params.ctx_compute, params.inputs, params.outputs = ctx_compute, inputs, outputs
     params.opt_period = opt_period
-    params.get_opt_pars = lambda _ud: get_opt_pars(iepoch)
+    params.get_opt_pars = lambda _ud: get_opt_pars(current[0])
     params.optimizer = optimizer
     params.comm = comm
     silent = silent or (comm is not None and comm.rank != 0)
     out = sys.stderr if stream is None else stream
     callback = None if silent else functools.partial(epoch_callback_progress_bar, stream=out)
-    history = FitHistory()
+    run = None if checkpoint is None else fit_run(dataset, nbatch_logical, inputs.ne[1],
+                                                  val_split)
     with OptContext(params) as opt_ctx:
-        first_epoch = 1
-        if resume and checkpoint is not None:
-            first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule) + 1
-            if not silent:
-                out.write(f"{fn}: resuming from '{os.fspath(checkpoint)}' after epoch "
-                          f"{first_epoch - 1}\n")
-        elif nbatch_logical < ndata:
-            dataset.shuffle(opt_ctx, -1)
-        result_train, result_val = Result(), Result()
-        for iepoch in range(first_epoch, nepoch + 1):
-            t_epoch = time.perf_counter()
+
+        def run_epoch(iepoch: int, result_train: Result, result_val: Result) -> None:
+            current[0] = iepoch
             if nbatch_logical < idata_split:
                 dataset.shuffle(opt_ctx, idata_split)
-            result_train.reset()
-            result_val.reset()
             if not silent:
                 out.write(f"{fn}: epoch {iepoch:04d}/{nepoch:04d}:\n")
             epoch(opt_ctx, dataset, result_train, result_val, idata_split, callback, callback)
             if not silent:
                 out.write("\n")
-            history._record(result_train, result_val, time.perf_counter() - t_epoch)
-            if checkpoint is not None:
-                opt_ctx.save_state(checkpoint, dataset, schedule, epoch=iepoch)
+
+        history = train_epochs(opt_ctx, dataset, nepoch, run_epoch, schedule=schedule,
+                               shuffle_first=nbatch_logical < ndata, checkpoint=checkpoint,
+                               resume=resume, run=run, stream=None if silent else out)
     if not silent:
         out.write(f"{fn}: training took {format_hms(int((time.perf_counter() - t_start) * 1e6))}\n")
         out.flush()

@@ -6,8 +6,8 @@ count: ``ops/linalg.py``); everything else is a ``ggopt._kernels`` function.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -46,12 +46,11 @@ class CPUBackend(Backend):
         """Pin this backend's thread count (None: follow the process-wide setting)."""
         self._n_threads = _check_n_threads("ggml_backend_cpu_set_n_threads", n_threads)
 
-    def compute_scope(self) -> contextlib.ExitStack:
+    def compute_scope(self) -> AbstractContextManager[object]:
         """BLAS on one thread (:class:`.blas.SerialBlas`) and the compute's float mode
-        (:class:`.denormals.ComputeFloatMode`, flush-to-zero on this backend's threads)."""
-        scope = contextlib.ExitStack()
-        scope.enter_context(SerialBlas())
-        scope.enter_context(ComputeFloatMode(self.n_threads))
+        (:class:`.denormals.ComputeFloatMode`, flush-to-zero on this backend's threads), one
+        scope whose float mode is set and restored in C, so no interrupt leaves it set."""
+        scope: AbstractContextManager[object] = ComputeFloatMode(self.n_threads, SerialBlas())
         return scope
 
     # --- memory -------------------------------------------------------------------------------

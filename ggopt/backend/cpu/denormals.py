@@ -9,49 +9,28 @@ elsewhere nothing changes) and restores the threads' state afterwards. Every thr
 alike, so results stay the same for any thread count; they differ from IEEE arithmetic only
 where a value would be subnormal. ``set_flush_denormals(False)`` keeps IEEE subnormals, as
 ggml does.
+
+:class:`ComputeFloatMode`, the scope of one compute, is written in C (``_kernels/_fpmode.pyx``)
+so that no Python bytecode, and hence no KeyboardInterrupt, runs between setting the mode and
+recording what to restore, or inside the restore.
 """
 
 from __future__ import annotations
 
-from types import TracebackType
-
-from ..._kernels._fpmode import begin, end, supported
+from ..._kernels._fpmode import ComputeFloatMode, enabled, set_enabled, supported
 from ...errors import DTypeError
 
 __all__ = ["ComputeFloatMode", "get_flush_denormals", "set_flush_denormals"]
-
-_flush = True
 
 
 def set_flush_denormals(on: bool) -> None:
     """Flush subnormal floats to zero in the graph computes that start from now on (the
     default), or keep IEEE subnormals (``False``, ggml's behaviour; slower when they occur)."""
-    global _flush
     if not isinstance(on, bool):
         raise DTypeError(f"set_flush_denormals: expected a bool, got {type(on).__name__}")
-    _flush = on
+    set_enabled(on)
 
 
 def get_flush_denormals() -> bool:
     """Whether graph computes flush subnormals to zero (False where the CPU cannot: not x86)."""
-    return _flush and bool(supported())
-
-
-class ComputeFloatMode:
-    """The float mode of one compute: flush-to-zero on the calling thread and on the OpenMP
-    team threads of up to ``n_threads`` while inside, the previous state afterwards."""
-
-    def __init__(self, n_threads: int) -> None:
-        self._n_threads = n_threads
-        self._saved: int | None = None
-
-    def __enter__(self) -> ComputeFloatMode:
-        if get_flush_denormals():
-            self._saved = begin(self._n_threads)
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._saved is not None:
-            end(self._n_threads, self._saved)
-            self._saved = None
+    return bool(enabled()) and bool(supported())

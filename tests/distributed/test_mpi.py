@@ -1,0 +1,177 @@
+"""Data-parallel training under ``mpiexec -n 2``: equivalence, faults and misuse.
+
+Each test starts its own MPI job (the ranks run tests/support/dist_worker.py or the MNIST example)
+and skips only where MPI is not installed (``pip install 'ggopt[mpi]'``). Every job runs
+under a timeout: a hang fails the test instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from ggopt.examples import mnist_model
+from tests.support.mpi import (
+    errors,
+    max_rel_diff,
+    needs_mpi,
+    run,
+    worker,
+)
+
+pytestmark = needs_mpi
+
+
+
+
+
+
+
+
+
+
+
+
+# --- equivalence ----------------------------------------------------------------------------
+def test_mnist_example_two_ranks_equals_one_process(tmp_path):
+    """ggml's recipe (logical batch 1000 = 2 x 500): each rank holds one micro-batch per step,
+    so the all-reduce adds the same two gradients one process adds, once: bit-identical."""
+    outs = {}
+    for n in (1, 2):
+        gguf_path = tmp_path / f"fc{n}.gguf"
+        code, out = run(n, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--epochs",
+                        "1", "--out", str(gguf_path))
+        assert code == 0, out
+        outs[n] = out
+        assert out.count("ggml_opt_fit: training took") == 1, out  # only rank 0 prints
+    assert "data-parallel over MPI, 2 ranks" in outs[2]
+    one = mnist_model.load_gguf(tmp_path / "fc1.gguf")[1]
+    two = mnist_model.load_gguf(tmp_path / "fc2.gguf")[1]
+    for name in one:
+        assert max_rel_diff(one[name], two[name]) <= 1e-5, name
+        assert np.array_equal(one[name], two[name]), name
+    scores = [re.findall(r"main: test_(?:loss|acc)=\S+", outs[n]) for n in (1, 2)]
+    assert len(scores[0]) == 2 and scores[0] == scores[1]
+
+
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
+def test_mnist_example_four_ranks_match_one_process(tmp_path):
+    """4 ranks: the example takes micro-batches of 250 (one per rank per step) instead of 500,
+    so the sums run in another order and the result is equal up to rounding."""
+    for n in (1, 4):
+        code, out = run(n, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--epochs",
+                        "1", "--out", str(tmp_path / f"fc{n}.gguf"))
+        assert code == 0, out
+    one = mnist_model.load_gguf(tmp_path / "fc1.gguf")[1]
+    four = mnist_model.load_gguf(tmp_path / "fc4.gguf")[1]
+    for name in one:
+        assert max_rel_diff(one[name], four[name]) <= 1e-5, name
+
+
+def test_two_micro_batches_per_rank_match_one_process(tmp_path):
+    """Logical batch 2000: each rank sums two micro-batches before the all-reduce, so the sum
+    is (g1+g2)+(g3+g4) instead of ((g1+g2)+g3)+g4: equal up to rounding."""
+    for n, sub in ((1, "one"), (2, "two")):
+        (tmp_path / sub).mkdir()
+        code, out = worker(n, "fit", str(tmp_path / sub), "2000", "4000")
+        assert code == 0, out
+    one = np.load(tmp_path / "one" / "result.npz")
+    two = np.load(tmp_path / "two" / "result.npz")
+    for name in one.files:
+        if name.startswith("w:"):
+            assert max_rel_diff(one[name], two[name]) <= 1e-5, name
+        else:  # the history: losses and accuracies every rank merged
+            np.testing.assert_allclose(two[name], one[name], rtol=1e-5, err_msg=name)
+
+
+def test_dynamic_graphs_two_ranks_equal_one_process(tmp_path):
+    for n, sub in ((1, "one"), (2, "two")):
+        (tmp_path / sub).mkdir()
+        code, out = worker(n, "dynamic", str(tmp_path / sub))
+        assert code == 0, out
+    np.testing.assert_array_equal(np.load(tmp_path / "two" / "w.npy"),
+                                  np.load(tmp_path / "one" / "w.npy"))
+
+
+def test_communicator_of_one_rank_is_no_communicator(tmp_path):
+    code, out = worker(1, "size1", str(tmp_path))
+    assert code == 0, out
+    assert (tmp_path / "ok").exists()
+
+
+def test_consistency_check_passes_and_catches_divergence(tmp_path):
+    code, out = worker(2, "check", str(tmp_path), "no")
+    assert code == 0, out
+    assert (tmp_path / "ok").exists()
+    code, out = worker(2, "check", str(tmp_path), "yes")
+    assert code == 3, out
+    for rank in (0, 1):
+        assert errors(tmp_path, rank).startswith("StateError: ranks [1] hold parameters"), out
+
+
+# --- faults ---------------------------------------------------------------------------------
+def test_rank_that_raises_ends_every_rank(tmp_path):
+    code, out = worker(2, "fault", str(tmp_path), "raise")
+    assert code != 0, out
+    assert "RuntimeError: rank 1 fails on purpose" in out
+    assert "ggopt.distributed: rank 1 of 2: failed with RuntimeError" in out
+
+
+def test_rank_that_is_killed_ends_every_rank(tmp_path):
+    code, out = worker(2, "fault", str(tmp_path), "kill")
+    assert code != 0, out
+    pids = re.search(r"rank 0 = pid (\d+) on \S+, rank 1 = pid (\d+)", out)
+    assert pids, out
+    # The launcher names the dead process by pid (MPICH: "PID <pid> RUNNING AT <host>");
+    # the ranks' start-up line maps that pid to rank 1.
+    launcher_lines = [s for s in out.splitlines() if "rank 1 = pid" not in s]
+    assert any(pids.group(2) in s for s in launcher_lines), out
+
+
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
+def test_watchdog_ends_a_job_whose_rank_stalls(tmp_path):
+    """Rank 1 sleeps for a minute before its second step; rank 0's watchdog (2 s) aborts."""
+    code, out = worker(2, "fault", str(tmp_path), "stall", GGOPT_DIST_TIMEOUT="2")
+    assert code != 0, out
+    assert re.search(r"rank 0 of 2: waited \d+\.\d s in the gradient all-reduce \(timeout 2 s\)",
+                     out), out
+
+
+def test_example_error_on_every_rank_ends_the_job(tmp_path):
+    code, out = run(2, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--data",
+                    str(tmp_path / "missing"))
+    assert code != 0, out
+    assert "mnist: error:" in out
+
+
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
+def test_example_refuses_ranks_that_cannot_share_the_batch(tmp_path):
+    code, out = run(3, "-m", "ggopt.examples.mnist", "train", "--arch", "fc", "--out",
+                    str(tmp_path / "fc.gguf"))
+    assert code != 0, out
+    assert "3 ranks cannot share a logical batch of 1000 images" in out
+    assert not (tmp_path / "fc.gguf").exists()
+
+
+# --- misuse ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("what, expected", [
+    ("shape", "ranks disagree on the optimization: parameters (name, type, ne)"),
+    ("period", "ranks disagree on the optimization: opt_period is 2 on rank 0 but 4 on rank 1"),
+    ("ndata", "ranks disagree on the epoch: ndata is 16 on rank 0 but 24 on rank 1"),
+])
+def test_disagreeing_ranks_get_the_same_error(tmp_path, what, expected):
+    code, out = worker(2, "misuse", str(tmp_path), what)
+    assert code == 3, out
+    for rank in (0, 1):
+        assert errors(tmp_path, rank).startswith(f"ShapeError: {expected}"), out
+
+
+@pytest.mark.slow  # more processes than cores, or seconds of waiting: CI runs it
+def test_opt_period_must_split_over_the_ranks(tmp_path):
+    code, out = worker(3, "misuse", str(tmp_path), "none")
+    assert code == 3, out
+    for rank in (0, 1, 2):
+        assert re.match(r"ShapeError: opt_period=2 .* multiple of the 3 ranks",
+                        errors(tmp_path, rank)), out
