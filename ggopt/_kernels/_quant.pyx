@@ -69,6 +69,10 @@ cdef int _check_unit(str fn, str name, Py_ssize_t n, Py_ssize_t stride,
     return 0
 
 
+cdef inline const uint8_t *_row_at(const char *base, Py_ssize_t offset) noexcept nogil:
+    return <const uint8_t *>(base + offset)
+
+
 def _f16_bits(float x) -> int:
     """The F16 bits of ``x``, rounded to nearest even (the scales' conversion; for tests)."""
     return ggopt_f32_to_f16(x)
@@ -80,7 +84,7 @@ def _f16_value(unsigned short h) -> float:
 
 
 def dequantize_rows(const uint8_t[:, :, :, :] src not None, int qtype,
-               float[:, :, :, ::1] dst not None, int n_threads):
+                    float[:, :, :, ::1] dst not None, int n_threads):
     """``dst`` = the float32 values of the blocks in ``src`` (ggml's dequantize_row_*).
 
     Parameters
@@ -104,13 +108,12 @@ def dequantize_rows(const uint8_t[:, :, :, :] src not None, int qtype,
     with nogil:
         for r in prange(nrows, schedule="static", num_threads=n_threads,
                         use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
-            ggopt_dequant_row(qtype, <const uint8_t *>(sb + r // (n2 * n1) * s3
-                                                      + r // n1 % n2 * s2 + r % n1 * s1),
-                              db + r * ne0, nb)
+            ggopt_dequant_row(qtype, _row_at(sb, r // (n2 * n1) * s3 + r // n1 % n2 * s2
+                                             + r % n1 * s1), db + r * ne0, nb)
 
 
 def quantize_rows(const float[:, :, :, ::1] src not None, int qtype,
-             uint8_t[:, :, :, ::1] dst not None, int n_threads):
+                  uint8_t[:, :, :, ::1] dst not None, int n_threads):
     """``dst`` = the blocks of ``src`` (ggml's quantize_row_*_ref, bit for bit).
 
     Parameters
@@ -136,8 +139,8 @@ def quantize_rows(const float[:, :, :, ::1] src not None, int qtype,
 
 
 def get_quantized_rows(const uint8_t[:, :, :, :] a not None, int qtype,
-             const int32_t[:, :, ::1] idx not None, float[:, :, :, ::1] dst not None,
-             int n_threads):
+                       const int32_t[:, :, ::1] idx not None, float[:, :, :, ::1] dst not None,
+                       int n_threads):
     """Gather and dequantize rows: ``dst[i2, i1, i0, :] = deq(a[i2, i1, idx[i2, i1, i0]])``.
 
     Parameters
@@ -170,9 +173,8 @@ def get_quantized_rows(const uint8_t[:, :, :, :] a not None, int qtype,
     with nogil:
         for r in prange(nrows, schedule="static", num_threads=n_threads,
                         use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
-            ggopt_dequant_row(qtype, <const uint8_t *>(ab + r // (I1 * I0) * s3
-                                                      + r // I0 % I1 * s2 + ib[r] * s1),
-                              db + r * ne0, nb)
+            ggopt_dequant_row(qtype, _row_at(ab, r // (I1 * I0) * s3 + r // I0 % I1 * s2
+                                             + ib[r] * s1), db + r * ne0, nb)
 
 
 cdef int _check_ld(str fn, str name, Py_ssize_t rows, Py_ssize_t stride,

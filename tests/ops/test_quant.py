@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from gguf import quants as gq
 from gguf.constants import GGMLQuantizationType as GQT
-from tests.support.helpers import check_grads, run
 
 import ggopt
 from ggopt import backend as gb
@@ -18,6 +17,7 @@ from ggopt.backend.array.backend import numpy_backend
 from ggopt.errors import DTypeError, GgoptError, ShapeError
 from ggopt.quants import tensor_from_blocks
 from ggopt.types import F32, GGType
+from tests.support.helpers import check_grads, run
 
 TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0]
 
