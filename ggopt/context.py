@@ -37,6 +37,15 @@ def normalize_ne(ne: Sequence[int]) -> tuple[int, int, int, int]:
     return (out[0], out[1], out[2], out[3])
 
 
+def check_whole_blocks(fn: str, type: GGType, ne: Sequence[int], name: str = "") -> None:
+    """ShapeError unless ``ne[0]`` is a whole number of ``type``'s blocks (ggml asserts it)."""
+    blck = type.blck_size
+    if ne[0] % blck:
+        what = f" '{name}'" if name else ""
+        raise ShapeError(f"ggml_{fn}: tensor{what} of type {type.name} needs ne[0] to be a "
+                         f"multiple of its block size {blck}, got ne={list(ne)}")
+
+
 class Context:
     """A collection of tensors and the ops built on them (ggml_init / ggml_context).
 
@@ -86,7 +95,9 @@ class Context:
     def new_tensor(self, type: GGType, ne: Sequence[int]) -> Tensor:
         """A new tensor of element type ``type`` and ggml shape ``ne`` (ne0 fastest)."""
         t = as_type(type)
-        return self._add(Tensor(self, t, normalize_ne(ne)))
+        ne4 = normalize_ne(ne)
+        check_whole_blocks("new_tensor", t, ne4)
+        return self._add(Tensor(self, t, ne4))
 
     def new_tensor_1d(self, type: GGType, ne0: int) -> Tensor:
         return self.new_tensor(type, (ne0,))

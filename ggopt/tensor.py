@@ -193,8 +193,14 @@ class Tensor:
         """Bytes spanned by the tensor's memory (ggml_nbytes)."""
         if self.nelements() == 0:
             return 0
-        size = self.type.size
-        for i in range(GGML_MAX_DIMS):
+        blck = _BLCK[self.type]
+        if blck == 1:
+            size = self.type.size
+            for i in range(GGML_MAX_DIMS):
+                size += (self.ne[i] - 1) * self.nb[i]
+            return size
+        size = self.ne[0] * self.nb[0] // blck  # whole rows of blocks
+        for i in range(1, GGML_MAX_DIMS):
             size += (self.ne[i] - 1) * self.nb[i]
         return size
 
@@ -218,6 +224,20 @@ class Tensor:
     def is_contiguous(self) -> bool:
         """True when the elements are densely packed in ggml order (ggml_is_contiguous)."""
         return self.nb == contiguous_strides(self.type, self.ne) or self.nelements() <= 1
+
+    def storage_shape(self) -> tuple[int, int, int, int]:
+        """The 4-D NumPy shape of the memory view: ``(ne3, ne2, ne1, ne0)``, or for a quantized
+        type ``(ne3, ne2, ne1, row bytes)``: its rows of raw blocks, ``uint8``."""
+        ne = self.ne
+        blck = _BLCK[self.type]
+        if blck == 1:
+            return (ne[3], ne[2], ne[1], ne[0])
+        return (ne[3], ne[2], ne[1], ne[0] // blck * self.type.size)
+
+    def storage_strides(self) -> tuple[int, int, int, int]:
+        """The byte strides of :meth:`storage_shape` (NumPy order)."""
+        nb = self.nb
+        return (nb[3], nb[2], nb[1], nb[0] if _BLCK[self.type] == 1 else 1)
 
     def is_transposed(self) -> bool:
         """True when dims 0 and 1 are swapped in memory (ggml_is_transposed)."""
@@ -289,14 +309,17 @@ def _numpy_ndim(ne: tuple[int, int, int, int]) -> int:
     return 1
 
 
-#: bytes per element by type (GGType.size, without the property and dtype lookups)
+#: bytes per block by type (GGType.size, without the property and dtype lookups)
 _ITEMSIZE = {t: t.size for t in GGType}
+#: elements per block by type
+_BLCK = {t: t.blck_size for t in GGType}
 
 
 def contiguous_strides(type: GGType, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """Byte strides of a densely packed tensor of shape ``ne``."""
+    """Byte strides of a densely packed tensor of shape ``ne`` (for a quantized type ``nb[0]``
+    is the bytes of one block and ``nb[1]`` those of a row, as ggml computes them)."""
     nb0 = _ITEMSIZE[type]
-    nb1 = nb0 * ne[0]
+    nb1 = nb0 * (ne[0] // _BLCK[type])
     nb2 = nb1 * ne[1]
     nb3 = nb2 * ne[2]
     return (nb0, nb1, nb2, nb3)

@@ -8,31 +8,55 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import DTypeError
+from .errors import DTypeError, ShapeError
 
 __all__ = [
-    "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "type_size", "np_dtype", "GGML_MAX_DIMS",
-    "FLAG_INPUT", "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
+    "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "type_size", "blck_size", "row_size", "np_dtype", "GGML_MAX_DIMS", "FLAG_INPUT",
+    "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
 ]
 
 GGML_MAX_DIMS = 4
 
 
 class GGType(enum.IntEnum):
-    """Tensor element types (values are ggml's ``enum ggml_type``)."""
+    """Tensor element types (values are ggml's ``enum ggml_type``).
+
+    The quantized types hold blocks of :attr:`blck_size` elements in :attr:`size` bytes
+    (ggml's ``type_traits``); their NumPy view is the raw blocks, ``uint8`` (see
+    :attr:`dtype`).
+    """
 
     F32 = 0
     F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
     I32 = 26
     I64 = 27
 
     @property
     def dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype of the tensor's view: the element type, or ``uint8`` (the raw block
+        bytes) for a quantized type."""
         return _NP_DTYPES[self]
 
     @property
     def size(self) -> int:
-        return int(_NP_DTYPES[self].itemsize)
+        """Bytes per block of :attr:`blck_size` elements (ggml_type_size)."""
+        return _TYPE_SIZES[self]
+
+    @property
+    def blck_size(self) -> int:
+        """Elements per block: 1, or 32 for the quantized types (ggml_blck_size)."""
+        return _BLCK_SIZES.get(self, 1)
+
+    @property
+    def is_quantized(self) -> bool:
+        """True for the block types (ggml_is_quantized)."""
+        return self in _BLCK_SIZES
 
     @property
     def is_float(self) -> bool:
@@ -43,7 +67,14 @@ F32 = GGType.F32
 F16 = GGType.F16
 I32 = GGType.I32
 I64 = GGType.I64
+Q4_0 = GGType.Q4_0
+Q4_1 = GGType.Q4_1
+Q5_0 = GGType.Q5_0
+Q5_1 = GGType.Q5_1
+Q8_0 = GGType.Q8_0
 
+#: elements per block of the quantized types (ggml's QK4_0, QK4_1, QK5_0, QK5_1, QK8_0)
+_BLCK_SIZES: dict[GGType, int] = {t: 32 for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)}
 _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.F32: np.dtype(np.float32),
     GGType.F16: np.dtype(np.float16),
@@ -51,6 +82,12 @@ _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.I64: np.dtype(np.int64),
 }
 _FROM_NP = {v: k for k, v in _NP_DTYPES.items()}
+# block types: an F16 scale d (and an F16 minimum m for the _1 types), for Q5 4 bytes of high
+# bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0)
+_QUANT_BYTES = {Q4_0: 2 + 16, Q4_1: 4 + 16, Q5_0: 2 + 4 + 16, Q5_1: 4 + 4 + 16, Q8_0: 2 + 32}
+_NP_DTYPES.update({t: np.dtype(np.uint8) for t in _QUANT_BYTES})
+_TYPE_SIZES: dict[GGType, int] = {t: int(_NP_DTYPES[t].itemsize) for t in _FROM_NP.values()}
+_TYPE_SIZES.update(_QUANT_BYTES)
 
 
 class TensorFlag(enum.IntFlag):
@@ -83,12 +120,27 @@ def as_type(t: GGType | int) -> GGType:
 
 
 def type_size(t: GGType) -> int:
-    """Bytes per element of type ``t`` (ggml_type_size)."""
+    """Bytes per block of type ``t``: per element for the plain types (ggml_type_size)."""
     return as_type(t).size
 
 
+def blck_size(t: GGType) -> int:
+    """Elements per block of type ``t`` (ggml_blck_size)."""
+    return as_type(t).blck_size
+
+
+def row_size(t: GGType, ne: int) -> int:
+    """Bytes of ``ne`` elements of type ``t`` (ggml_row_size); ``ne`` must be a whole number
+    of blocks (ShapeError otherwise)."""
+    tt = as_type(t)
+    if ne % tt.blck_size:
+        raise ShapeError(f"a row of {ne} {tt.name} elements is not a whole number of "
+                         f"{tt.blck_size}-element blocks")
+    return tt.size * (ne // tt.blck_size)
+
+
 def np_dtype(t: GGType) -> np.dtype[Any]:
-    """The NumPy dtype of type ``t``."""
+    """The NumPy dtype of type ``t`` (``uint8``, the raw blocks, for a quantized type)."""
     return as_type(t).dtype
 
 

@@ -310,3 +310,13 @@ cdef void _product(Product *p, float *scratch) noexcept nogil:
                   &p.ldb, &zero, p.c, &p.ldc)
     if p.acc != NULL:
         ggopt_add_rows(p.acc, p.ldacc, p.c, p.ldc, p.n, p.m)
+
+
+cdef void sgemm_colmajor(char ta, char tb, int m, int n, int k, const float *a, int lda,
+                         const float *b, int ldb, float *c, int ldc) noexcept nogil:
+    cdef float one = 1.0, zero = 0.0
+    cdef int64_t m64 = m, n64 = n, k64 = k, lda64 = lda, ldb64 = ldb, ldc64 = ldc
+    if _sgemm64 != NULL:
+        _sgemm64(&ta, &tb, &m64, &n64, &k64, &one, a, &lda64, b, &ldb64, &zero, c, &ldc64)
+    else:
+        sgemm(&ta, &tb, &m, &n, &k, &one, <float *>a, &lda, <float *>b, &ldb, &zero, c, &ldc)

@@ -138,9 +138,15 @@ class Backend:
         _check_transfer(t)
         arr = np.asarray(array)
         if arr.dtype != t.type.dtype:
+            raw = " raw blocks" if t.type.is_quantized else ""
             raise DTypeError(f"ggml_backend_tensor_set: tensor '{t.name}' is {t.type.name} "
-                             f"({t.type.dtype}), the array is {arr.dtype}")
-        if arr.size != t.nelements():
+                             f"({t.type.dtype}{raw}), the array is {arr.dtype}")
+        if t.type.is_quantized:
+            want = int(np.prod(t.storage_shape()))
+            if arr.size != want:
+                raise ShapeError(f"ggml_backend_tensor_set: tensor '{t.name}' is {t.type.name} "
+                                 f"with {want} bytes of blocks, the uint8 array has {arr.size}")
+        elif arr.size != t.nelements():
             raise ShapeError(f"ggml_backend_tensor_set: tensor '{t.name}' has {t.nelements()} "
                              f"elements, the array {arr.size}")
         self._copy_in(t, arr)

@@ -45,5 +45,7 @@ def is_product_then_add(prod: Tensor, add: Tensor, uses: Mapping[Tensor, int]) -
         return False
     if prod.type is not F32 or add.type is not F32 or prod.ne != add.ne or acc.ne != add.ne:
         return False
+    if any(s is not None and s.type.is_quantized for s in prod.src):
+        return False  # a quantized weight's products have kernels of their own
     owner = acc.data_owner()
     return all(s is None or s.data_owner() is not owner for s in prod.src)

@@ -20,10 +20,11 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from ..errors import DTypeError, GgoptError, InvalidValueError, ShapeError
+from ..quants import QUANTIZED_TYPES, Blocks
 from ..types import GGML_MAX_DIMS
 from .atomic import atomic_path
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "load_blocks"]
 
 _ARCH_KEY = "general.architecture"
 _ALIGNMENT_KEY = "general.alignment"
@@ -36,6 +37,7 @@ _TENSOR_TYPES: dict[np.dtype[Any], GGMLQuantizationType] = {
 }
 _TENSOR_DTYPES: dict[GGMLQuantizationType, np.dtype[Any]] = {
     v: k for k, v in _TENSOR_TYPES.items()}
+_QUANT_TYPES = {int(t): t for t in QUANTIZED_TYPES}
 _INT32 = (-(1 << 31), 1 << 31)
 _INT64 = (-(1 << 63), 1 << 63)
 
@@ -137,7 +139,7 @@ def _kv(path: str, key: object, value: object) -> tuple[object, GGUFValueType, A
     return [t[1] for t in typed_items if t is not None], GGUFValueType.ARRAY, types.pop()
 
 
-def _tensor(path: str, name: object, array: object) -> np.ndarray:
+def _tensor(path: str, name: object, array: object) -> np.ndarray | Blocks:
     """Check one tensor; return it C-contiguous in native byte order."""
     if isinstance(name, str):
         _check_utf8(f"gguf_write_to_file {path!r}", "tensor name", name)
@@ -146,12 +148,17 @@ def _tensor(path: str, name: object, array: object) -> np.ndarray:
             f"gguf_write_to_file {path!r}: tensor name: expected a non-empty str of at most "
             f"{_MAX_NAME - 1} UTF-8 bytes (GGML_MAX_NAME), got {name!r}"
         )
+    if isinstance(array, Blocks):
+        if not 1 <= array.data.ndim <= GGML_MAX_DIMS:
+            raise ShapeError(f"gguf_write_to_file {path!r}: tensor {name!r}: expected "
+                             f"1..{GGML_MAX_DIMS} dimensions, got {array.data.ndim}")
+        return array
     arr = np.asarray(array)
     dtype = arr.dtype.newbyteorder("=")
     if dtype not in _TENSOR_TYPES:
         raise DTypeError(
             f"gguf_write_to_file {path!r}: tensor {name!r}: expected float32, float16 or "
-            f"int32, got {arr.dtype}"
+            f"int32, got {arr.dtype} (quantized blocks: pass a ggopt.quants.Blocks)"
         )
     if not 1 <= arr.ndim <= GGML_MAX_DIMS:
         raise ShapeError(
@@ -161,12 +168,13 @@ def _tensor(path: str, name: object, array: object) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray],
+def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray | Blocks],
          metadata: Mapping[str, object]) -> None:
     """Write ``tensors`` (NumPy order) and ``metadata`` to a GGUF file (``gguf_write_to_file``).
 
     ``metadata["general.architecture"]`` (a non-empty str) is required. Tensors may be
-    float32, float16 or int32 with 1 to 4 dimensions; names are shorter than 64 bytes.
+    float32, float16 or int32 with 1 to 4 dimensions, or quantized
+    (:class:`ggopt.quants.Blocks`, written byte for byte); names are shorter than 64 bytes.
     Everything is checked before the file is opened. The file is written under a temporary
     name in the same directory and renamed over ``path`` only when complete, so a failure
     never damages an existing file.
@@ -202,7 +210,11 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray],
             for key, (value, vtype, sub_type) in kvs.items():
                 writer.add_key_value(key, value, vtype, sub_type)
             for name, arr in arrays.items():
-                writer.add_tensor(name, arr)
+                if isinstance(arr, Blocks):  # the raw blocks, byte for byte
+                    writer.add_tensor(name, np.ascontiguousarray(arr.data),
+                                      raw_dtype=GGMLQuantizationType(int(arr.type)))
+                else:
+                    writer.add_tensor(name, arr)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
@@ -217,14 +229,14 @@ def _decode(field: Any) -> object:
     return field.contents()
 
 
-def _read(path: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
+def _read(path: str, blocks: bool) -> tuple[dict[str, object], dict[str, np.ndarray | Blocks]]:
     reader = _StrictReader(path)
     metadata = {name: _decode(f) for name, f in reader.fields.items()
                 if not name.startswith(_READER_KEYS)}
     size = len(reader.data)
     align = int(reader.alignment)
     expected_offset = 0
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | Blocks] = {}
     for t in reader.tensors:
         where = f"tensor {t.name!r}"
         if not t.name or len(t.name.encode()) >= _MAX_NAME:
@@ -234,14 +246,26 @@ def _read(path: str) -> tuple[dict[str, object], dict[str, np.ndarray]]:
             raise ShapeError(f"{where}: n_dims: expected 1..{GGML_MAX_DIMS}, "
                              f"got {len(t.shape)}")
         dtype = _TENSOR_DTYPES.get(t.tensor_type)
-        if dtype is None:
-            raise DTypeError(f"{where}: type: expected F32, F16 or I32, "
-                             f"got {t.tensor_type.name}")
+        qtype = _QUANT_TYPES.get(int(t.tensor_type))
+        if dtype is None and (qtype is None or not blocks):
+            if blocks:
+                want = f"F32, F16, I32 or {', '.join(q.name for q in QUANTIZED_TYPES)}"
+            else:
+                want = "F32, F16 or I32"
+            hint = " (read quantized tensors with ggopt.io.gguf.load_blocks)" \
+                if qtype is not None else ""
+            raise DTypeError(f"{where}: type: expected {want}, got {t.tensor_type.name}{hint}")
+        if qtype is not None and int(t.shape[0]) % qtype.blck_size:
+            raise ShapeError(f"{where}: ne0 = {int(t.shape[0])} is not a whole number of "
+                             f"{qtype.blck_size}-element {qtype.name} blocks")
         offset = t.data_offset - reader.data_offset
         if offset != expected_offset:
             raise ShapeError(f"{where}: data offset: expected {expected_offset}, got {offset}")
         expected_offset += -(-t.n_bytes // align) * align
-        tensors[t.name] = np.array(t.data, dtype=dtype, order="C")
+        if qtype is not None:  # the raw blocks, copied, never dequantized
+            tensors[t.name] = Blocks(qtype, np.array(t.data, dtype=np.uint8, order="C"))
+        else:
+            tensors[t.name] = np.array(t.data, dtype=dtype, order="C")
     end = reader.data_offset + expected_offset
     if end > size:
         raise ShapeError(f"data section: expected the file to hold {end} bytes "
@@ -255,6 +279,7 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, np.
     ``metadata`` holds every key/value pair of the file as Python values (the reader's own
     ``GGUF.*`` bookkeeping entries left out); ``tensors`` maps names to writable copies in
     NumPy order, shape ``(ne3, ne2, ne1, ne0)`` trimmed to the tensor's dimensions.
+    Files with quantized tensors: :func:`load_blocks`.
 
     Raises
     ------
@@ -263,10 +288,25 @@ def load(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, np.
     DTypeError
         A tensor type other than F32, F16 and I32, or a nested metadata array.
     """
+    metadata, tensors = _load(path, False)
+    return metadata, {k: v for k, v in tensors.items() if isinstance(v, np.ndarray)}
+
+
+def load_blocks(path: str | os.PathLike[str]
+                ) -> tuple[dict[str, object], dict[str, np.ndarray | Blocks]]:
+    """As :func:`load`, but a quantized tensor (a type of :data:`ggopt.quants.QUANTIZED_TYPES`)
+    comes back as :class:`ggopt.quants.Blocks`: its raw blocks copied, never dequantized, so
+    :func:`save` writes them back byte for byte. A tensor whose ne0 is not whole blocks is a
+    ShapeError naming it."""
+    return _load(path, True)
+
+
+def _load(path: str | os.PathLike[str], blocks: bool
+          ) -> tuple[dict[str, object], dict[str, np.ndarray | Blocks]]:
     spath = os.fspath(path)
     where = f"gguf_init_from_file {spath!r}"
     try:
-        return _read(spath)
+        return _read(spath, blocks)
     except GgoptError as exc:
         raise type(exc)(f"{where}: {exc}") from None
     except _NestedArray as exc:

@@ -29,6 +29,9 @@ def set_param(t: Tensor) -> None:
     if t.op is not Op.NONE:
         raise ShapeError(f"ggml_set_param: tensor '{t.name}' is the result of op {t.op.name}; "
                          "only tensors created directly in a context can be parameters")
+    if t.type.is_quantized:
+        raise DTypeError(f"ggml_set_param: tensor '{t.name}' is {t.type.name}: a quantized "
+                         "tensor cannot be trained (ggml aborts); train an F32 copy or adapters")
     t.flags |= FLAG_PARAM
 
 

@@ -6,7 +6,7 @@ Compilers: ``backend/*_ops/linalg.py``.
 from __future__ import annotations
 
 from ..context import Context
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
 from ..types import F32
 from ._base import GradSink, backward, check_ctx, check_f32, ne_str
@@ -19,10 +19,12 @@ __all__ = ["mul_mat", "out_prod"]
 def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """``a=[K, M, A2, A3]`` times ``b=[K, N, B2, B3]`` gives ``[M, N, B2, B3]`` (ggml_mul_mat).
 
-    In NumPy terms ``C = B @ A.T``; ``a`` is broadcast over dims 2 and 3.
+    In NumPy terms ``C = B @ A.T``; ``a`` is broadcast over dims 2 and 3. ``a`` may be
+    quantized (a weight; never trained): the gradient still flows to ``b``.
     """
     check_ctx("mul_mat", ctx)
-    check_f32("mul_mat", a=a, b=b)
+    _check_weight("mul_mat", a)
+    check_f32("mul_mat", b=b)
     if a.ne[0] != b.ne[0]:
         raise ShapeError(f"ggml_mul_mat: a.ne[0]={a.ne[0]} must equal b.ne[0]={b.ne[0]} "
                          f"(a {ne_str(a)}, b {ne_str(b)})")
@@ -43,13 +45,25 @@ def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ggml: ``ggml_out_prod``.
     """
     check_ctx("out_prod", ctx)
-    check_f32("out_prod", a=a, b=b)
+    _check_weight("out_prod", a)
+    check_f32("out_prod", b=b)
     if a.ne[1] != b.ne[1]:
         raise ShapeError(f"ggml_out_prod: a.ne[1]={a.ne[1]} must equal b.ne[1]={b.ne[1]}")
     if a.ne[2] == 0 or a.ne[3] == 0 or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]:
         raise ShapeError(f"ggml_out_prod: a {ne_str(a)} cannot be broadcast over b {ne_str(b)} "
                          "in dims 2 and 3")
     return ctx.new_op(F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]), Op.OUT_PROD, (a, b))
+
+
+def _check_weight(fn: str, a: Tensor) -> None:
+    """``a`` is F32, or quantized with whole rows of blocks (ggml's quantized src0: the
+    ``vec_dot`` / ``dequantize_row`` of its type)."""
+    if type(a) is Tensor and a.type.is_quantized:
+        if a.nb[0] != a.type.size or a.nb[1] < a.nb[0] * (a.ne[0] // a.type.blck_size):
+            raise ShapeError(f"ggml_{fn}: quantized a '{a.name}' must have whole rows of "
+                             f"blocks (nb={list(a.nb)})")
+        return
+    check_f32(fn, a=a)
 
 
 def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
@@ -74,7 +88,7 @@ def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None
     a, b = node.src
     if sink.needs(0):
         sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
-    if sink.needs(1):
+    if sink.needs(1):  # with a quantized a: out_prod dequantizes panels, never all of a
         sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
 
 
@@ -86,6 +100,9 @@ def _out_prod_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> Non
     if sink.needs(0):
         sink.add(0, _sum_blocks(ctx, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b), a))
     if sink.needs(1):
+        if a.type.is_quantized:
+            raise DTypeError(f"ggml_out_prod: the gradient through a quantized a '{a.name}' "
+                             "to b needs mul_mat(g, a) with a quantized src1, which ggml lacks")
         if a.ne[2:] == b.ne[2:]:
             sink.add(1, mul_mat(ctx, g, a))
         else:

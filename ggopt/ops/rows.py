@@ -29,7 +29,11 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     ``a=[ne0, nrows, ne2, ne3]``, ``b=[n, ne2, ne3]`` gives ``[ne0, n, ne2, ne3]``.
     """
     check_ctx("get_rows", ctx)
-    check_f32("get_rows", a=a)
+    check_tensor("get_rows", "a", a)
+    if not a.type.is_quantized:  # a quantized a: its rows are dequantized (the embeddings)
+        check_f32("get_rows", a=a)
+    elif a.nb[0] != a.type.size:
+        raise ShapeError(f"ggml_get_rows: quantized a '{a.name}' must have whole rows of blocks")
     check_type("get_rows", "b", b, I32)
     if b.ne[3] != 1 or b.ne[1] != a.ne[2] or b.ne[2] != a.ne[3]:
         raise ShapeError(f"ggml_get_rows: indices {ne_str(b)} must be [n, a.ne2, a.ne3] for "

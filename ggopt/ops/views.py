@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..context import Context, normalize_ne
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
 from ..types import F32
 from ._base import (
@@ -73,8 +73,12 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
     ne4 = normalize_ne(ne)
     offset = as_int(fn, "offset", offset)
     nb4: tuple[int, int, int, int] | None = None
+    blck = a.type.blck_size
+    if ne4[0] % blck:
+        raise ShapeError(f"ggml_{fn}: a view of {a.type.name} tensor '{a.name}' must hold whole "
+                         f"{blck}-element blocks per row, got ne0={ne4[0]}")
     if nb is None:
-        nbl = [a.type.size, a.type.size * ne4[0]]
+        nbl = [a.type.size, a.type.size * (ne4[0] // blck)]
         nbl += [nbl[1] * ne4[1], nbl[1] * ne4[1] * ne4[2]]
     else:
         nbl = [a.type.size] + [as_int(fn, f"nb{i + 1}", n) for i, n in enumerate(nb)]
@@ -82,7 +86,8 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         last = nbl[-1]
         nbl += [last * ne4[i] for i in range(len(nbl), 4)]
         nb4 = (nbl[0], nbl[1], nbl[2], nbl[3])
-    size = 0 if 0 in ne4 else a.type.size + builtins.sum((n - 1) * s for n, s in zip(ne4, nbl))
+    size = 0 if 0 in ne4 else a.type.size * (ne4[0] // blck) + builtins.sum(
+        (n - 1) * s for n, s in zip(ne4[1:], nbl[1:]))
     owner_bytes = a.data_owner().nbytes()
     start = (a.view_offs if a.view_src is not None else 0) + offset
     if offset < 0 or start + size > owner_bytes:
@@ -132,6 +137,9 @@ def _reshape(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...]) -> Tensor:
     if not a.is_contiguous():
         raise ShapeError(f"ggml_{fn}: a must be contiguous (use cont first)")
     n = ne4[0] * ne4[1] * ne4[2] * ne4[3]
+    if ne4[0] % a.type.blck_size:
+        raise ShapeError(f"ggml_{fn}: a {a.type.name} tensor ('{a.name}') reshaped must keep "
+                         f"whole {a.type.blck_size}-element blocks per row, got ne0={ne4[0]}")
     if n != a.nelements():
         raise ShapeError(f"ggml_{fn}: cannot reshape {a.nelements()} elements {ne_str(a)} "
                          f"into {list(ne4)} ({n} elements)")
@@ -166,10 +174,17 @@ def _reshape_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None
         sink.add(0, reshape(ctx, g if g.is_contiguous() else cont(ctx, g), node.src[0]))
 
 
+def _check_not_quantized(fn: str, a: Tensor) -> None:
+    if a.type.is_quantized:
+        raise DTypeError(f"ggml_{fn}: tensor '{a.name}' is {a.type.name}: its blocks run along "
+                         "ne0, which must stay dimension 0 (dequantize it with cpy first)")
+
+
 def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:
     """Move source dimension ``i`` to position ``axis_i`` (ggml_permute)."""
     check_ctx("permute", ctx)
     check_tensor("permute", "a", a)
+    _check_not_quantized("permute", a)
     given = [as_int("permute", f"axis{i}", x) for i, x in enumerate((axis0, axis1, axis2, axis3))]
     axes = (given[0], given[1], given[2], given[3])
     if sorted(axes) != [0, 1, 2, 3]:
@@ -187,6 +202,7 @@ def transpose(ctx: Context, a: Tensor) -> Tensor:
     """Swap dims 0 and 1 without copying (ggml_transpose)."""
     check_ctx("transpose", ctx)
     check_tensor("transpose", "a", a)
+    _check_not_quantized("transpose", a)
     ne = (a.ne[1], a.ne[0], a.ne[2], a.ne[3])
     nb = (a.nb[1], a.nb[0], a.nb[2], a.nb[3])
     return ctx.new_view(a, ne, nb, 0, Op.TRANSPOSE, (a,))
@@ -229,7 +245,22 @@ def cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     check_tensor("cpy", "b", b)
     if a.nelements() != b.nelements():
         raise ShapeError(f"ggml_cpy: a has {a.nelements()} elements, b has {b.nelements()}")
+    if (a.type.is_quantized or b.type.is_quantized) and a.type is not b.type:
+        _check_conversion(a, b)
     return ctx.new_view(b, b.ne, b.nb, 0, Op.CPY, (a, b))
+
+
+def _check_conversion(a: Tensor, b: Tensor) -> None:
+    """A cpy between a quantized type and F32 (ggml's dequantize / quantize): row for row,
+    the quantized side with whole rows of blocks, the F32 side contiguous."""
+    q, f = (a, b) if a.type.is_quantized else (b, a)
+    if f.type is not F32 or (a.type.is_quantized and b.type.is_quantized):
+        raise DTypeError(f"ggml_cpy: {a.type.name} -> {b.type.name}: a quantized tensor "
+                         "converts to or from F32 only")
+    if a.ne != b.ne or not f.is_contiguous() or q.nb[0] != q.type.size:
+        raise ShapeError(f"ggml_cpy: {a.type.name} -> {b.type.name} needs the same shape "
+                         f"(a {ne_str(a)}, b {ne_str(b)}), a contiguous F32 side and whole "
+                         "rows of blocks")
 
 
 @backward(Op.CONT)

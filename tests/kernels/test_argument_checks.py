@@ -30,6 +30,7 @@ from ggopt._kernels import (
     _optim,
     _pointwise,
     _pool,
+    _quant,
     _reduce,
     _rope,
     _softmax,
@@ -360,6 +361,25 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
             1.0, logits, labels, d2, n)),
         "soft_max_ext": (d4, lambda n: _attention.soft_max_ext(a4, None, d4, 1.0, 0.0, n)),
         "diag_mask": (d4, lambda n: _attention.diag_mask(a4, d4, 0, -np.inf, n)),
+        **_quant_calls(),
+    }
+
+
+def _quant_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
+    """The kernels of _quant.pyx (Q8_0 blocks of 64-element rows)."""
+    q8 = 8
+    blocks = np.zeros((2, 3, 4, 68), np.uint8)  # zero scales: every value 0
+    values, rows = _f32(2, 3, 4, 64), np.full((2, 3, 4, 64), 7.0, np.float32)
+    out_mm, out_op = np.full((5, 4), 7.0, np.float32), np.full((5, 64), 7.0, np.float32)
+    return {
+        "dequantize_rows": (rows, lambda n: _quant.dequantize_rows(blocks, q8, rows, n)),
+        "quantize_rows": (blocks, lambda n: _quant.quantize_rows(values, q8, blocks, n)),
+        "get_quantized_rows": (rows, lambda n: _quant.get_quantized_rows(
+            blocks, q8, np.zeros((2, 3, 4), np.int32), rows, n)),
+        "mul_mat_quantized": (out_mm, lambda n: _quant.mul_mat_quantized(
+            blocks[0, 0], q8, _f32(5, 64), out_mm, n)),
+        "out_prod_quantized": (out_op, lambda n: _quant.out_prod_quantized(
+            blocks[0, 0], q8, _f32(5, 4), out_op, n)),
     }
 
 
@@ -385,7 +405,7 @@ def test_every_kernel_takes_valid_thread_counts(name):
 def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
     modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _norm, _optim,
-               _pool, _pointwise, _reduce, _rope, _softmax]
+               _pool, _pointwise, _quant, _reduce, _rope, _softmax]
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__}

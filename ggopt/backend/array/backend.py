@@ -96,15 +96,13 @@ class ArrayBackend(Backend):
         return self._bytes_view(buf.data, offset, shape, strides, dtype)
 
     def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
-        ne, nb = t.ne, t.nb
-        return self.view_bytes(buf, offset, (ne[3], ne[2], ne[1], ne[0]),
-                               (nb[3], nb[2], nb[1], nb[0]), t.type.dtype)
+        return self.view_bytes(buf, offset, t.storage_shape(), t.storage_strides(), t.type.dtype)
 
     def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
         self.from_host(t.array4d(), array)
 
     def _copy_out(self, t: Tensor) -> np.ndarray:
-        return self.to_host(t.array4d()).reshape(t.shape)
+        return self.to_host(t.array4d()).reshape(t.shape[:-1] + t.storage_shape()[-1:])
 
     def fill(self, t: Tensor, value: float) -> None:
         t.array4d()[...] = value

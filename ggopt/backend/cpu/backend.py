@@ -60,16 +60,11 @@ class CPUBackend(Backend):
         return raw[start:start + nbytes]
 
     def array_at(self, buf: Buffer, offset: int, t: Tensor) -> Any:
-        ne, nb = t.ne, t.nb
-        if 0 in ne:
-            return np.empty((ne[3], ne[2], ne[1], ne[0]), dtype=t.type.dtype)
-        return np.ndarray(
-            (ne[3], ne[2], ne[1], ne[0]),
-            dtype=t.type.dtype,
-            buffer=buf.data,
-            offset=offset,
-            strides=(nb[3], nb[2], nb[1], nb[0]),
-        )
+        shape = t.storage_shape()
+        if 0 in t.ne:
+            return np.empty(shape, dtype=t.type.dtype)
+        return np.ndarray(shape, dtype=t.type.dtype, buffer=buf.data, offset=offset,
+                          strides=t.storage_strides())
 
     def _copy_in(self, t: Tensor, array: np.ndarray) -> None:
         view = t.array4d()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs, split_axes
+from .quant import dequantized
 
 if TYPE_CHECKING:
     from ..backend import ArrayBackend
@@ -36,23 +37,29 @@ def _whole(arr: Any) -> list[tuple[int, ...]]:
 
 @COMPILERS.register(Op.MUL_MAT)
 def _mul_mat(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    # Per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T
-    xp = be.xp
+    # Per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T; OUT_PROD: R (n1, n0) = B (K, n1).T @ A
     a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
+    if srcs[0].type.is_quantized:
+        raw, qt = a, srcs[0]
+        return lambda: _products(be, node, dequantized(be, qt, raw), b, c)()
+    return _products(be, node, a, b, c)
+
+
+def _products(be: ArrayBackend, node: Tensor, a: Any, b: Any, c: Any) -> Step:
+    """The MUL_MAT or OUT_PROD of the F32 arrays a, b into c."""
+    xp = be.xp
     ga, gb = _batch_split(a.shape, b.shape)
-    at = xp.swapaxes(split_axes(xp, a, ga + _whole(a)[2:]), -1, -2)
-    b = split_axes(xp, b, gb + _whole(b)[2:])
     c = split_axes(xp, c, gb + _whole(c)[2:])
-    return lambda: xp.matmul(b, at, out=c)
+    if node.op is Op.MUL_MAT:
+        at = xp.swapaxes(split_axes(xp, a, ga + _whole(a)[2:]), -1, -2)
+        b = split_axes(xp, b, gb + _whole(b)[2:])
+        return lambda: xp.matmul(b, at, out=c)
+    a = split_axes(xp, a, ga + _whole(a)[2:])
+    bt = xp.swapaxes(split_axes(xp, b, gb + _whole(b)[2:]), -1, -2)
+    return lambda: xp.matmul(bt, a, out=c)
 
 
 @COMPILERS.register(Op.OUT_PROD)
 def _out_prod(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     # Per 2-D slice: R (n1, n0) = B (K, n1).T @ A (K, n0)
-    xp = be.xp
-    a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
-    ga, gb = _batch_split(a.shape, b.shape)
-    a = split_axes(xp, a, ga + _whole(a)[2:])
-    bt = xp.swapaxes(split_axes(xp, b, gb + _whole(b)[2:]), -1, -2)
-    c = split_axes(xp, c, gb + _whole(c)[2:])
-    return lambda: xp.matmul(bt, a, out=c)
+    return _mul_mat(be, node, srcs, mem)  # the same dispatch, by node.op

@@ -9,6 +9,7 @@ from ....ops.views import AccParams, ConcatParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs
+from .quant import dequantized, quantized
 
 if TYPE_CHECKING:
     from ..backend import ArrayBackend
@@ -36,6 +37,12 @@ def _acc(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 @COMPILERS.register(Op.CPY, Op.DUP, Op.CONT)
 def _copy(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     a, d = mem(srcs[0]), mem(node)
+    at = srcs[0]
+    if at.type is not node.type and (at.type.is_quantized or node.type.is_quantized):
+        def convert() -> None:
+            d[...] = dequantized(be, at, a) if at.type.is_quantized else quantized(be, node, a)
+
+        return convert
     if a.shape == d.shape:
         def step() -> None:
             d[...] = a

@@ -17,6 +17,7 @@ from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from .. import threads as _threads
 from ..blas import products_blas
+from . import quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -171,11 +172,15 @@ def _products(op: Op, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Pro
 
 @COMPILERS.register(Op.MUL_MAT)
 def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if srcs[0].type.is_quantized:
+        return quant.product_step(be, node, srcs, mem)
     return _matmul_step(be, _products(Op.MUL_MAT, mem(srcs[0]), mem(srcs[1]), mem(node)))
 
 
 @COMPILERS.register(Op.OUT_PROD)
 def _out_prod(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if srcs[0].type.is_quantized:
+        return quant.product_step(be, node, srcs, mem)
     return _matmul_step(be, _products(Op.OUT_PROD, mem(srcs[0]), mem(srcs[1]), mem(node)))
 
 
@@ -186,6 +191,8 @@ def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placeme
     (``backend/fusion.py``); a product cut along its reduction is added once its halves are
     summed. The same operations as the two nodes apart, so the same bits. None when BLAS
     cannot read an operand in place."""
+    if srcs[0].type.is_quantized:
+        return None
     out4 = mem(node)
     accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]
     pieces: list[Piece] = []

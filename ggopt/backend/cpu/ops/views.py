@@ -13,6 +13,7 @@ from ....ops._base import params_of
 from ....ops.views import AccParams, ConcatParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from . import quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ def _acc(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 
 @COMPILERS.register(Op.CPY, Op.DUP, Op.CONT)
 def _copy_node(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if srcs[0].type is not node.type and (srcs[0].type.is_quantized or node.type.is_quantized):
+        return quant.convert_step(be, node, srcs, mem)
     a, d = mem(srcs[0]), mem(node)
     if a.shape == d.shape and a.dtype == d.dtype:
         return lambda: _copy.copy(a, d, be.n_threads)

@@ -1,0 +1,228 @@
+"""Graphs with quantized tensors: mul_mat / get_rows / cpy on a quantized weight on the CPU
+backend and the NumPy array backend (the reference: dequantize with gguf.quants, then F32),
+finite-difference gradients through x for every quantized type, a tied embedding/output
+weight, and the refusals (a quantized PARAM, an op without a quantized kernel, a gradient into
+a quantized tensor, partial blocks) before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import quants as gq
+from gguf.constants import GGMLQuantizationType as GQT
+
+import ggopt
+from ggopt import backend as gb
+from ggopt.backend.array.backend import numpy_backend
+from ggopt.errors import DTypeError, GgoptError, ShapeError
+from ggopt.quants import tensor_from_blocks
+from ggopt.types import F32, GGType
+from tests.support.helpers import check_grads, run
+
+TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0]
+
+
+def _f32(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _blocks(qtype: GGType, rows: int, cols: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Raw blocks of random rows and their dequantized values."""
+    raw = gq.quantize(_f32(rows, cols, seed=seed), GQT(int(qtype)))
+    return raw, gq.dequantize(raw, GQT(int(qtype)))
+
+
+def _weight(ctx: ggopt.Context, qtype: GGType, raw: np.ndarray, name: str = "w") -> ggopt.Tensor:
+    rows, rb = raw.shape
+    return tensor_from_blocks(ctx, qtype, (rb // qtype.size * 32, rows), raw, name)
+
+
+def _compute(build, inputs: list[np.ndarray], backend: gb.Backend,
+             weights: tuple[tuple[GGType, np.ndarray], ...] = ()) -> list[np.ndarray]:
+    """``build(ctx, *weight tensors, *input tensors)`` computed on ``backend`` (with the CPU
+    as the scheduler's last backend), every tensor allocated there; host copies of the
+    results. ``weights``: (type, raw blocks of shape (rows, row bytes))."""
+    ctx = ggopt.Context()
+    ws = [ctx.new_tensor(q, (raw.shape[1] // q.size * 32, raw.shape[0])) for q, raw in weights]
+    ins = [ctx.new_tensor(F32 if a.dtype == np.float32 else GGType.I32, a.shape[::-1])
+           for a in inputs]
+    for t in ins:
+        ggopt.set_input(t)
+    outs = build(ctx, *ws, *ins)
+    outs = [outs] if isinstance(outs, ggopt.Tensor) else list(outs)
+    gf = ggopt.new_graph_custom(ctx, 256, False)
+    for o in outs:
+        ggopt.set_output(o)
+        ggopt.build_forward_expand(gf, o)
+    gb.alloc_ctx_tensors(ctx, backend)
+    for t, a in zip(ws + ins, [raw for _, raw in weights] + inputs):
+        gb.tensor_set(t, a)
+    sched = gb.Scheduler([backend] if backend.is_host else [backend, gb.cpu_init()])
+    sched.alloc_graph(gf)
+    sched.graph_compute(gf)
+    return [gb.tensor_get(o) for o in outs]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_mul_mat_forward_cpu_and_reference(qtype):
+    raw, w = _blocks(qtype, 37, 96)
+    x = _f32(2, 5, 96, seed=1)
+
+    cpu1, cpu2, ref = (_compute(ggopt.mul_mat, [x], be, ((qtype, raw),))[0]
+                       for be in (gb.cpu_init(1), gb.cpu_init(2), numpy_backend()))
+    np.testing.assert_array_equal(cpu1.view(np.uint32), cpu2.view(np.uint32))
+    np.testing.assert_allclose(cpu1, x @ w.T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(ref, x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_gradient_through_x_matches_finite_differences(qtype):
+    raw, _ = _blocks(qtype, 6, 64, seed=2)
+    check_grads(lambda ctx, x: ggopt.mul_mat(ctx, _weight(ctx, qtype, raw), x),
+                _f32(3, 64, seed=3), params=(0,))
+
+
+def test_gradient_through_x_is_the_f32_products_of_the_dequantized_weight():
+    """The backward out_prod of a quantized weight equals the F32 weight's, to rounding."""
+    raw, w = _blocks(GGType.Q4_1, 40, 96, seed=4)
+    x = _f32(7, 96, seed=5)
+    gy = _f32(7, 40, seed=6)
+
+    def build(ctx, xt, gt):  # d(sum(y * g))/dx through the backward rule's op
+        y = ggopt.mul_mat(ctx, _weight(ctx, GGType.Q4_1, raw), xt)
+        return ggopt.out_prod(ctx, _weight(ctx, GGType.Q4_1, raw),
+                              ggopt.transpose(ctx, ggopt.cont(ctx, gt))), y
+
+    dx, y = run(build, x, gy)
+    np.testing.assert_allclose(dx, gy @ w, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", [GGType.Q8_0, GGType.Q4_1], ids=lambda t: t.name)
+def test_tied_embedding_and_output(qtype):
+    """get_rows(E, ids) as the input embedding, mul_mat(E, h) as the output product."""
+    raw, e = _blocks(qtype, 50, 64, seed=7)
+    ids = np.array([3, 49, 0, 3], np.int32)
+
+    def build(ctx, emb, it):
+        h = ggopt.get_rows(ctx, emb, it)
+        return h, ggopt.mul_mat(ctx, emb, h)
+
+    for backend in (gb.cpu_init(2), numpy_backend()):
+        h, logits = _compute(build, [ids], backend, ((qtype, raw),))
+        np.testing.assert_array_equal(h, e[ids])
+        np.testing.assert_allclose(logits, e[ids] @ e.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_cpy_dequantizes_and_quantizes_as_ggml(qtype):
+    x = _f32(3, 64, seed=8)
+    ref = gq.quantize(x, GQT(int(qtype)))
+
+    def quantize(ctx, xt):
+        return ggopt.cpy(ctx, xt, ctx.new_tensor(qtype, (64, 3)))
+
+    def roundtrip(ctx, xt):
+        q = quantize(ctx, xt)
+        return ggopt.cpy(ctx, q, ctx.new_tensor(F32, (64, 3)))
+
+    for backend in (gb.cpu_init(2), numpy_backend()):
+        blocks, back = _compute(lambda c, t: (quantize(c, t), roundtrip(c, t)), [x], backend)
+        np.testing.assert_array_equal(blocks, ref)
+        np.testing.assert_array_equal(back, gq.dequantize(ref, GQT(int(qtype))))
+
+
+def test_quantized_tensor_layout_and_raw_views():
+    ctx = ggopt.Context(no_alloc=False)
+    t = ctx.new_tensor(GGType.Q4_1, (64, 3, 2))
+    assert t.nb == (20, 40, 120, 240)
+    assert t.nbytes() == 240
+    assert t.numpy().shape == (2, 3, 40) and t.numpy().dtype == np.uint8
+    raw = gq.quantize(_f32(6, 64), GQT.Q4_1).reshape(2, 3, 40)
+    gb.tensor_set(t, raw)
+    np.testing.assert_array_equal(gb.tensor_get(t), raw)
+    row = ggopt.view_2d(ctx, t, 64, 2, t.nb[1], t.nb[1])  # rows 1 and 2 of slice 0
+    np.testing.assert_array_equal(row.numpy(), raw[0, 1:3])
+    flat = ggopt.reshape_2d(ctx, t, 64, 6)
+    np.testing.assert_array_equal(flat.numpy(), raw.reshape(6, 40))
+
+
+def test_refusals_before_anything_runs():
+    ctx = ggopt.Context()
+    raw, _ = _blocks(GGType.Q8_0, 4, 64)
+    w = _weight(ctx, GGType.Q8_0, raw)
+    x = ctx.new_tensor(F32, (64, 2))
+    with pytest.raises(DTypeError, match="quantized tensor cannot be trained"):
+        ggopt.set_param(w)
+    assert not w.is_param
+    with pytest.raises(ShapeError, match="multiple of its block size 32"):
+        ctx.new_tensor(GGType.Q4_0, (48, 2))
+    with pytest.raises(ShapeError, match="'partial'.*multiple of its block size"):
+        tensor_from_blocks(ctx, GGType.Q4_0, (40, 2), bytes(40), "partial")
+    with pytest.raises(ggopt.StateError, match="no_alloc=True"):
+        tensor_from_blocks(ggopt.Context(no_alloc=False), GGType.Q8_0, (64, 4), raw, "own")
+    with pytest.raises(ShapeError, match="'cut'.*truncated"):
+        tensor_from_blocks(ctx, GGType.Q8_0, (64, 4), raw.reshape(-1)[:-1], "cut")
+    for op in (lambda: ggopt.add(ctx, w, w), lambda: ggopt.rms_norm(ctx, w, 1e-5),
+               lambda: ggopt.soft_max(ctx, w), lambda: ggopt.mul_mat(ctx, x, w),
+               lambda: ggopt.transpose(ctx, w), lambda: ggopt.sum(ctx, w)):
+        with pytest.raises(DTypeError):
+            op()
+    with pytest.raises(ShapeError, match="whole"):
+        ggopt.view_2d(ctx, w, 16, 4, w.nb[1], 0)
+    with pytest.raises(DTypeError, match="to or from F32"):
+        ggopt.cpy(ctx, w, ctx.new_tensor(GGType.Q4_0, (64, 4)))
+
+
+def test_no_gradient_flows_into_a_quantized_tensor():
+    """A quantized tensor made from a parameter by cpy is still never trained: building the
+    backward graph refuses, naming the tensor's type."""
+    ctx = ggopt.Context()
+    p = ctx.new_tensor(F32, (64, 3))
+    ggopt.set_param(p)
+    q = ggopt.cpy(ctx, p, ctx.new_tensor(GGType.Q8_0, (64, 3)))
+    x = ctx.new_tensor(F32, (64, 2))
+    ggopt.set_input(x)
+    loss = ggopt.sum(ctx, ggopt.mul_mat(ctx, q, x))
+    ggopt.set_loss(loss)
+    gf = ggopt.new_graph_custom(ctx, 64, True)
+    ggopt.build_forward_expand(gf, loss)
+    with pytest.raises(GgoptError, match="needs a gradient but is Q8_0"):
+        ggopt.build_backward_expand(ctx, gf, None)
+
+
+def test_out_prod_of_a_quantized_weight_has_no_gradient_to_b():
+    ctx = ggopt.Context()
+    raw, _ = _blocks(GGType.Q8_0, 4, 64)
+    b = ctx.new_tensor(F32, (2, 4))
+    ggopt.set_param(b)
+    loss = ggopt.sum(ctx, ggopt.out_prod(ctx, _weight(ctx, GGType.Q8_0, raw), b))
+    ggopt.set_loss(loss)
+    gf = ggopt.new_graph_custom(ctx, 64, True)
+    ggopt.build_forward_expand(gf, loss)
+    with pytest.raises(DTypeError, match="quantized src1"):
+        ggopt.build_backward_expand(ctx, gf, None)
+
+
+def test_a_tensor_over_read_only_bytes_is_not_copied_and_computes(tmp_path):
+    raw, w = _blocks(GGType.Q4_0, 8, 64, seed=9)
+    path = tmp_path / "blocks.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    x = _f32(3, 64, seed=10)
+    ctx = ggopt.Context()
+    wt = tensor_from_blocks(ctx, GGType.Q4_0, (64, 8), mapped, "mapped")
+    assert np.shares_memory(wt.numpy(), mapped) and not wt.numpy().flags.writeable
+    xt = ctx.new_tensor(F32, (64, 3))
+    ggopt.set_input(xt)
+    y = ggopt.mul_mat(ctx, wt, xt)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(ctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    cpu = gb.cpu_init(2)
+    gb.alloc_ctx_tensors(ctx, cpu)
+    gb.tensor_set(xt, x)
+    sched = gb.Scheduler([cpu])
+    sched.alloc_graph(gf)
+    sched.graph_compute(gf)
+    np.testing.assert_allclose(y.numpy(), x @ w.T, rtol=1e-5, atol=1e-4)
