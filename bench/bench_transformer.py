@@ -20,7 +20,7 @@ from ggopt._kernels import _attention as _attn
 from ggopt._kernels import _norm, _rope, _softmax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-from tests.support.llama_block import Config, GgoptBlock, init_weights, torch_block_loss  # noqa: E402
+from tools.llama_block import Config, GgoptBlock, init_weights, torch_block_loss  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
 

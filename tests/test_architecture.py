@@ -250,10 +250,6 @@ REPO = ROOT.parent
 TESTS = REPO / "tests"
 TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed",
                "tokenizers", "models", "lm", "support", "data"}
-#: bench/ modules allowed to import from tests/, each with its reason. bench_transformer times
-#: the transformer block of tests/support/llama_block.py until that block becomes a library
-#: graph; then this entry goes.
-BENCH_IMPORTS_FROM_TESTS = {("bench_transformer.py", "tests.support.llama_block")}
 
 
 def _module_imports(path: pathlib.Path) -> list[str]:
@@ -308,9 +304,7 @@ def test_bench_imports_nothing_from_tests():
     bare = {p.stem for p in TESTS.rglob("*.py")} - {"__init__"}
     found = {}
     for p in sorted((REPO / "bench").glob("*.py")):
-        allowed = {m for f, m in BENCH_IMPORTS_FROM_TESTS if f == p.name}
-        bad = [m for m in _module_imports(p) if m.split(".")[0] in bare | {"tests"}
-               and not any(m == a or m.startswith(a + ".") for a in allowed)]
+        bad = [m for m in _module_imports(p) if m.split(".")[0] in bare | {"tests"}]
         if bad:
             found[p.name] = bad
     assert not found

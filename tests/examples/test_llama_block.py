@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ggopt
-from tests.support.llama_block import WEIGHTS, Config, GgoptBlock, init_weights, torch_block_loss
+from tools.llama_block import WEIGHTS, Config, GgoptBlock, init_weights, torch_block_loss
 
 torch = pytest.importorskip("torch")
 
