@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import cast
 
 import numpy as np
 
@@ -12,6 +13,15 @@ from ..errors import DTypeError, InvalidValueError
 __all__ = ["check_int", "check_float32"]
 
 _F32_TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32, 1.18e-38
+_F32_SAFE = 3.4e38  # below float32's largest value: converts without overflow
+
+
+def _where(where: str) -> str:
+    return f" ({where})" if where else ""
+
+
+def _shown(value: object, wide: float) -> str:
+    return f"{wide:g}" if math.isfinite(wide) or not isinstance(value, int) else "beyond 1e308"
 
 
 def check_int(value: object, name: str, fn: str) -> int:
@@ -46,24 +56,29 @@ def check_float32(value: object, name: str, where: str, *, low: float = -math.in
         to a subnormal float32, or outside ``[low, high]`` (open ends where asked).
         The message names ``name`` and ends with ``(where)`` unless ``where`` is empty.
     """
-    suffix = f" ({where})" if where else ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise DTypeError(f"{name} must be a real number, got {value!r}{suffix}")
+    kind = type(value)
+    if kind is not float and kind is not int and (  # the usual types first: this runs per step
+            isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        raise DTypeError(f"{name} must be a real number, got {value!r}{_where(where)}")
     try:
-        wide = float(value)
+        wide = float(cast(float, value))  # a real number, checked above
     except OverflowError:  # an int beyond any float
         wide = -math.inf if str(value).startswith("-") else math.inf
-    with np.errstate(over="ignore"):
+    if abs(wide) <= _F32_SAFE:  # no float32 overflow: no NumPy error state needed (per step)
         f32 = float(np.float32(wide))
-    shown = f"{wide:g}" if math.isfinite(wide) or not isinstance(value, int) else "beyond 1e308"
-    expected = _bounds(low, high, low_open, high_open)
+    else:
+        with np.errstate(over="ignore"):
+            f32 = float(np.float32(wide))
     if not math.isfinite(f32):
         raise InvalidValueError(f"{name} must be finite in float32 (the kernels' type: at most "
-                                f"3.4e38) and {expected}, got {shown}{suffix}")
+                                f"3.4e38) and {_bounds(low, high, low_open, high_open)}, got "
+                                f"{_shown(value, wide)}{_where(where)}")
     if wide != 0 and abs(f32) < _F32_TINY:
-        raise InvalidValueError(f"{name} must be {expected}, got {shown}, which is {f32:g} in "
-                                f"float32 (the kernels' type): computes flush magnitudes below "
-                                f"{_F32_TINY:.3g} to 0{suffix}")
+        raise InvalidValueError(f"{name} must be {_bounds(low, high, low_open, high_open)}, got "
+                                f"{_shown(value, wide)}, which is {f32:g} in float32 (the "
+                                f"kernels' type): computes flush magnitudes below "
+                                f"{_F32_TINY:.3g} to 0{_where(where)}")
     if f32 < low or (low_open and f32 == low) or f32 > high or (high_open and f32 == high):
-        raise InvalidValueError(f"{name} must be {expected}, got {shown}{suffix}")
+        raise InvalidValueError(f"{name} must be {_bounds(low, high, low_open, high_open)}, got "
+                                f"{_shown(value, wide)}{_where(where)}")
     return wide

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -41,13 +42,25 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
 
 def _check_fields(obj: AdamWParams | SGDParams, prefix: str, where: str) -> list[np.float32]:
     """Every field of ``obj`` checked in float32 within ggml's bounds; their float32 values."""
+    values = tuple(getattr(obj, field) for field in _FIELDS[type(obj)])
+    kinds = tuple(map(type, values))  # in the cache key: True == 1, but a bool is refused
+    try:
+        return list(_checked(_FIELDS[type(obj)], values, kinds, prefix, where))
+    except TypeError as exc:  # an unhashable value: check it uncached (and say what it is)
+        if "unhashable" not in str(exc):
+            raise
+        return list(_checked.__wrapped__(_FIELDS[type(obj)], values, kinds, prefix, where))
+
+
+@functools.lru_cache(maxsize=256)  # every optimizer step checks its values: mostly the same
+def _checked(fields: tuple[str, ...], values: tuple[object, ...], kinds: tuple[type, ...],
+             prefix: str, where: str) -> tuple[np.float32, ...]:
     out = []
-    for field in dataclasses.fields(obj):
-        low, high, low_open = _BOUNDS[field.name]
-        value = check_float32(getattr(obj, field.name), f"optimizer parameter {prefix}."
-                              f"{field.name}", where, low=low, high=high, low_open=low_open)
-        out.append(np.float32(value))
-    return out
+    for field, value in zip(fields, values):
+        low, high, low_open = _BOUNDS[field]
+        out.append(np.float32(check_float32(value, f"optimizer parameter {prefix}.{field}",
+                                            where, low=low, high=high, low_open=low_open)))
+    return tuple(out)
 
 
 @dataclasses.dataclass
@@ -180,6 +193,11 @@ class OptParams:
     optimizer: OptimizerType = OptimizerType.ADAMW
     rng_seed: int = 5489
     comm: Communicator | None = None
+
+
+#: the hyperparameter names of each optimizer's parameters, in order (checked every step)
+_FIELDS: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in (AdamWParams, SGDParams)}
 
 
 def default_params(backend_sched: Scheduler, loss_type: LossType | int | str) -> OptParams:

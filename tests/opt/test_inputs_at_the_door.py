@@ -143,3 +143,12 @@ def test_get_batch_host_refuses_destinations_in_the_datasets_storage():
     out_d, out_l = np.zeros((2, 4), np.float32), np.zeros((2, 2), np.float32)
     ds.get_batch_host(out_d, out_l, 1)  # separate arrays: fine
     np.testing.assert_array_equal(out_d, data[2:4])
+
+
+def test_cached_step_checks_still_refuse_a_bool_equal_to_a_checked_int():
+    """The per-step checks are cached by value and type: True == 1, but True is refused."""
+    assert AdamWParams(alpha=1, wd=0).alpha == 1
+    with pytest.raises(DTypeError, match="real number"):
+        AdamWParams(alpha=True, wd=0)
+    with pytest.raises(DTypeError, match="real number"):
+        AdamWParams(alpha=1, wd=False)
