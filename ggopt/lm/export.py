@@ -21,6 +21,7 @@ from gguf.quants import quantize
 
 from ..errors import InvalidValueError
 from ..io.atomic import atomic_path
+from ..models.llama.convert import copy_keys
 from ..models.llama.weights import iter_f32, open_reader, tensor_table
 
 __all__ = ["OUT_TYPES", "ExportReport", "export"]
@@ -32,7 +33,6 @@ _TARGET = {"f32": (_Q.F32, _FT.ALL_F32), "f16": (_Q.F16, _FT.MOSTLY_F16),
            "bf16": (_Q.BF16, _FT.MOSTLY_BF16), "q8_0": (_Q.Q8_0, _FT.MOSTLY_Q8_0)}
 _REQUANTIZABLE = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1,
                             _Q.Q8_0})
-_SKIP = ("GGUF.", "general.architecture", "general.file_type")
 
 
 @dataclasses.dataclass
@@ -117,12 +117,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     with atomic_path(os.fspath(dst)) as tmp:
         writer = GGUFWriter(tmp, "llama")
         try:
-            for key, field in reader.fields.items():
-                if key.startswith(_SKIP):
-                    continue
-                types = list(field.types)
-                sub = types[-1] if types[0] == GGUFValueType.ARRAY else None
-                writer.add_key_value(key, field.contents(), types[0], sub)
+            copy_keys(reader, writer)
             if report.file_type >= 0:
                 writer.add_key_value("general.file_type", report.file_type,
                                      GGUFValueType.UINT32)

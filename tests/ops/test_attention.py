@@ -11,11 +11,9 @@ import pytest
 
 import ggopt
 from ggopt import ShapeError
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op
 from tests.support.arrays import f32, transposed
-from tests.support.grad_inputs import u32
-from tests.support.helpers import GradProblem, assert_close, check_grads, new_tensor, run, run1
+from tests.support.grad_inputs import backward_rules_of, case_ops, u32
+from tests.support.helpers import GradProblem, assert_close, check_grads, run, run1
 from tests.support.tfm_ref import diag_mask_ref
 
 NORMAL, NEOX = ggopt.ROPE_TYPE_NORMAL, ggopt.ROPE_TYPE_NEOX
@@ -74,15 +72,6 @@ def test_op_gradient(name):
 
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/attention.py has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.attention"}
+    ops, _ = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.attention")
     assert rules and rules - ops == set()

@@ -15,13 +15,11 @@ from ggopt import (
     ShapeError,
 )
 from ggopt import backend as gb
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op
 from tests.support.arrays import (
     f32,
 )
-from tests.support.grad_inputs import distinct, u32
-from tests.support.helpers import assert_close, check_grads, new_tensor, run1
+from tests.support.grad_inputs import backward_rules_of, case_ops, distinct, u32
+from tests.support.helpers import assert_close, check_grads, run1
 from tests.support.state import assert_unchanged as _unchanged
 
 # (KH, KW, s0, s1, p0, p1, d0, d1); index 0 acts on the width, 1 on the height
@@ -344,17 +342,8 @@ def test_op_gradient(name):
 
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/conv.py has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.conv"}
+    ops, _ = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.conv")
     assert rules and rules - ops == set()
 
 

@@ -11,8 +11,7 @@ import pytest
 
 import ggopt
 from ggopt import ShapeError
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op, UnaryOp
+from ggopt.tensor import UnaryOp
 from tests.support.arrays import (
     LAYOUTS,
     away_from_zero,
@@ -20,8 +19,8 @@ from tests.support.arrays import (
     layout_input,
     tile_to,
 )
-from tests.support.grad_inputs import away, u32
-from tests.support.helpers import assert_close, check_grads, new_tensor, run, run1
+from tests.support.grad_inputs import away, backward_rules_of, case_ops, u32
+from tests.support.helpers import assert_close, check_grads, run, run1
 from tests.support.sizes import LARGE
 from tests.support.state import assert_unchanged as _unchanged
 
@@ -178,16 +177,7 @@ def test_op_gradient(name):
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/elementwise.py (and every unary function but
     step) has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.elementwise"}
+    ops, uops = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.elementwise")
     assert rules and rules - ops == set()
     assert set(UnaryOp) - uops == {UnaryOp.STEP}

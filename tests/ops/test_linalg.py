@@ -10,13 +10,11 @@ import pytest
 
 import ggopt
 from ggopt import ShapeError
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op
 from tests.support.arrays import (
     f32,
 )
-from tests.support.grad_inputs import u32
-from tests.support.helpers import assert_close, check_grads, new_tensor, run1
+from tests.support.grad_inputs import backward_rules_of, case_ops, u32
+from tests.support.helpers import assert_close, check_grads, run1
 from tests.support.state import assert_unchanged as _unchanged
 
 
@@ -143,15 +141,6 @@ def test_op_gradient(name):
 
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/linalg.py has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.linalg"}
+    ops, _ = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.linalg")
     assert rules and rules - ops == set()

@@ -10,11 +10,9 @@ import pytest
 
 import ggopt
 from ggopt import DTypeError, InvalidValueError, ShapeError
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op
 from tests.support.arrays import f32
-from tests.support.grad_inputs import u32
-from tests.support.helpers import assert_close, check_grads, new_tensor, run, run1
+from tests.support.grad_inputs import backward_rules_of, case_ops, u32
+from tests.support.helpers import assert_close, check_grads, run, run1
 from tests.support.state import assert_unchanged as _unchanged
 from tests.support.tfm_ref import rope_ref
 
@@ -100,15 +98,6 @@ def test_op_gradient(name):
 
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/rope.py has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.rope"}
+    ops, _ = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.rope")
     assert rules and rules - ops == set()

@@ -11,15 +11,13 @@ import pytest
 
 import ggopt
 from ggopt import DTypeError, ShapeError
-from ggopt.ops import BACKWARD
-from ggopt.tensor import Op
 from tests.support.arrays import (
     LAYOUTS,
     f32,
     layout_input,
 )
-from tests.support.grad_inputs import probs, u32
-from tests.support.helpers import assert_close, check_grads, new_tensor, run, run1
+from tests.support.grad_inputs import backward_rules_of, case_ops, probs, u32
+from tests.support.helpers import assert_close, check_grads, run, run1
 from tests.support.sizes import LARGE_CE
 from tests.support.state import assert_unchanged as _unchanged
 from tests.support.tfm_ref import soft_max_ext_ref
@@ -163,15 +161,6 @@ def test_op_gradient(name):
 
 def test_cases_cover_every_backward_rule():
     """Every op with a backward rule in ggopt/ops/softmax.py has a case above."""
-    ops, uops = set(), set()
-    for build, arrays, _ in CASES.values():
-        ctx = ggopt.Context()
-        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
-        gf = ggopt.new_graph(ctx)
-        ggopt.build_forward_expand(gf, out)
-        for n in gf.nodes:
-            ops.add(n.op)
-            if n.op is Op.UNARY:
-                uops.add(n.op_params)
-    rules = {op for op in BACKWARD if BACKWARD[op].__module__ == "ggopt.ops.softmax"}
+    ops, _ = case_ops(CASES)
+    rules = backward_rules_of("ggopt.ops.softmax")
     assert rules and rules - ops == set()

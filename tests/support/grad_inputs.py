@@ -30,3 +30,30 @@ def distinct(*shape: int, seed: int = 0) -> np.ndarray:
 def probs(*shape: int, seed: int = 0) -> np.ndarray:
     e = np.exp(u32(*shape, seed=seed))
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def case_ops(cases: dict) -> tuple[set, set]:
+    """The ops, and the unary functions, that the graphs of gradient ``cases`` (name ->
+    ``(build(ctx, *tensors), arrays, params)``) contain."""
+    import ggopt
+    from ggopt.tensor import Op
+    from tests.support.helpers import new_tensor
+
+    ops, uops = set(), set()
+    for build, arrays, _ in cases.values():
+        ctx = ggopt.Context()
+        out = build(ctx, *[new_tensor(ctx, a) for a in arrays])
+        gf = ggopt.new_graph(ctx)
+        ggopt.build_forward_expand(gf, out)
+        for n in gf.nodes:
+            ops.add(n.op)
+            if n.op is Op.UNARY:
+                uops.add(n.op_params)
+    return ops, uops
+
+
+def backward_rules_of(module: str) -> set:
+    """The ops whose backward rule is defined in ``module`` (e.g. ``"ggopt.ops.rope"``)."""
+    from ggopt.ops import BACKWARD
+
+    return {op for op in BACKWARD if BACKWARD[op].__module__ == module}

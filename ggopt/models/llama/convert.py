@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from gguf import GGUFValueType, GGUFWriter, LlamaFileType
 
@@ -12,6 +13,18 @@ from .loader import read_weights
 __all__ = ["write_f32"]
 
 _SKIP = ("GGUF.", "general.architecture", "general.file_type")
+
+
+def copy_keys(reader: Any, writer: GGUFWriter) -> None:
+    """Every metadata key of ``reader`` (a ``GGUFReader``) into ``writer``, with its own type,
+    except GGUF's own, ``general.architecture`` (the writer's) and ``general.file_type``
+    (the caller's: it depends on the tensor types written)."""
+    for key, field in reader.fields.items():
+        if key.startswith(_SKIP):
+            continue
+        types = list(field.types)
+        sub = types[-1] if types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), types[0], sub)
 
 
 def write_f32(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
@@ -24,12 +37,7 @@ def write_f32(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     with atomic_path(os.fspath(dst)) as tmp:
         writer = GGUFWriter(tmp, "llama")
         try:
-            for key, field in reader.fields.items():
-                if key.startswith(_SKIP):
-                    continue
-                types = list(field.types)
-                sub = types[-1] if types[0] == GGUFValueType.ARRAY else None
-                writer.add_key_value(key, field.contents(), types[0], sub)
+            copy_keys(reader, writer)
             writer.add_key_value("general.file_type", int(LlamaFileType.ALL_F32),
                                  GGUFValueType.UINT32)
             for name in order:
