@@ -29,8 +29,8 @@ FAMILIES = ["elementwise", "reduce", "softmax", "linalg", "conv", "rows", "optim
 
 
 def _imports(path: pathlib.Path) -> list[str]:
-    """Every module an import statement in ``path`` names, anywhere in the file, resolved
-    relative to the ggopt package."""
+    """Every module an import statement in ``path`` names, anywhere in the file (relative
+    imports resolved against its package under the repository root)."""
     rel = path.relative_to(ROOT.parent).with_suffix("")
     package = list(rel.parts[:-1])
     out = []
@@ -252,21 +252,6 @@ TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "di
                "tokenizers", "models", "lm", "support", "data"}
 
 
-def _module_imports(path: pathlib.Path) -> list[str]:
-    """The absolute names of the modules that ``path`` imports (relative imports resolved
-    against its package under the repository root)."""
-    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
-    out = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            mod = ".".join(base + ([node.module] if node.module else []))
-            out += [mod] + [f"{mod}.{a.name}" for a in node.names]
-    return out
-
-
 def _test_module_names() -> set[str]:
     """Every test module and conftest, by its dotted name and by its bare file name (how a
     module on sys.path would import it)."""
@@ -286,13 +271,13 @@ def test_no_test_module_imports_another():
     # what tests share lives in tests/support; a test module is never a library
     test_modules = _test_module_names()
     bad = {str(p.relative_to(REPO)): found for p in sorted(TESTS.rglob("*.py"))
-           if (found := _imports_a_test_module(_module_imports(p), test_modules))}
+           if (found := _imports_a_test_module(_imports(p), test_modules))}
     assert not bad
 
 
 def test_the_import_check_sees_test_modules(tmp_path):
     test_modules = {"tests.ops.test_rope", "test_rope", "tests.conftest", "conftest"}
-    imports = _module_imports(TESTS / "ops" / "test_rope.py")
+    imports = _imports(TESTS / "ops" / "test_rope.py")
     assert not _imports_a_test_module(imports, test_modules)
     assert _imports_a_test_module(["tests.ops.test_rope", "tests.support.helpers"],
                                   test_modules) == ["tests.ops.test_rope"]
@@ -304,7 +289,7 @@ def test_bench_imports_nothing_from_tests():
     bare = {p.stem for p in TESTS.rglob("*.py")} - {"__init__"}
     found = {}
     for p in sorted((REPO / "bench").glob("*.py")):
-        bad = [m for m in _module_imports(p) if m.split(".")[0] in bare | {"tests"}]
+        bad = [m for m in _imports(p) if m.split(".")[0] in bare | {"tests"}]
         if bad:
             found[p.name] = bad
     assert not found
