@@ -198,11 +198,11 @@ def _stage_extras(st: FileState, dataset: Dataset | None,
 
         staging.change(order)
     if schedule is None and st.schedule is not None:
-        raise ShapeError(f"{st.where}: schedule: the file holds a {st.schedule.get('kind')!r} "
-                         f"schedule but none was given")
+        raise InvalidValueError(f"{st.where}: schedule: the file holds a "
+                                f"{st.schedule.get('kind')!r} schedule but none was given")
     if schedule is not None and st.schedule is None:
-        raise ShapeError(f"{st.where}: schedule: a {schedule.kind!r} schedule was given but "
-                         f"the file holds none")
+        raise InvalidValueError(f"{st.where}: schedule: a {schedule.kind!r} schedule was given "
+                                f"but the file holds none")
     if schedule is not None and st.schedule is not None:
         step, epoch = schedule.check_state(st.schedule, st.where)
         sched = schedule

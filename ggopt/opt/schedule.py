@@ -27,7 +27,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import DTypeError, InvalidValueError, ShapeError
+from ..errors import DTypeError, InvalidValueError
 from ._checks import check_float32
 from .params import OptimizerParams
 
@@ -121,15 +121,15 @@ class Schedule(abc.ABC):
                 **self.hyperparameters()}
 
     def check_state(self, state: dict[str, object], where: str) -> tuple[int, int]:
-        """Raise ShapeError unless ``state`` (from :meth:`state`) is this schedule's curve;
+        """Raise InvalidValueError unless ``state`` (from :meth:`state`) is this schedule's curve;
         return its ``(step, epoch)``. Changes nothing."""
         if state.get("kind") != self.kind:
-            raise ShapeError(f"{where}: schedule: expected {self.kind!r}, the file holds "
-                             f"{state.get('kind')!r}")
+            raise InvalidValueError(f"{where}: schedule: expected {self.kind!r}, the file holds "
+                                    f"{state.get('kind')!r}")
         for name, value in self.hyperparameters().items():
             if state.get(name) != value:
-                raise ShapeError(f"{where}: schedule {self.kind} {name}: expected {value!r}, "
-                                 f"the file holds {state.get(name)!r}")
+                raise InvalidValueError(f"{where}: schedule {self.kind} {name}: expected "
+                                        f"{value!r}, the file holds {state.get(name)!r}")
         return (_count(state.get("step"), "schedule step", where),
                 _count(state.get("epoch"), "schedule epoch", where))
 
