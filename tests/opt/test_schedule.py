@@ -91,7 +91,8 @@ def test_state_round_trip_and_mismatches():
                      "lr_min": 0.01, "total_steps": 10, "warmup": 2}
     t = opt.warmup_cosine(0.1, 10, 2, 0.01)
     assert t.check_state(state, "here") == (4, 1)
-    with pytest.raises(InvalidValueError, match="here: schedule warmup_cosine total_steps: expected 12"):
+    with pytest.raises(InvalidValueError,
+                       match="here: schedule warmup_cosine total_steps: expected 12"):
         opt.warmup_cosine(0.1, 12, 2, 0.01).check_state(state, "here")
     with pytest.raises(InvalidValueError, match="schedule: expected 'epoch_decay'"):
         opt.epoch_decay(0.1, 1.0).check_state(state, "here")
