@@ -5,7 +5,9 @@ SmolLM2-135M-Instruct (the F32 copy of the cached Q4_1 file), windows of 256 tok
 ``/usr/share/common-licenses/GPL-3``, batch 1 x 256, AdamW lr 1e-5. Each configuration runs in
 its own process (so that its peak RSS is its own): ``ggopt-full``, ``ggopt-lora``,
 ``torch-full``, ``torch-lora`` (a PyTorch llama written here, LoRA as ``W x + s B(A x)`` with
-the base frozen, as PEFT computes it), one after the other, ``--rounds`` times, each
+the base frozen, as PEFT computes it), ``hf-full``, ``hf-lora`` (``transformers``' own
+LlamaForCausalLM and ``peft``'s LoRA on the same weights, ``bench/finetune_hf.py``; skipped
+when those packages are absent), one after the other, ``--rounds`` times, each
 ``--warm`` + ``--steps`` training steps; it prints the median step time, tokens/s, peak RSS
 and the ratios of one round. Not part of the pytest run.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora")
+CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "hf-lora")
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
@@ -149,15 +151,35 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
     return times
 
 
+def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[float]:
+    from bench.finetune_hf import run_hf
+    from ggopt.models import llama
+
+    model = llama.load(_model_path(), progress=False)
+    windows, cfg, weights = _windows(model, n_ctx), model.cfg, llama.get_weights(model.net)
+    model = None  # free ggopt's copy
+    return run_hf(lora_rank, steps, windows, cfg, weights, threads)
+
+
 def child(config: str, steps: int, n_ctx: int, threads: int, rank: int) -> None:
     import ggopt
 
     ggopt.set_n_threads(threads)
     r = rank if config.endswith("lora") else 0
-    times = run_ggopt(r, steps, n_ctx) if config.startswith("ggopt") else \
-        run_torch(r, steps, n_ctx, threads)
+    if config.startswith("ggopt"):
+        times = run_ggopt(r, steps, n_ctx)
+    elif config.startswith("hf"):
+        times = run_hf_config(r, steps, n_ctx, threads)
+    else:
+        times = run_torch(r, steps, n_ctx, threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
+
+
+def _have_hf() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,8 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
     print(f"load: {os.getloadavg()}")
+    configs = args.configs.split(",")
+    if any(c.startswith("hf") for c in configs) and not _have_hf():
+        print("hf-*: skipped (pip install transformers peft to time them)")
+        configs = [c for c in configs if not c.startswith("hf")]
     for _ in range(args.rounds):
-        for config in args.configs.split(","):
+        for config in configs:
             cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
                    "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
                    str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx)]
@@ -193,11 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load: {os.getloadavg()}")
     med = {c: statistics.median(t) for c, t in results.items()}
     for kind in ("full", "lora"):
-        g, t = med.get(f"ggopt-{kind}"), med.get(f"torch-{kind}")
-        if g and t:
-            print(f"{kind}: ggopt {args.ctx / g:.1f} vs PyTorch {args.ctx / t:.1f} tokens/s "
-                  f"(x{t / g:.2f}); peak RSS {peaks[f'ggopt-{kind}']:.0f} vs "
-                  f"{peaks[f'torch-{kind}']:.0f} MB")
+        g = med.get(f"ggopt-{kind}")
+        for ref, label in (("torch", "PyTorch"), ("hf", "transformers+peft")):
+            t = med.get(f"{ref}-{kind}")
+            if g and t:
+                print(f"{kind}: ggopt {args.ctx / g:.1f} vs {label} {args.ctx / t:.1f} tokens/s "
+                      f"(x{t / g:.2f}); peak RSS {peaks[f'ggopt-{kind}']:.0f} vs "
+                      f"{peaks[f'{ref}-{kind}']:.0f} MB")
     return 0
 
 

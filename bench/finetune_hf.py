@@ -1,0 +1,107 @@
+"""The fine-tune bench's Hugging Face anchor: ``transformers`` + ``peft`` on SmolLM2's weights.
+
+The issue's reference numbers come from PyTorch eager with ``transformers``' own
+``LlamaForCausalLM`` (SDPA attention) and ``peft``'s LoRA. This module builds that model from
+the same GGUF file the other configurations read (no hub: the config from the file's
+``llama.*`` keys, the weights from ggopt's loader with llama.cpp's rope permutation of
+``attn_q``/``attn_k`` undone), so ``bench.bench_finetune``'s ``hf-full`` and ``hf-lora`` time
+the library code people actually run. Needs ``pip install transformers peft`` (not a
+dependency of ggopt).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+# GGUF tensor name (after "blk.N.") -> transformers' module path inside layer N.
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+HF_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo the row order llama.cpp's converter gives ``attn_q``/``attn_k`` (each head's rows
+    interleaved pairwise for ggml's normal rope) back to Hugging Face's half-split order."""
+    n_out, n_in = w.shape
+    return w.reshape(n_head, n_out // n_head // 2, 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
+
+
+def hf_state_dict(weights: dict[str, np.ndarray], n_head: int, n_head_kv: int
+                  ) -> dict[str, np.ndarray]:
+    """transformers' LlamaForCausalLM state dict from a llama GGUF's F32 tensors."""
+    out = {"model.embed_tokens.weight": weights["token_embd.weight"],
+           "model.norm.weight": weights["output_norm.weight"]}
+    if "output.weight" in weights:
+        out["lm_head.weight"] = weights["output.weight"]
+    for name, w in weights.items():
+        if not name.startswith("blk."):
+            continue
+        _, layer, kind, _ = name.split(".")
+        if kind == "attn_q":
+            w = unpermute_rope(w, n_head)
+        elif kind == "attn_k":
+            w = unpermute_rope(w, n_head_kv)
+        out[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.weight"] = w
+    return out
+
+
+def build_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray], lora_rank: int) -> Any:
+    """A transformers llama holding ``weights``; with ``lora_rank`` wrapped by peft (alpha
+    2 * rank on the seven projections, no dropout), else every weight trainable."""
+    import transformers
+
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=cfg.n_vocab, hidden_size=cfg.n_embd, intermediate_size=cfg.n_ff,
+        num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_head_kv, head_dim=cfg.head_dim, rms_norm_eps=cfg.eps,
+        rope_theta=cfg.freq_base, max_position_embeddings=max(cfg.n_ctx, 2048),
+        tie_word_embeddings="output.weight" not in weights, attention_bias=False,
+        mlp_bias=False, hidden_act="silu")
+    hf_cfg._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(hf_cfg)
+    state = {k: torch.from_numpy(np.ascontiguousarray(v))
+             for k, v in hf_state_dict(weights, cfg.n_head, cfg.n_head_kv).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise RuntimeError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.train()
+    if lora_rank:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, bias="none",
+            target_modules=HF_TARGETS))
+    return model
+
+
+def run_hf(lora_rank: int, steps: int, windows: Any, cfg: Any, weights: dict[str, np.ndarray],
+           threads: int) -> list[float]:
+    """Time ``steps`` AdamW steps (lr 1e-5) of one window each; return the step times."""
+    import torch
+
+    torch.set_num_threads(threads)
+    model = build_model(torch, cfg, weights, lora_rank)
+    weights.clear()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    tokens = torch.tensor(windows.tokens.astype(np.int64))
+    labels = torch.tensor(windows.labels.astype(np.int64))
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        j = i % len(windows)
+        logits = model(input_ids=tokens[j:j + 1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.n_vocab), labels[j])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+    return times
