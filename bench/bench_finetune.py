@@ -7,7 +7,10 @@ its own process (so that its peak RSS is its own): ``ggopt-full``, ``ggopt-lora`
 ``torch-full``, ``torch-lora`` (a PyTorch llama written here, LoRA as ``W x + s B(A x)`` with
 the base frozen, as PEFT computes it), ``hf-full``, ``hf-lora`` (``transformers``' own
 LlamaForCausalLM and ``peft``'s LoRA on the same weights, ``bench/finetune_hf.py``; skipped
-when those packages are absent), one after the other, ``--rounds`` times, each
+when those packages are absent), ``llamacpp-full`` (llama.cpp's own ``llama-finetune`` on
+the F32 copy, given by ``--llama-finetune PATH`` or ``$LLAMA_FINETUNE``: a GPL-3 prefix of
+exactly enough windows, its step times read from the timestamps it logs per step; skipped
+without the binary), one after the other, ``--rounds`` times, each
 ``--warm`` + ``--steps`` training steps; it prints the median step time, tokens/s, peak RSS
 and the ratios of one round. Not part of the pytest run.
 """
@@ -27,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "hf-lora")
+CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "hf-lora",
+           "llamacpp-full")
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
@@ -161,11 +165,50 @@ def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[
     return run_hf(lora_rank, steps, windows, cfg, weights, threads)
 
 
-def child(config: str, steps: int, n_ctx: int, threads: int, rank: int) -> None:
+def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int) -> list[float]:
+    """Step times of llama.cpp's ``llama-finetune`` (one epoch, val split 5 %) over a GPL-3
+    prefix holding just over ``steps`` training windows."""
+    import re
+    import tempfile
+
+    from ggopt.lm.windows import tokenize_texts
+    from ggopt.models import llama
+
+    model = llama.load(_model_path(), progress=False)
+    tok, text = model.require_tokenizer(), Path(GPL3).read_text()
+    model = None
+    n_windows = math.ceil((steps + 1) / 0.95) + 1  # steps + 1 stamped starts after the split
+    need = n_windows * (n_ctx // 2) + n_ctx + 1
+    lo, hi = 1, len(text)
+    while lo < hi:  # the shortest prefix with `need` tokens
+        mid = (lo + hi) // 2
+        if len(tokenize_texts(tok, [text[:mid]])) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "text.txt").write_text(text[:lo])
+        proc = subprocess.run(
+            [binary, "-m", str(_model_path()), "-f", "text.txt", "-c", str(n_ctx), "-b",
+             str(n_ctx), "-ub", str(n_ctx), "-t", str(threads), "-epochs", "1", "-lr", "1e-5",
+             "-o", "out.gguf"], cwd=tmp, capture_output=True, text=True, check=True)
+    # one "epoch 0 lr=..." line per training step, stamped m.ss.mmm.uuu since the start
+    stamps = [int(m) * 60 + int(s) + int(ms) / 1e3 + int(us) / 1e6 for m, s, ms, us in
+              re.findall(r"(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) I epoch 0 lr=", proc.stderr)]
+    return [b - a for a, b in zip(stamps, stamps[1:])][:steps]
+
+
+def child(config: str, steps: int, n_ctx: int, threads: int, rank: int,
+          llama_finetune: str | None = None) -> None:
     import ggopt
 
     ggopt.set_n_threads(threads)
     r = rank if config.endswith("lora") else 0
+    if config == "llamacpp-full":
+        times = run_llama_finetune(str(llama_finetune), steps, n_ctx, threads)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
+        return
     if config.startswith("ggopt"):
         times = run_ggopt(r, steps, n_ctx)
     elif config.startswith("hf"):
@@ -191,10 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--llama-finetune", default=os.environ.get("LLAMA_FINETUNE"),
+                   help="llama.cpp's llama-finetune binary (default $LLAMA_FINETUNE)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank)
+        child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank,
+              args.llama_finetune)
         return 0
     _model_path()
     results: dict[str, list[float]] = {}
@@ -204,11 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.startswith("hf") for c in configs) and not _have_hf():
         print("hf-*: skipped (pip install transformers peft to time them)")
         configs = [c for c in configs if not c.startswith("hf")]
+    if "llamacpp-full" in configs and not (args.llama_finetune
+                                            and Path(args.llama_finetune).is_file()):
+        print("llamacpp-full: skipped (give --llama-finetune PATH to time it)")
+        configs.remove("llamacpp-full")
     for _ in range(args.rounds):
         for config in configs:
             cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
                    "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
                    str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx)]
+            if args.llama_finetune:
+                cmd += ["--llama-finetune", args.llama_finetune]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rec = json.loads(out.strip().splitlines()[-1])
             results.setdefault(config, []).extend(rec["times"][args.warm:])
@@ -220,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     med = {c: statistics.median(t) for c, t in results.items()}
     for kind in ("full", "lora"):
         g = med.get(f"ggopt-{kind}")
-        for ref, label in (("torch", "PyTorch"), ("hf", "transformers+peft")):
+        for ref, label in (("torch", "PyTorch"), ("hf", "transformers+peft"),
+                           ("llamacpp", "llama-finetune")):
             t = med.get(f"{ref}-{kind}")
             if g and t:
                 print(f"{kind}: ggopt {args.ctx / g:.1f} vs {label} {args.ctx / t:.1f} tokens/s "
