@@ -129,6 +129,7 @@ class Scheduler:
             raise InvalidValueError(f"ggml_backend_sched_new: plan_cache must be >= 0, got "
                                     f"{plan_cache}")
         self.backends = backends
+        self._members = set(backends)
         self._buffers: dict[Backend, Buffer] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._plans: PlanCache[_Compiled] = PlanCache(plan_cache)  # by graph signature
@@ -289,8 +290,24 @@ class Scheduler:
         return True
 
     def _memory_backend(self, t: Tensor) -> Backend | None:
+        """The scheduler's backend whose kernels read ``t``'s memory (ggml picks the backend
+        by buffer type: host memory of any CPU backend, e.g. a mapped file, belongs to the
+        scheduler's CPU backend); None when ``t`` has no memory. StateError when none of the
+        scheduler's backends can read it."""
         owner = t.data_owner()
-        return buffer_of(owner).backend if owner.buffer is not None else None
+        if owner.buffer is None:
+            return None
+        buf = buffer_of(owner)
+        if buf.backend in self._members:
+            return buf.backend
+        b = next((x for x in self.backends if x.can_read(buf)), None)
+        if b is None:
+            raise StateError(
+                f"ggml_backend_sched_alloc_graph: '{owner.name}' lives on {buf.backend.name}, "
+                f"which none of the scheduler's backends "
+                f"({', '.join(x.name for x in self.backends)}) can read; allocate it on one of "
+                "them")
+        return b
 
     def _assign(self, g: Graph) -> dict[Tensor, Backend]:
         cpu = self.backends[-1]
