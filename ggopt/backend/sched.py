@@ -333,6 +333,7 @@ class Scheduler:
         return where
 
     def _compile(self, g: Graph) -> _Compiled:
+        _check_no_writes_to_read_only(g)
         comp = _Compiled()
         comp.version = g.version
         where = self._assign(g)
@@ -417,3 +418,20 @@ class Scheduler:
             comp.steps.extend(split.steps)
         comp.splits = splits
         return comp
+
+
+def _check_no_writes_to_read_only(g: Graph) -> None:
+    """StateError when a node would write read-only memory (a mapped file's bytes): a cpy
+    into such a tensor, an optimizer step of a mapped parameter, any result placed there."""
+    for node in g.nodes:
+        if node.op in VIEW_OPS:
+            continue
+        written = [node.data_owner()] + [node.src[j] for j in _WRITTEN_SOURCES.get(node.op, ())
+                                         if node.src[j] is not None]
+        for t in written:
+            owner = t.data_owner()
+            if owner.buffer is not None and buffer_of(owner).read_only:
+                raise StateError(
+                    f"ggml_backend_sched_alloc_graph: {node.op.name} '{node.name}' would write "
+                    f"'{owner.name}', which lives in read-only memory (a mapped file's bytes); "
+                    "copy it into a tensor of its own first")
