@@ -26,8 +26,8 @@ class Buffer:
     """A block of ``size`` bytes owned by ``backend`` (ggml_backend_buffer).
 
     ``data`` is the backend's array object (a NumPy uint8 array for host buffers; a read-only
-    one, such as a mapping of a file opened for reading, makes the buffer :attr:`read_only`). ``lock`` is
-    the lock of the scheduler whose compute memory this is (None for other buffers):
+    one, such as a mapping of a file opened for reading, makes the buffer ``read_only``).
+    ``lock`` is the lock of the scheduler whose compute memory this is (None for other buffers):
     ``tensor_get``/``tensor_set`` hold it, so they never read or write while it computes.
     """
 
