@@ -2,7 +2,7 @@
 and tensors whose memory is an existing buffer of blocks (a GGUF file's mapping).
 
 Raw quantized data is a ``uint8`` array of shape ``(..., row bytes)``: each row holds the
-``ne0 / 32`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives it, and
+``ne0 / blck_size`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives it, and
 as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
 ``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count).
 """
@@ -25,10 +25,12 @@ from .errors import DTypeError, ShapeError, StateError
 from .tensor import Tensor
 from .types import GGType, as_type, row_size
 
-__all__ = ["QUANTIZED_TYPES", "Blocks", "dequantize", "quantize", "tensor_from_blocks"]
+__all__ = ["QUANTIZED_TYPES", "QUANTIZABLE_TYPES", "Blocks", "dequantize", "quantize", "tensor_from_blocks"]
 
 #: the block types ggopt computes with
 QUANTIZED_TYPES = tuple(t for t in GGType if t.is_quantized)
+#: the block types it can also write from float32 (not the K-quants)
+QUANTIZABLE_TYPES = tuple(t for t in QUANTIZED_TYPES if t.can_quantize)
 
 
 def _quant_type(fn: str, qtype: GGType | int) -> GGType:
@@ -93,8 +95,13 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
 def quantize(values: npt.ArrayLike, qtype: GGType | int,
              n_threads: int | None = None) -> np.ndarray:
     """The blocks of float32 ``values`` (ggml's reference ``quantize_row_*_ref``, bit for bit),
-    uint8 of shape ``values.shape[:-1] + (row bytes,)``; the last axis must be whole blocks."""
+    uint8 of shape ``values.shape[:-1] + (row bytes,)``; the last axis must be whole blocks.
+    The K-quants (Q4_K, Q6_K) are refused (DTypeError): ggopt reads them, never writes them."""
     t = _quant_type("quantize", qtype)
+    if not t.can_quantize:
+        raise DTypeError(f"quantize: {t.name} can be loaded, dequantized and computed with, "
+                         f"not quantized (no reference quantizer to match bit for bit); "
+                         f"expected one of {', '.join(q.name for q in QUANTIZABLE_TYPES)}")
     arr = np.asarray(values)
     if arr.dtype != np.float32:
         raise DTypeError(f"quantize: values must be float32, got {arr.dtype}")

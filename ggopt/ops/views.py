@@ -257,6 +257,9 @@ def _check_conversion(a: Tensor, b: Tensor) -> None:
     if f.type is not F32 or (a.type.is_quantized and b.type.is_quantized):
         raise DTypeError(f"ggml_cpy: {a.type.name} -> {b.type.name}: a quantized tensor "
                          "converts to or from F32 only")
+    if b.type.is_quantized and not b.type.can_quantize:
+        raise DTypeError(f"ggml_cpy: F32 -> {b.type.name}: ggopt computes with {b.type.name} "
+                         "but cannot quantize to it (no reference quantizer to match)")
     if a.ne != b.ne or not f.is_contiguous() or q.nb[0] != q.type.size:
         raise ShapeError(f"ggml_cpy: {a.type.name} -> {b.type.name} needs the same shape "
                          f"(a {ne_str(a)}, b {ne_str(b)}), a contiguous F32 side and whole "
