@@ -2,9 +2,11 @@
 and tensors whose memory is an existing buffer of blocks (a GGUF file's mapping).
 
 Raw quantized data is a ``uint8`` array of shape ``(..., row bytes)``: each row holds the
-``ne0 / blck_size`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives it, and
-as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
-``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count).
+``ne0 / blck_size`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives
+it, and as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
+``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count). The K-quants (Q4_K,
+Q6_K) are dequantized and computed with, never quantized: the gguf package, ggopt's reference,
+has no quantizer for them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from .errors import DTypeError, ShapeError, StateError
 from .tensor import Tensor
 from .types import GGType, as_type, row_size
 
-__all__ = ["QUANTIZED_TYPES", "QUANTIZABLE_TYPES", "Blocks", "dequantize", "quantize", "tensor_from_blocks"]
+__all__ = ["QUANTIZED_TYPES", "QUANTIZABLE_TYPES", "Blocks", "dequantize", "quantize",
+           "tensor_from_blocks"]
 
 #: the block types ggopt computes with
 QUANTIZED_TYPES = tuple(t for t in GGType if t.is_quantized)

@@ -264,8 +264,9 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     ``g`` (N, M) — the gradient of mul_mat(w, x) with respect to ``x``.
 
     Panels of 4 block columns (128 elements; one 256-element super-block for the K-quants) of
-    ``w`` are dequantized into a per-thread scratch (M x 128 or 256 floats) and multiplied on one BLAS thread each; every panel is a whole sum over M,
-    so the result does not depend on the thread count.
+    ``w`` are dequantized into a per-thread scratch (M x 128 or 256 floats) and multiplied on
+    one BLAS thread each; every panel is a whole sum over M, so the result does not depend on
+    the thread count.
 
     Parameters
     ----------
