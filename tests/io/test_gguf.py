@@ -17,7 +17,7 @@ from ggopt import (
 from ggopt.io import gguf as ggio
 from ggopt.quants import Blocks
 from ggopt.types import GGType
-from tests.support.kquants import k_blocks
+from tools.kquants import k_blocks
 
 ARCH = {"general.architecture": "mnist-fc"}
 SHAPES = [(7,), (3, 5), (2, 3, 4), (2, 1, 3, 5)]

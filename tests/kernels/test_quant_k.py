@@ -12,7 +12,7 @@ from ggopt import quants
 from ggopt._kernels import _quant
 from ggopt.backend.cpu.blas import SerialBlas, products_blas
 from ggopt.errors import DTypeError, ShapeError
-from tests.support.kquants import K_TYPES, gguf_values, k_blocks
+from tools.kquants import K_TYPES, gguf_values, k_blocks
 
 IDS = {"ids": lambda t: t.name}
 

@@ -16,7 +16,7 @@ from ggopt.errors import DTypeError, ShapeError
 from ggopt.quants import tensor_from_blocks
 from ggopt.types import F32, GGType
 from tests.support.helpers import check_grads, run
-from tests.support.kquants import K_TYPES, gguf_values, k_blocks
+from tools.kquants import K_TYPES, gguf_values, k_blocks
 
 IDS = {"ids": lambda t: t.name}
 

@@ -1,6 +1,6 @@
-"""Raw K-quant super-blocks (Q4_K, Q6_K) for tests: ggopt (like the gguf package) has no
-quantizer for them, so tests build valid blocks from random bytes with finite, moderate F16
-scales (``d``, and Q4_K's ``dmin``), and compare with ``gguf.quants.dequantize``."""
+"""Raw K-quant super-blocks (Q4_K, Q6_K) for tests and benches: ggopt (like the gguf package)
+has no quantizer for them, so they build valid blocks from random bytes with finite, moderate
+F16 scales (``d``, and Q4_K's ``dmin``), and compare with ``gguf.quants.dequantize``."""
 
 from __future__ import annotations
 
