@@ -53,26 +53,30 @@ static inline void ggopt_dequant_q4_k(const uint8_t *b, float *y) {
     }
 }
 
+/* 32 elements of a Q6_K block: 4 bits of lo[l] from bit lo_shift, 2 of hi[l] from bit hi_shift;
+   scale s0 for the first 16, s1 for the next (called with constant shifts, so it vectorizes) */
+static inline void ggopt_q6_k_quarter(const uint8_t *lo, const uint8_t *hi, int lo_shift,
+                                      int hi_shift, float s0, float s1, float *out) {
+    for (int l = 0; l < 32; l++) {
+        int q = ((lo[l] >> lo_shift) & 0x0f) | (((hi[l] >> hi_shift) & 3) << 4);
+        out[l] = (l < 16 ? s0 : s1) * (float)(q - 32);
+    }
+}
+
 static inline void ggopt_dequant_q6_k(const uint8_t *b, float *y) {
-    const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
-    float d = ggopt_load_f16(b + 208);
-    for (int h = 0; h < 2; h++) {  /* 128 elements from 64 ql bytes, 32 qh bytes, 8 scales */
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) - 32;
-            int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * (float)sc[is] * (float)q1;
-            y[l + 32] = d * (float)sc[is + 2] * (float)q2;
-            y[l + 64] = d * (float)sc[is + 4] * (float)q3;
-            y[l + 96] = d * (float)sc[is + 6] * (float)q4;
-        }
-        y += 128;
-        ql += 64;
-        qh += 32;
-        sc += 8;
+    float d = ggopt_load_f16(b + 208), ds[16];
+    for (int i = 0; i < 16; i++) ds[i] = d * (float)sc[i];  /* ggml: d * sc * q, left to right */
+    /* each 128 elements: 64 ql bytes (low nibbles: quarters 0 and 1, high: 2 and 3) and 32 qh
+       bytes (bits 2k, 2k+1: quarter k); one scale per 16 elements */
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+        const float *s = ds + 8 * h;
+        float *out = y + 128 * h;
+        ggopt_q6_k_quarter(ql, qh, 0, 0, s[0], s[1], out);
+        ggopt_q6_k_quarter(ql + 32, qh, 0, 2, s[2], s[3], out + 32);
+        ggopt_q6_k_quarter(ql, qh, 4, 4, s[4], s[5], out + 64);
+        ggopt_q6_k_quarter(ql + 32, qh, 4, 6, s[6], s[7], out + 96);
     }
 }
 
