@@ -126,6 +126,11 @@ def test_views_keep_whole_super_blocks(qtype):
                 lambda: tensor_from_blocks(ctx, qtype, (128, 2), raw[:2, :qtype.size], "half")):
         with pytest.raises(ShapeError, match="256"):
             bad()
+    second = ggopt.view_2d(ctx, w, 256, 6, w.nb[1], qtype.size)  # each row's second block
+    np.testing.assert_array_equal(second.numpy(), raw[:, qtype.size:])
+    for offset, nb1 in ((10, w.nb[1]), (0, w.nb[1] + 5)):  # into the middle of a block
+        with pytest.raises(ShapeError, match=f"whole {qtype.size}-byte blocks"):
+            ggopt.view_2d(ctx, w, 256, 2, nb1, offset)
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, **IDS)
