@@ -94,7 +94,7 @@ def test_mul_mat_is_the_dequantized_product(qtype, shape):
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, **IDS)
-@pytest.mark.parametrize("shape", [(1, 256, 1), (7, 768, 3), (70, 1280, 5)])
+@pytest.mark.parametrize("shape", [(1, 256, 1), (7, 768, 3), (70, 1280, 5), (4100, 512, 2)])
 def test_out_prod_is_g_times_the_dequantized_weight(qtype, shape):
     M, K, N = shape
     raw = k_blocks(qtype, M, K, seed=7)
