@@ -1,8 +1,10 @@
-"""Products of a quantized weight (``_kernels/_quant.pyx``) beside the F32 product, at the
-SmolLM2 FFN shape (576 -> 1536) with 256 tokens (a LoRA batch of 1 x 256).
+"""Products of a quantized weight (``_kernels/_quant.pyx``) beside the F32 product, at
+SmolLM2's FFN shapes with 256 tokens (a LoRA batch of 1 x 256): ffn_up (576 -> 1536) for the
+32-element block types Q8_0 and Q4_1, ffn_down (1536 -> 576, rows of whole 256-element
+super-blocks) for the K-quants Q4_K and Q6_K.
 
-Each group runs the F32 graph first, then the Q8_0 and Q4_1 graphs (one-node graphs computed
-by the scheduler on ``GGOPT_BENCH_THREADS`` threads, default 2); the quantized rows store their
+Each group runs the F32 graph first, then the quantized graphs (one-node graphs computed by
+the scheduler on ``GGOPT_BENCH_THREADS`` threads, default 2); the quantized rows store their
 speed relative to F32 (``ratio_vs_f32``, above 1 is faster) and their GFLOP/s in
 ``extra_info``. Run with ``pytest bench/bench_quant.py`` (see bench/README.md).
 """
@@ -17,30 +19,41 @@ from gguf.constants import GGMLQuantizationType as GQT
 import ggopt
 from ggopt import backend as gb
 from ggopt.types import F32, GGType
+from tools.kquants import gguf_values, k_blocks
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
 
-K, M, N = 576, 1536, 256
-FLOP = 2 * K * M * N
+N = 256
 ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
-IMPLS = ["f32", "q8_0", "q4_1"]
+#: (input size K, output size M) and the types of each group
+SHAPES = {"ffn_up": ((576, 1536), ["f32", "q8_0", "q4_1"]),
+          "ffn_down": ((1536, 576), ["f32", "q4_k", "q6_k"])}
+ROWS = [(shape, impl) for shape, (_, impls) in SHAPES.items() for impl in impls]
 
 
-def _arrays():
+def _weight(impl: str, K: int, M: int) -> tuple[GGType, np.ndarray, np.ndarray]:
+    """(type, the tensor's data, its float32 values) of an M x K weight."""
     rng = np.random.default_rng(0)
+    if impl == "f32":
+        w = (rng.standard_normal((M, K)) * 0.05).astype(np.float32)
+        return F32, w, w
+    qtype = GGType[impl.upper()]
+    if not qtype.can_quantize:  # the K-quants: random super-blocks (no quantizer to use)
+        raw = k_blocks(qtype, M, K, scale=1e-3)
+        return qtype, raw, gguf_values(raw, qtype)
     w = (rng.standard_normal((M, K)) * 0.05).astype(np.float32)
-    return w, rng.standard_normal((N, K)).astype(np.float32), \
-        rng.standard_normal((N, M)).astype(np.float32)
+    raw = gq.quantize(w, GQT(int(qtype)))
+    return qtype, raw, gq.dequantize(raw, GQT(int(qtype)))
 
 
-def _graph(impl: str, case: str):
+def _graph(impl: str, case: str, K: int, M: int):
     """(step, output tensor, expected result) of one product on the CPU backend."""
-    w, x, g = _arrays()
-    qtype = None if impl == "f32" else GGType[impl.upper()]
-    data = w if qtype is None else gq.quantize(w, GQT(int(qtype)))
-    wd = w if qtype is None else gq.dequantize(data, GQT(int(qtype)))
+    qtype, data, wd = _weight(impl, K, M)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    g = rng.standard_normal((N, M)).astype(np.float32)
     ctx = ggopt.Context()
-    tw = ctx.new_tensor(qtype or F32, (K, M))
+    tw = ctx.new_tensor(qtype, (K, M))
     tx = ctx.new_tensor(F32, (K, N) if case == "forward" else (M, N))
     cpu = gb.cpu_init()
     gb.alloc_ctx_tensors(ctx, cpu)
@@ -60,13 +73,15 @@ def _graph(impl: str, case: str):
 
 
 @pytest.mark.benchmark(**ROUNDS)
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape,impl", ROWS, ids=[f"{s}-{i}" for s, i in ROWS])
 @pytest.mark.parametrize("case", ["forward", "grad_x"])
-def test_quantized_product(benchmark, ratio_to, case, impl):
-    benchmark.group = f"mul_mat {case} W[{K}x{M}] x {N} tokens"
-    step, out, expected = _graph(impl, case)
+def test_quantized_product(benchmark, ratio_to, case, shape, impl):
+    (K, M), _ = SHAPES[shape]
+    benchmark.group = f"mul_mat {case} {shape} W[{K}x{M}] x {N} tokens"
+    step, out, expected = _graph(impl, case, K, M)
     benchmark(step)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-3, atol=1e-3)
     if benchmark.stats is not None:
-        benchmark.extra_info["gflops"] = round(FLOP / benchmark.stats.stats.median / 1e9, 2)
+        benchmark.extra_info["gflops"] = round(2 * K * M * N / benchmark.stats.stats.median
+                                               / 1e9, 2)
     ratio_to(impl, f32=None)

@@ -2,13 +2,16 @@
 and tensors whose memory is an existing buffer of blocks (a GGUF file's mapping).
 
 Raw quantized data is a ``uint8`` array of shape ``(..., row bytes)``: each row holds the
-``ne0 / 32`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives it, and
-as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
-``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count).
+``ne0 / blck_size`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives
+it, and as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
+``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count). The K-quants (Q4_K,
+Q6_K) are dequantized and computed with, never quantized: the gguf package, ggopt's reference,
+has no quantizer for them.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,16 +21,19 @@ import numpy.typing as npt
 
 from .backend.buffer import Buffer
 from .backend.cpu import host_backend
-from .backend.cpu.threads import get_n_threads
+from .backend.cpu.threads import check_n_threads, get_n_threads
 from .context import Context, check_whole_blocks, normalize_ne
 from .errors import DTypeError, ShapeError, StateError
 from .tensor import Tensor
 from .types import GGType, as_type, row_size
 
-__all__ = ["QUANTIZED_TYPES", "Blocks", "dequantize", "quantize", "tensor_from_blocks"]
+__all__ = ["QUANTIZED_TYPES", "QUANTIZABLE_TYPES", "Blocks", "dequantize", "quantize",
+           "tensor_from_blocks"]
 
 #: the block types ggopt computes with
 QUANTIZED_TYPES = tuple(t for t in GGType if t.is_quantized)
+#: the block types it can also write from float32 (not the K-quants)
+QUANTIZABLE_TYPES = tuple(t for t in QUANTIZED_TYPES if t.can_quantize)
 
 
 def _quant_type(fn: str, qtype: GGType | int) -> GGType:
@@ -38,8 +44,15 @@ def _quant_type(fn: str, qtype: GGType | int) -> GGType:
     return t
 
 
-def _threads(n_threads: int | None) -> int:
-    return get_n_threads() if n_threads is None else n_threads
+def _threads(fn: str, n_threads: int | None) -> int:
+    return get_n_threads() if n_threads is None else check_n_threads(n_threads, fn)
+
+
+def _sizes(fn: str, shape: Sequence[int]) -> tuple[int, ...]:
+    try:
+        return tuple(operator.index(n) for n in shape)
+    except TypeError:
+        raise DTypeError(f"{fn}: shape must be a sequence of ints, got {shape!r}") from None
 
 
 def _as_4d(a: np.ndarray) -> np.ndarray:
@@ -66,7 +79,7 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
             raise ShapeError(f"dequantize: a row of {arr.shape[-1]} bytes is not whole "
                              f"{t.size}-byte {t.name} blocks (truncated data?)")
         shape = arr.shape[:-1] + (arr.shape[-1] // t.size * t.blck_size,)
-    out_shape = tuple(int(n) for n in shape)
+    out_shape = _sizes("dequantize", shape)
     if not 1 <= len(out_shape) <= 4 or min(out_shape) < 0:
         raise ShapeError(f"dequantize: shape must be 1-4 non-negative sizes, got {shape}")
     rb = row_size(t, out_shape[-1])
@@ -78,15 +91,20 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
     out = np.empty(out_shape, dtype=np.float32)
     from ._kernels import _quant
 
-    _quant.dequantize_rows(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
+    _quant.dequantize_rows(_as_4d(src), int(t), _as_4d(out), _threads("dequantize", n_threads))
     return out
 
 
 def quantize(values: npt.ArrayLike, qtype: GGType | int,
              n_threads: int | None = None) -> np.ndarray:
     """The blocks of float32 ``values`` (ggml's reference ``quantize_row_*_ref``, bit for bit),
-    uint8 of shape ``values.shape[:-1] + (row bytes,)``; the last axis must be whole blocks."""
+    uint8 of shape ``values.shape[:-1] + (row bytes,)``; the last axis must be whole blocks.
+    The K-quants (Q4_K, Q6_K) are refused (DTypeError): ggopt reads them, never writes them."""
     t = _quant_type("quantize", qtype)
+    if not t.can_quantize:
+        raise DTypeError(f"quantize: {t.name} can be loaded, dequantized and computed with, "
+                         f"not quantized (no reference quantizer to match bit for bit); "
+                         f"expected one of {', '.join(q.name for q in QUANTIZABLE_TYPES)}")
     arr = np.asarray(values)
     if arr.dtype != np.float32:
         raise DTypeError(f"quantize: values must be float32, got {arr.dtype}")
@@ -97,7 +115,7 @@ def quantize(values: npt.ArrayLike, qtype: GGType | int,
     out = np.empty(arr.shape[:-1] + (rb,), dtype=np.uint8)
     from ._kernels import _quant
 
-    _quant.quantize_rows(_as_4d(src), int(t), _as_4d(out), _threads(n_threads))
+    _quant.quantize_rows(_as_4d(src), int(t), _as_4d(out), _threads("quantize", n_threads))
     return out
 
 
@@ -131,6 +149,19 @@ class Blocks:
         return dequantize(self.data, self.type, n_threads=n_threads)
 
 
+def _bytes_of(fn: str, name: str, data: Any) -> np.ndarray:
+    """``data`` (a bytes-like object or a NumPy array of plain numbers) as flat uint8."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise DTypeError(f"{fn}: tensor '{name}': data of Python objects are not bytes")
+        return data.reshape(-1).view(np.uint8)
+    try:
+        return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+    except TypeError:
+        raise DTypeError(f"{fn}: tensor '{name}': data must be bytes-like or a NumPy array, "
+                         f"got {type(data).__name__}") from None
+
+
 def tensor_from_blocks(ctx: Context, qtype: GGType | int, ne: Sequence[int], data: Any,
                        name: str = "") -> Tensor:
     """A new tensor of ``ctx`` whose memory *is* ``data`` (no copy): a bytes-like object or a
@@ -140,11 +171,15 @@ def tensor_from_blocks(ctx: Context, qtype: GGType | int, ne: Sequence[int], dat
     The loader maps weights this way; any type works (F32 too). ShapeError, before anything is
     created, when the size is not the tensor's.
     """
+    fn = "tensor_from_blocks"
+    if not isinstance(ctx, Context):
+        raise DTypeError(f"{fn}: ctx must be a ggopt.Context, got {type(ctx).__name__}")
+    if not isinstance(name, str):
+        raise DTypeError(f"{fn}: name must be a str, got {type(name).__name__}")
     t_type = as_type(qtype)
     ne4 = normalize_ne(ne)
-    check_whole_blocks("tensor_from_blocks", t_type, ne4, name)
-    arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) \
-        else data.reshape(-1).view(np.uint8)
+    check_whole_blocks(fn, t_type, ne4, name)
+    arr = _bytes_of(fn, name, data)
     probe = Tensor(ctx, t_type, ne4)
     if arr.size != probe.nbytes():
         raise ShapeError(f"tensor_from_blocks: tensor '{name}' ({t_type.name}, ne={list(ne4)}) "

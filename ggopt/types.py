@@ -12,6 +12,7 @@ from .errors import DTypeError, ShapeError
 
 __all__ = [
     "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q4_K", "Q6_K",
     "type_size", "blck_size", "row_size", "np_dtype", "GGML_MAX_DIMS", "FLAG_INPUT",
     "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
 ]
@@ -34,6 +35,8 @@ class GGType(enum.IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
+    Q4_K = 12
+    Q6_K = 14
     I32 = 26
     I64 = 27
 
@@ -50,13 +53,20 @@ class GGType(enum.IntEnum):
 
     @property
     def blck_size(self) -> int:
-        """Elements per block: 1, or 32 for the quantized types (ggml_blck_size)."""
+        """Elements per block: 1, 32 for the quantized types, 256 for the K-quants
+        (ggml_blck_size)."""
         return _BLCK_SIZES.get(self, 1)
 
     @property
     def is_quantized(self) -> bool:
         """True for the block types (ggml_is_quantized)."""
         return self in _BLCK_SIZES
+
+    @property
+    def can_quantize(self) -> bool:
+        """True for the block types ggopt can write from float32 (ggml's reference quantizer,
+        bit for bit); the K-quants are read and computed with only."""
+        return self in _QUANTIZABLE
 
     @property
     def is_float(self) -> bool:
@@ -72,9 +82,13 @@ Q4_1 = GGType.Q4_1
 Q5_0 = GGType.Q5_0
 Q5_1 = GGType.Q5_1
 Q8_0 = GGType.Q8_0
+Q4_K = GGType.Q4_K
+Q6_K = GGType.Q6_K
 
-#: elements per block of the quantized types (ggml's QK4_0, QK4_1, QK5_0, QK5_1, QK8_0)
-_BLCK_SIZES: dict[GGType, int] = {t: 32 for t in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)}
+_QUANTIZABLE = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, Q8_0})
+#: elements per block of the quantized types (ggml's QK4_0 ... QK8_0, and QK_K)
+_BLCK_SIZES: dict[GGType, int] = {t: 32 for t in _QUANTIZABLE}
+_BLCK_SIZES.update({Q4_K: 256, Q6_K: 256})
 _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.F32: np.dtype(np.float32),
     GGType.F16: np.dtype(np.float16),
@@ -83,8 +97,11 @@ _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
 }
 _FROM_NP = {v: k for k, v in _NP_DTYPES.items()}
 # block types: an F16 scale d (and an F16 minimum m for the _1 types), for Q5 4 bytes of high
-# bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0)
-_QUANT_BYTES = {Q4_0: 2 + 16, Q4_1: 4 + 16, Q5_0: 2 + 4 + 16, Q5_1: 4 + 4 + 16, Q8_0: 2 + 32}
+# bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0). K-quants: Q4_K is d, dmin, 12
+# bytes of packed 6-bit scales and minimums, 128 bytes of nibbles; Q6_K is 128 bytes of low
+# nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
+_QUANT_BYTES = {Q4_0: 2 + 16, Q4_1: 4 + 16, Q5_0: 2 + 4 + 16, Q5_1: 4 + 4 + 16, Q8_0: 2 + 32,
+                Q4_K: 2 + 2 + 12 + 128, Q6_K: 128 + 64 + 16 + 2}
 _NP_DTYPES.update({t: np.dtype(np.uint8) for t in _QUANT_BYTES})
 _TYPE_SIZES: dict[GGType, int] = {t: int(_NP_DTYPES[t].itemsize) for t in _FROM_NP.values()}
 _TYPE_SIZES.update(_QUANT_BYTES)

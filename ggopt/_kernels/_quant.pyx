@@ -1,7 +1,9 @@
-"""Quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): conversion to and from float32, row gathers,
-and the products of a quantized weight with float32 activations.
+"""Quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants Q4_K and Q6_K, whose
+256-element super-blocks are read, never written): conversion to and from float32, row
+gathers, and the products of a quantized weight with float32 activations.
 
-The block arithmetic is in ``_quant_blocks.h`` (ggml's reference quantizer and dequantizer).
+The block arithmetic is in ``_quant_blocks.h`` (ggml's reference quantizer and dequantizer)
+and ``_quant_kblocks.h`` (the K-quants' dequantizer).
 Raw tensors are uint8 arrays of rows of whole blocks, unit stride inside a row and any stride
 between rows. Every row or panel is computed the same way whichever thread runs it, so the
 results do not depend on ``n_threads``. Shapes, types, thread counts and indices are checked
@@ -26,6 +28,8 @@ from ggopt.errors import DTypeError, ShapeError
 
 cdef extern from "_quant_blocks.h" nogil:
     int ggopt_q_block_bytes(int type)
+    int ggopt_q_block_elems(int type)
+    int ggopt_q_can_quantize(int type)
     void ggopt_dequant_row(int type, const uint8_t *src, float *dst, Py_ssize_t n)
     void ggopt_quant_row(int type, const float *src, uint8_t *dst, Py_ssize_t n)
     float ggopt_f16_to_f32(unsigned short h)
@@ -44,7 +48,7 @@ cdef int _block_bytes(str fn, int qtype) except -1:
     cdef int bb = ggopt_q_block_bytes(qtype)
     if bb == 0:
         raise DTypeError(f"{fn}: type {qtype} is not a quantized type this kernel knows "
-                         "(Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8)")
+                         "(Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q6_K=14)")
     return bb
 
 
@@ -52,12 +56,13 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                                Py_ssize_t ne0) except -1:
     """Blocks per row, checking that ``row_bytes`` are exactly the blocks of ``ne0`` elements."""
     cdef int bb = _block_bytes(fn, qtype)
-    if ne0 % QK:
-        raise ShapeError(f"{fn}: rows of {ne0} elements are not whole {QK}-element blocks")
-    if row_bytes != ne0 // QK * bb:
-        raise ShapeError(f"{fn}: a row of {ne0} elements of type {qtype} is {ne0 // QK * bb} "
-                         f"bytes ({ne0 // QK} blocks of {bb}), the raw rows have {row_bytes}")
-    return ne0 // QK
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype)
+    if ne0 % qk:
+        raise ShapeError(f"{fn}: rows of {ne0} elements are not whole {qk}-element blocks")
+    if row_bytes != ne0 // qk * bb:
+        raise ShapeError(f"{fn}: a row of {ne0} elements of type {qtype} is {ne0 // qk * bb} "
+                         f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
+    return ne0 // qk
 
 
 cdef int _check_unit(str fn, str name, Py_ssize_t n, Py_ssize_t stride,
@@ -124,6 +129,9 @@ def quantize_rows(const float[:, :, :, ::1] src not None, int qtype,
     """
     cdef str fn = "quantize_rows"
     check_n_threads(fn, n_threads)
+    if ggopt_q_block_bytes(qtype) and not ggopt_q_can_quantize(qtype):
+        raise DTypeError(f"{fn}: type {qtype} is a K-quant, which ggopt dequantizes and computes "
+                         "with but cannot quantize (no reference quantizer to match)")
     check_shape(fn, "dst's leading dims", dst.shape, 3, src.shape[0], src.shape[1], src.shape[2])
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, dst.shape[3], src.shape[3])
     cdef Py_ssize_t ne0 = src.shape[3], rb = dst.shape[3]
@@ -255,9 +263,10 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     """``out = g @ deq(w)``: ggml's out_prod of a quantized ``w`` (M rows of K) with
     ``g`` (N, M) — the gradient of mul_mat(w, x) with respect to ``x``.
 
-    Panels of 4 block columns (128 elements) of ``w`` are dequantized into a per-thread scratch
-    (M x 128 floats) and multiplied on one BLAS thread each; every panel is a whole sum over M,
-    so the result does not depend on the thread count.
+    Panels of 4 block columns (128 elements; one 256-element super-block for the K-quants) of
+    ``w`` are dequantized into a per-thread scratch (M x 128 or 256 floats) and multiplied on
+    one BLAS thread each; every panel is a whole sum over M, so the result does not depend on
+    the thread count.
 
     Parameters
     ----------
@@ -276,7 +285,8 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
     _check_ld(fn, "g", N, g.strides[0], M)
     _check_ld(fn, "out", N, out.strides[0], K)
-    cdef Py_ssize_t npanels = (nb + PANEL_BLOCKS - 1) // PANEL_BLOCKS, p, i
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype), pb = max(1, PANEL_BLOCKS * QK // qk)
+    cdef Py_ssize_t npanels = (nb + pb - 1) // pb, p, i
     if N == 0 or K == 0:
         return
     cdef int ldg = <int>(g.strides[0] // 4) if N > 1 else <int>max(M, 1)
@@ -287,10 +297,10 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
             memset(ob + i * ldo, 0, K * sizeof(float))
         return
     cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t panel = M * PANEL_BLOCKS * QK
+    cdef Py_ssize_t panel = M * pb * qk
     cdef float *scratch = <float *>malloc(team * panel * sizeof(float))
     if scratch == NULL:
-        raise MemoryError(f"{fn}: out of memory for {team} panels of {M}x{PANEL_BLOCKS * QK} "
+        raise MemoryError(f"{fn}: out of memory for {team} panels of {M}x{pb * qk} "
                           "floats")
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
@@ -300,21 +310,22 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
         with nogil:
             for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
-                _out_prod_panel(qtype, bb, wb, ws, M, p * PANEL_BLOCKS,
-                                min(nb, (p + 1) * PANEL_BLOCKS), N, gb, ldg, ob, ldo,
+                _out_prod_panel(qtype, bb, qk, wb, ws, M, p * pb, min(nb, (p + 1) * pb), N,
+                                gb, ldg, ob, ldo,
                                 scratch + omp_get_thread_num() * panel)
     finally:
         free(scratch)
 
 
-cdef void _out_prod_panel(int qtype, int bb, const char *wb, Py_ssize_t ws, Py_ssize_t M,
-                          Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t N, const float *g, int ldg,
-                          float *out, int ldo, float *scratch) noexcept nogil:
-    """out[:, 32*b0 : 32*b1] = g @ deq(w[:, blocks b0:b1]); column-major: out_p^T = W_p^T
+cdef void _out_prod_panel(int qtype, int bb, Py_ssize_t qk, const char *wb, Py_ssize_t ws,
+                          Py_ssize_t M, Py_ssize_t b0, Py_ssize_t b1, Py_ssize_t N,
+                          const float *g, int ldg, float *out, int ldo,
+                          float *scratch) noexcept nogil:
+    """out[:, qk*b0 : qk*b1] = g @ deq(w[:, blocks b0:b1]); column-major: out_p^T = W_p^T
     (its row-major copy read as column-major, 'N') @ g^T ('N')."""
-    cdef Py_ssize_t r, kp = (b1 - b0) * QK
+    cdef Py_ssize_t r, kp = (b1 - b0) * qk
     for r in range(M):
         ggopt_dequant_row(qtype, <const uint8_t *>(wb + r * ws + b0 * bb), scratch + r * kp,
                           b1 - b0)
     sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>M, scratch, <int>kp, g, ldg,
-                   out + b0 * QK, ldo)
+                   out + b0 * qk, ldo)

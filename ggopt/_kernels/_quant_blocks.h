@@ -6,7 +6,8 @@
      Q5_0: d f16 | qh u32 (bit j: the fifth bit of element j) | nibbles as Q4_0
      Q5_1: d f16 | m f16 | qh u32 | nibbles
      Q8_0: d f16 | 32 int8
-   Only integer code converts half floats, so the flush-to-zero mode changes nothing. */
+   Only integer code converts half floats, so the flush-to-zero mode changes nothing.
+   The K-quants Q4_K and Q6_K (dequantize only): _quant_kblocks.h. */
 #ifndef GGOPT_QUANT_BLOCKS_H
 #define GGOPT_QUANT_BLOCKS_H
 #include <math.h>
@@ -68,7 +69,9 @@ static inline void ggopt_store_f16(uint8_t *p, float f) {
     memcpy(p, &h, 2);
 }
 
-/* bytes per block, 0 for a type that is not one of these */
+#include "_quant_kblocks.h"
+
+/* bytes per block (super-block for the K-quants), 0 for a type that is not a block type */
 static inline int ggopt_q_block_bytes(int type) {
     switch (type) {
     case GGOPT_Q4_0: return 18;
@@ -76,8 +79,18 @@ static inline int ggopt_q_block_bytes(int type) {
     case GGOPT_Q5_0: return 22;
     case GGOPT_Q5_1: return 24;
     case GGOPT_Q8_0: return 34;
-    default: return 0;
+    default: return ggopt_k_block_bytes(type);
     }
+}
+
+/* elements per block: 32, or 256 for the K-quants */
+static inline int ggopt_q_block_elems(int type) {
+    return ggopt_k_block_bytes(type) ? GGOPT_QK_K : GGOPT_QK;
+}
+
+/* 1 for the types with a reference quantizer here (not the K-quants) */
+static inline int ggopt_q_can_quantize(int type) {
+    return ggopt_k_block_bytes(type) == 0 && ggopt_q_block_bytes(type) != 0;
 }
 
 /* the 32 5-bit or 4-bit codes of a block's nibbles (and qh bits, when qh is not NULL) */
@@ -183,6 +196,11 @@ static inline void ggopt_quant_block(int type, const float *x, uint8_t *b) {
 /* n blocks of a row */
 static inline void ggopt_dequant_row(int type, const uint8_t *src, float *dst, Py_ssize_t n) {
     int bb = ggopt_q_block_bytes(type);
+    if (ggopt_k_block_bytes(type)) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            ggopt_k_dequant_block(type, src + i * bb, dst + i * GGOPT_QK_K);
+        return;
+    }
     for (Py_ssize_t i = 0; i < n; i++) ggopt_dequant_block(type, src + i * bb, dst + i * GGOPT_QK);
 }
 

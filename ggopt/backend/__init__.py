@@ -79,7 +79,7 @@ def tensor_fill(t: Tensor, value: float) -> None:
     _check_transfer(t)
     with _compute_lock(t):
         _check_transfer(t)
-        buffer_of(t).backend.fill(t, value)
+        buffer_of(t).fill(t, value)
 
 
 def tensor_get(t: Tensor) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from ..errors import DTypeError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
-from .buffer import Buffer, buffer_of
+from .buffer import Buffer, buffer_of, check_writable
 
 __all__ = ["Backend", "Placement", "Step", "check_row_indices"]
 
@@ -136,6 +136,7 @@ class Backend:
 
     def tensor_set(self, t: Tensor, array: npt.ArrayLike) -> None:
         _check_transfer(t)
+        check_writable("ggml_backend_tensor_set", t)
         arr = np.asarray(array)
         if arr.dtype != t.type.dtype:
             raw = " raw blocks" if t.type.is_quantized else ""

@@ -129,6 +129,7 @@ class Scheduler:
             raise InvalidValueError(f"ggml_backend_sched_new: plan_cache must be >= 0, got "
                                     f"{plan_cache}")
         self.backends = backends
+        self._members = set(backends)
         self._buffers: dict[Backend, Buffer] = {}
         self._cache: weakref.WeakKeyDictionary[Graph, _Compiled] = weakref.WeakKeyDictionary()
         self._plans: PlanCache[_Compiled] = PlanCache(plan_cache)  # by graph signature
@@ -289,8 +290,24 @@ class Scheduler:
         return True
 
     def _memory_backend(self, t: Tensor) -> Backend | None:
+        """The scheduler's backend whose kernels read ``t``'s memory (ggml picks the backend
+        by buffer type: host memory of any CPU backend, e.g. a mapped file, belongs to the
+        scheduler's CPU backend); None when ``t`` has no memory. StateError when none of the
+        scheduler's backends can read it."""
         owner = t.data_owner()
-        return buffer_of(owner).backend if owner.buffer is not None else None
+        if owner.buffer is None:
+            return None
+        buf = buffer_of(owner)
+        if buf.backend in self._members:
+            return buf.backend
+        b = next((x for x in self.backends if x.can_read(buf)), None)
+        if b is None:
+            raise StateError(
+                f"ggml_backend_sched_alloc_graph: '{owner.name}' lives on {buf.backend.name}, "
+                f"which none of the scheduler's backends "
+                f"({', '.join(x.name for x in self.backends)}) can read; allocate it on one of "
+                "them")
+        return b
 
     def _assign(self, g: Graph) -> dict[Tensor, Backend]:
         cpu = self.backends[-1]
@@ -316,6 +333,7 @@ class Scheduler:
         return where
 
     def _compile(self, g: Graph) -> _Compiled:
+        _check_no_writes_to_read_only(g)
         comp = _Compiled()
         comp.version = g.version
         where = self._assign(g)
@@ -400,3 +418,20 @@ class Scheduler:
             comp.steps.extend(split.steps)
         comp.splits = splits
         return comp
+
+
+def _check_no_writes_to_read_only(g: Graph) -> None:
+    """StateError when a node would write read-only memory (a mapped file's bytes): a cpy
+    into such a tensor, an optimizer step of a mapped parameter, any result placed there."""
+    for node in g.nodes:
+        if node.op in VIEW_OPS:
+            continue
+        written = [node.data_owner()] + [node.src[j] for j in _WRITTEN_SOURCES.get(node.op, ())
+                                         if node.src[j] is not None]
+        for t in written:
+            owner = t.data_owner()
+            if owner.buffer is not None and buffer_of(owner).read_only:
+                raise StateError(
+                    f"ggml_backend_sched_alloc_graph: {node.op.name} '{node.name}' would write "
+                    f"'{owner.name}', which lives in read-only memory (a mapped file's bytes); "
+                    "copy it into a tensor of its own first")

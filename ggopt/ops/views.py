@@ -86,6 +86,9 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         last = nbl[-1]
         nbl += [last * ne4[i] for i in range(len(nbl), 4)]
         nb4 = (nbl[0], nbl[1], nbl[2], nbl[3])
+    if a.type.is_quantized:
+        _check_block_aligned(fn, a, (a.view_offs if a.view_src is not None else 0) + offset,
+                             nbl[1:])
     size = 0 if 0 in ne4 else a.type.size * (ne4[0] // blck) + builtins.sum(
         (n - 1) * s for n, s in zip(ne4[1:], nbl[1:]))
     owner_bytes = a.data_owner().nbytes()
@@ -94,6 +97,16 @@ def _view(fn: str, ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, 
         raise ShapeError(f"ggml_{fn}: a view of {size} bytes at offset {offset} does not fit in "
                          f"the {owner_bytes} bytes of '{a.data_owner().name}'")
     return ctx.new_view(a, ne4, nb4, offset, Op.VIEW, (a,), ViewParams(offset))
+
+
+def _check_block_aligned(fn: str, a: Tensor, start: int, strides: Sequence[int]) -> None:
+    """A view of a quantized tensor starts at a block and steps by whole blocks: anything else
+    would read the middle of a block as its scales."""
+    bad = [f"offset {start}"] if start % a.type.size else []
+    bad += [f"nb{i + 1} = {n}" for i, n in enumerate(strides) if n % a.type.size]
+    if bad:
+        raise ShapeError(f"ggml_{fn}: a view of {a.type.name} tensor '{a.name}' must start and "
+                         f"step at whole {a.type.size}-byte blocks, got {', '.join(bad)}")
 
 
 def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
@@ -257,6 +270,9 @@ def _check_conversion(a: Tensor, b: Tensor) -> None:
     if f.type is not F32 or (a.type.is_quantized and b.type.is_quantized):
         raise DTypeError(f"ggml_cpy: {a.type.name} -> {b.type.name}: a quantized tensor "
                          "converts to or from F32 only")
+    if b.type.is_quantized and not b.type.can_quantize:
+        raise DTypeError(f"ggml_cpy: F32 -> {b.type.name}: ggopt computes with {b.type.name} "
+                         "but cannot quantize to it (no reference quantizer to match)")
     if a.ne != b.ne or not f.is_contiguous() or q.nb[0] != q.type.size:
         raise ShapeError(f"ggml_cpy: {a.type.name} -> {b.type.name} needs the same shape "
                          f"(a {ne_str(a)}, b {ne_str(b)}), a contiguous F32 side and whole "

@@ -165,6 +165,42 @@ def test_optimizer_step_refuses_moments_on_another_backend():
         train_adamw(numpy_backend(), nsteps=1, params_on_cpu=True)
 
 
+def _sqr_graph(a: ggopt.Tensor, ctx: ggopt.Context) -> tuple[ggopt.Graph, ggopt.Tensor]:
+    y = ggopt.sqr(ctx, a)
+    ggopt.set_output(y)
+    g = ggopt.new_graph(ctx)
+    ggopt.build_forward_expand(g, y)
+    return g, y
+
+
+def test_host_memory_of_another_cpu_backend_is_copied_to_the_node():
+    """A tensor in host memory that no backend of the scheduler allocated (another CPU
+    backend's buffer, e.g. a mapped file) belongs to the scheduler's CPU backend, as ggml picks
+    backends by buffer type; a node on backend 0 gets a copy (was a raw KeyError)."""
+    ctx_w, ctx = ggopt.Context(), ggopt.Context()
+    a = ctx_w.new_tensor_1d(ggopt.F32, 4)
+    gb.alloc_ctx_tensors(ctx_w, gb.cpu_init())
+    gb.tensor_set(a, np.array([1, -2, 3, 4], F32))
+    g, y = _sqr_graph(a, ctx)
+    cpu = gb.cpu_init()
+    sched = gb.Scheduler([numpy_backend(), cpu])
+    sched.alloc_graph(g)
+    sched.graph_compute(g)
+    assert sched.get_tensor_backend(a) is cpu and sched.get_n_copies() == 1
+    np.testing.assert_array_equal(gb.tensor_get(y), [1, 4, 9, 16])
+
+
+def test_memory_no_backend_of_the_scheduler_can_read_is_refused():
+    ctx_w, ctx = ggopt.Context(), ggopt.Context()
+    a = ctx_w.new_tensor_1d(ggopt.F32, 4)
+    gb.alloc_ctx_tensors(ctx_w, numpy_backend())  # device memory of a backend not listed
+    g, y = _sqr_graph(a, ctx)
+    sched = gb.Scheduler([gb.cpu_init()])
+    with pytest.raises(StateError, match="none of the scheduler's backends"):
+        sched.alloc_graph(g)
+    assert y.buffer is None
+
+
 # --- the backend itself -------------------------------------------------------------------
 
 

@@ -190,3 +190,51 @@ def test_huge_allocations_raise_out_of_memory():
         opt.Dataset(ggopt.F32, ggopt.F32, 2**10, 0, 2**40, 1)
     with pytest.raises(OutOfMemoryError):
         gb.cpu_init().alloc_buffer(2**62)
+
+
+# --- read-only memory (tensors over a mapped file's bytes) -------------------------------------
+
+
+def _mapped(ctx: ggopt.Context, qtype: ggopt.GGType, ne: tuple[int, ...], data: np.ndarray,
+            name: str) -> ggopt.Tensor:
+    from ggopt.quants import tensor_from_blocks
+
+    ro = data.copy()
+    ro.flags.writeable = False  # as a np.memmap of a file opened for reading
+    return tensor_from_blocks(ctx, qtype, ne, ro, name)
+
+
+def test_writing_a_read_only_tensor_is_refused_and_changes_nothing():
+    from ggopt.quants import quantize
+
+    raw = quantize(np.linspace(-1, 1, 128, dtype=np.float32).reshape(2, 64), ggopt.GGType.Q8_0)
+    ctx = ggopt.Context(no_alloc=True)
+    w = _mapped(ctx, ggopt.GGType.Q8_0, (64, 2), raw, "wq")
+    f = _mapped(ctx, ggopt.F32, (3,), np.arange(3, dtype=np.float32), "wf")
+    with pytest.raises(StateError, match="tensor_set: tensor 'wq' lives in read-only memory"):
+        gb.tensor_set(w, np.zeros_like(raw))
+    with pytest.raises(StateError, match="tensor_memset: tensor 'wf' lives in read-only"):
+        gb.tensor_fill(f, 7.0)
+    np.testing.assert_array_equal(gb.tensor_get(w), raw)
+    np.testing.assert_array_equal(gb.tensor_get(f), [0, 1, 2])
+
+
+def test_a_graph_writing_read_only_memory_is_refused_at_alloc():
+    """cpy into a mapped tensor, or an optimizer step of a mapped parameter: StateError before
+    anything runs (was a raw NumPy ValueError in the middle of the compute)."""
+    ctx_w = ggopt.Context(no_alloc=True)
+    f = _mapped(ctx_w, ggopt.F32, (3,), np.arange(3, dtype=np.float32), "wf")
+    ggopt.set_param(f)
+    ctx_in, ctx = ggopt.Context(), ggopt.Context()
+    x, sgd = ctx_in.new_tensor_1d(ggopt.F32, 3), ctx_in.new_tensor_1d(ggopt.F32, 2)
+    gb.alloc_ctx_tensors(ctx_in, gb.cpu_init())
+    gb.tensor_set(x, np.ones(3, np.float32))
+    y = ggopt.sqr(ctx, x)
+    for out in (ggopt.cpy(ctx, y, f), ggopt.opt_step_sgd(ctx, f, y, sgd)):
+        g = ggopt.new_graph(ctx)
+        ggopt.build_forward_expand(g, out)
+        sched = gb.Scheduler([gb.cpu_init()])
+        with pytest.raises(StateError, match="would write 'wf', which lives in read-only"):
+            sched.alloc_graph(g)
+        assert y.buffer is None
+    np.testing.assert_array_equal(gb.tensor_get(f), [0, 1, 2])

@@ -1,7 +1,7 @@
 """Property tests of the quantized types: ggopt's quantizer is ggml's reference bit for bit on
 any float32 rows, quantize -> dequantize -> quantize is stable (the blocks come back the same),
-and dequantize(blocks) equals gguf's for any block bytes; GGUF files keep quantized tensors
-byte for byte.
+and dequantize(blocks) equals gguf's for any block bytes (the K-quants too); GGUF files keep
+quantized tensors byte for byte.
 
 The number of examples comes from the hypothesis profile (tests/conftest.py).
 """
@@ -56,6 +56,17 @@ def test_dequantize_any_block_bytes_as_gguf(qtype, data):
     raw[:, 1] &= 0xFB  # finite F16 scales (exponent below 31): NaN payloads are not compared
     if qtype in (GGType.Q4_1, GGType.Q5_1):
         raw[:, 3] &= 0xFB
+    got = quants.dequantize(raw, qtype, n_threads=2)
+    want = gq.dequantize(raw, GQT(int(qtype)))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@given(qtype=st.sampled_from([GGType.Q4_K, GGType.Q6_K]), data=st.data())
+def test_dequantize_any_k_quant_bytes_as_gguf(qtype, data):
+    n = data.draw(st.integers(1, 4))
+    raw = data.draw(hnp.arrays(np.uint8, (n, qtype.size)))
+    for hi in (1, 3) if qtype is GGType.Q4_K else (209,):
+        raw[:, hi] &= 0xFB  # finite F16 super-block scales
     got = quants.dequantize(raw, qtype, n_threads=2)
     want = gq.dequantize(raw, GQT(int(qtype)))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

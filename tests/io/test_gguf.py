@@ -15,6 +15,9 @@ from ggopt import (
     ShapeError,
 )
 from ggopt.io import gguf as ggio
+from ggopt.quants import Blocks
+from ggopt.types import GGType
+from tools.kquants import k_blocks
 
 ARCH = {"general.architecture": "mnist-fc"}
 SHAPES = [(7,), (3, 5), (2, 3, 4), (2, 1, 3, 5)]
@@ -308,3 +311,34 @@ def test_gguf_deeply_nested_arrays_are_refused(tmp_path):
     path.write_bytes(_gguf_with_kv(b"k", _ARRAY, payload))
     with pytest.raises(DTypeError, match="nested"):
         ggio.load(path)
+
+
+def test_k_quant_blocks_load_as_written_and_save_byte_for_byte(tmp_path: Path) -> None:
+    """Q4_K / Q6_K tensors written by the gguf package's writer come back as their raw
+    super-blocks, and ggopt's save writes the same file again; any cut in their data is a
+    ShapeError."""
+    raws = {"q4k": (GGType.Q4_K, k_blocks(GGType.Q4_K, 3, 512, seed=1)),
+            "q6k": (GGType.Q6_K, k_blocks(GGType.Q6_K, 2, 256, seed=2))}
+    path = tmp_path / "k.gguf"
+    writer = gguf.GGUFWriter(path, "test")
+    for name, (qtype, raw) in raws.items():
+        writer.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    meta, tensors = ggio.load_blocks(path)
+    for name, (qtype, raw) in raws.items():
+        got = tensors[name]
+        assert isinstance(got, Blocks) and got.type is qtype
+        assert got.shape == (raw.shape[0], raw.shape[1] // qtype.size * 256)
+        np.testing.assert_array_equal(got.data, raw)
+    again = tmp_path / "again.gguf"
+    ggio.save(again, tensors, meta)
+    assert again.read_bytes() == path.read_bytes()
+    data = path.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    for n in range(len(data) - 2 * 210, len(data), 37):  # inside the last tensor's blocks
+        cut.write_bytes(data[:n])
+        with pytest.raises(ShapeError, match="gguf_init_from_file"):
+            ggio.load_blocks(cut)

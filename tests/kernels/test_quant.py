@@ -194,3 +194,27 @@ def test_kernels_refuse_bad_rows_types_and_indices():
                                   np.float32), 1)
     np.testing.assert_array_equal(out, before)
     assert (rows == 7.0).all()
+
+
+def test_helpers_refuse_wrong_argument_kinds_with_ggopt_errors():
+    """Were raw TypeError / ValueError / AttributeError tracebacks."""
+    import ggopt
+
+    raw = gq.quantize(_values(4, 64), GQT.Q8_0)
+    ctx = ggopt.Context(no_alloc=True)
+    bad_data = [list(raw.reshape(-1)), None, np.empty(raw.size, object)]
+    for data in bad_data:
+        with pytest.raises(DTypeError, match="tensor 'w': data"):
+            quants.tensor_from_blocks(ctx, GGType.Q8_0, (64, 4), data, "w")
+    with pytest.raises(DTypeError, match="ctx must be a ggopt.Context"):
+        quants.tensor_from_blocks(None, GGType.Q8_0, (64, 4), raw, "w")  # type: ignore[arg-type]
+    with pytest.raises(DTypeError, match="name must be a str"):
+        quants.tensor_from_blocks(ctx, GGType.Q8_0, (64, 4), raw, 5)  # type: ignore[arg-type]
+    assert not ctx.tensors
+    for shape in (5, ("a",)):
+        with pytest.raises(DTypeError, match="shape must be a sequence of ints"):
+            quants.dequantize(raw, GGType.Q8_0, shape)  # type: ignore[arg-type]
+    with pytest.raises(DTypeError, match="n_threads must be an int"):
+        quants.quantize(_values(1, 32), GGType.Q8_0, n_threads="2")  # type: ignore[arg-type]
+    with pytest.raises(ggopt.InvalidValueError, match="quantize: n_threads"):
+        quants.quantize(_values(1, 32), GGType.Q8_0, n_threads=0)
