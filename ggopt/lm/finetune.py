@@ -32,6 +32,7 @@ from .. import F32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
 from ..errors import ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
+from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from .windows import MASKED, Windows, split_point, to_dataset
 
@@ -120,6 +121,7 @@ class FineTuner:
     def __init__(self, net: LlamaModel, windows: Windows, fp: FinetuneParams,
                  get_opt_pars: Callable[..., OptimizerParams] | None = None) -> None:
         fp.check()
+        check_trainable(net, "finetune")
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
