@@ -38,6 +38,9 @@ cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
 # Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q.
 cdef Py_ssize_t PANEL_ROWS = 64
 cdef Py_ssize_t PANEL_BLOCKS = 4
+# out_prod_q sums over at most this many weight rows per sgemm (the scratch of a 49152-row
+# output head would otherwise be 25 MB per thread); longer sums add the chunks in order.
+cdef Py_ssize_t SUM_ROWS = 4096
 
 
 cdef int _block_bytes(str fn, int qtype) except -1:
@@ -287,10 +290,13 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
             memset(ob + i * ldo, 0, K * sizeof(float))
         return
     cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t panel = M * PANEL_BLOCKS * QK
+    cdef Py_ssize_t rows = min(M, SUM_ROWS)
+    # per thread: the dequantized panel (rows x 128) and, for sums of several chunks, one
+    # chunk's product (128 x N, column-major)
+    cdef Py_ssize_t panel = rows * PANEL_BLOCKS * QK + (PANEL_BLOCKS * QK * N if M > rows else 0)
     cdef float *scratch = <float *>malloc(team * panel * sizeof(float))
     if scratch == NULL:
-        raise MemoryError(f"{fn}: out of memory for {team} panels of {M}x{PANEL_BLOCKS * QK} "
+        raise MemoryError(f"{fn}: out of memory for {team} panels of {rows}x{PANEL_BLOCKS * QK} "
                           "floats")
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
@@ -300,9 +306,9 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
         with nogil:
             for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
-                _out_prod_panel(qtype, bb, wb, ws, M, p * PANEL_BLOCKS,
-                                min(nb, (p + 1) * PANEL_BLOCKS), N, gb, ldg, ob, ldo,
-                                scratch + omp_get_thread_num() * panel)
+                _out_prod_panel_chunked(qtype, bb, wb, ws, M, rows, p * PANEL_BLOCKS,
+                                        min(nb, (p + 1) * PANEL_BLOCKS), N, gb, ldg, ob, ldo,
+                                        scratch + omp_get_thread_num() * panel)
     finally:
         free(scratch)
 
@@ -318,3 +324,29 @@ cdef void _out_prod_panel(int qtype, int bb, const char *wb, Py_ssize_t ws, Py_s
                           b1 - b0)
     sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>M, scratch, <int>kp, g, ldg,
                    out + b0 * QK, ldo)
+
+
+cdef void _out_prod_panel_chunked(int qtype, int bb, const char *wb, Py_ssize_t ws,
+                                  Py_ssize_t M, Py_ssize_t rows, Py_ssize_t b0, Py_ssize_t b1,
+                                  Py_ssize_t N, const float *g, int ldg, float *out, int ldo,
+                                  float *scratch) noexcept nogil:
+    """:func:`_out_prod_panel` summed over chunks of ``rows`` weight rows: the first chunk's
+    product is written, each later one computed into the scratch's tail and added, in order
+    (the chunks depend on M alone)."""
+    cdef Py_ssize_t r0, r, nr, c, i, kp = (b1 - b0) * QK
+    cdef float *part = scratch + rows * kp
+    cdef float *dst
+    _out_prod_panel(qtype, bb, wb, ws, min(M, rows), b0, b1, N, g, ldg, out, ldo, scratch)
+    r0 = rows
+    while r0 < M:
+        nr = min(M - r0, rows)
+        for r in range(nr):
+            ggopt_dequant_row(qtype, <const uint8_t *>(wb + (r0 + r) * ws + b0 * bb),
+                              scratch + r * kp, b1 - b0)
+        sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>nr, scratch, <int>kp, g + r0, ldg,
+                       part, <int>kp)
+        for c in range(N):
+            dst = out + c * ldo + b0 * QK
+            for i in range(kp):
+                dst[i] += part[c * kp + i]
+        r0 += rows

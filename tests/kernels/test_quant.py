@@ -111,8 +111,9 @@ def test_mul_mat_is_the_dequantized_product(qtype, shape):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", [(1, 32, 1), (7, 96, 3), (70, 288, 5)])
+@pytest.mark.parametrize("shape", [(1, 32, 1), (7, 96, 3), (70, 288, 5), (9000, 160, 3)])
 def test_out_prod_is_g_times_the_dequantized_weight(qtype, shape):
+    # 9000 rows: a sum over more than 4096 weight rows is taken in chunks (a bounded scratch)
     M, K, N = shape
     raw = gq.quantize(_values(M, K, seed=6), GQT(int(qtype)))
     w = gq.dequantize(raw, GQT(int(qtype)))

@@ -118,3 +118,23 @@ def test_full_fine_tune_of_a_kept_model_is_refused_before_anything_is_built(q4_1
     with pytest.raises(StateError, match="base_type='f32'"):
         FineTuner(kept.net, windows(6, 32, 256), FinetuneParams())
     assert kept.net.sched.held_buffer_bytes() == 0
+
+
+def test_one_hot_labels_are_written_in_place_and_cleared_between_batches():
+    from ggopt.backend import tensor_get
+    from ggopt.lm.finetune import _LossInputs
+    from ggopt.lm.windows import MASKED
+    from tests.support.finetune import tiny
+
+    net = tiny()
+    loss_in = _LossInputs(net, 6, masked=True)
+    assert np.shares_memory(loss_in._one_hot, loss_in.labels.numpy())  # no host copy
+    V = net.cfg.n_vocab
+    for labels in (np.array([[1, 5, MASKED], [63, 0, 5]]), np.array([[2, MASKED, 2],
+                                                                       [7, 7, MASKED]])):
+        loss_in.set(labels.astype(np.int32), 0.5)
+        want = np.zeros((6, V), np.float32)
+        for i, lab in enumerate(labels.reshape(-1)):
+            if lab != MASKED:
+                want[i, lab] = 1.0
+        np.testing.assert_array_equal(tensor_get(loss_in.labels).reshape(6, V), want)
