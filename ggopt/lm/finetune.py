@@ -29,7 +29,8 @@ import numpy as np
 import ggopt
 
 from .. import F32, Context, Tensor
-from ..backend import alloc_ctx_tensors, buffer_of, tensor_set
+from ..backend import alloc_ctx_tensors, tensor_set
+from ..backend.buffer import buffer_of
 from ..errors import ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
