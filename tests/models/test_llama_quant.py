@@ -140,3 +140,22 @@ def test_a_non_finite_block_scale_is_refused(tmp_path, qtype):
     path.write_bytes(bytes(raw))
     with pytest.raises(InvalidValueError, match="blk.1.ffn_up.weight.*NaN or infinite scale"):
         llama.load(path, progress=False, base_type="keep")
+
+
+def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_path, capsys):
+    from ggopt.examples import llm
+
+    path = str(_file(tmp_path, Q.Q4_1))
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(32, 127)) * 4)
+    outs = {}
+    for base_type in ("f32", "keep"):
+        assert llm.main(["generate", "--model", path, "--prompt", "abc", "-n", "8", "--temp",
+                         "0", "--base-type", base_type]) == 0
+        gen = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("main:")]
+        assert llm.main(["eval", "--model", path, "--text", str(text), "--ctx", "32",
+                         "--base-type", base_type]) == 0
+        ppl = [x.split()[:2] for x in capsys.readouterr().out.splitlines()
+               if x.startswith("perplexity")]
+        outs[base_type] = (gen, ppl)
+    assert outs["keep"] == outs["f32"] and outs["keep"][0] and outs["keep"][1]
