@@ -159,3 +159,10 @@ def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_pat
                if x.startswith("perplexity")]
         outs[base_type] = (gen, ppl)
     assert outs["keep"] == outs["f32"] and outs["keep"][0] and outs["keep"][1]
+
+
+def test_a_file_of_the_other_byte_order_is_not_mapped(tmp_path):
+    path = tmp_path / "big.gguf"
+    write(path, CFG, types={n: Q.Q8_0 for n in _matrices(CFG)}, big_endian=True)
+    with pytest.raises(DTypeError, match="byte order.*base_type='f32'"):
+        llama.load(path, progress=False, base_type="keep")

@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ...backend import Scheduler, cpu_init, tensor_set
-from ...errors import GgoptError, InvalidValueError
+from ...errors import DTypeError, GgoptError, InvalidValueError
 from .byte_gguf import byte_tokens
 from .config import Config, config_from_fields, field_value
 from .graph import LlamaModel, build_model, param_shapes
@@ -121,6 +121,9 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     bar = ProgressBar(len(shapes), stream) if progress else None
     sched = sched or Scheduler([cpu_init()])
     if base_type == "keep":
+        if getattr(reader, "byte_order", "I") != "I":
+            raise DTypeError(f"{where}: the file's byte order is not this machine's; its blocks "
+                             f"cannot be mapped as they are (load it with base_type='f32')")
         net = map_model(cfg, sched, table, where, bar)
     else:
         net = build_model(cfg, sched)
