@@ -49,15 +49,16 @@ def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> di
     lora.attach(model.net, adapter)
     ft = FineTuner(model.net, windows, FinetuneParams(lr=1e-4, val_split=0.05))
     before = ft.validate()
-    times = []
+    times, cpu = [], []
     for i in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ft.microbatch(i % ft.n_train_mb, True, 1.0)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     after = ft.validate()
     mem = memory_report(ft)
     ft.close()
-    return {"config": base_type, "times": times, "val_before": before.loss,
+    return {"config": base_type, "times": times, "cpu": cpu, "val_before": before.loss,
             "val_after": after.loss, "memory": mem.lines(), "peak_mb": mem.peak_rss_bytes / 1e6,
             "weights_mb": mem.weights_bytes / 1e6, "weights_f32_mb": mem.weights_f32_bytes / 1e6}
 
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _model_path()
     times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
     weights: dict[str, float] = {}
     print(f"load: {os.getloadavg()}")
@@ -91,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
             rec = json.loads(out.strip().splitlines()[-1])
             warm = rec["times"][args.warm:]
             times.setdefault(config, []).extend(warm)
+            cpu.setdefault(config, []).extend(rec["cpu"][args.warm:])
             peaks[config] = max(peaks.get(config, 0.0), rec["peak_mb"])
             weights[config] = rec["weights_mb"]
             med = statistics.median(warm)
             print(f"{config}: median step {med:.3f} s, min {min(warm):.3f} s, "
-                  f"{args.ctx / med:.1f} tokens/s; held-out loss {rec['val_before']:.4f} -> "
-                  f"{rec['val_after']:.4f} after {len(rec['times'])} steps", flush=True)
+                  f"{args.ctx / med:.1f} tokens/s, CPU time "
+                  f"{statistics.median(rec['cpu'][args.warm:]):.3f} s/step; held-out loss "
+                  f"{rec['val_before']:.4f} -> {rec['val_after']:.4f} after "
+                  f"{len(rec['times'])} steps", flush=True)
             for line in rec["memory"]:
                 print(f"  {line}")
     print(f"load: {os.getloadavg()}")
@@ -104,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         med = {c: statistics.median(t) for c, t in times.items()}
         mins = {c: min(t) for c, t in times.items()}
         print(f"keep / f32: tokens/s x{med['f32'] / med['keep']:.3f} (medians), "
-              f"x{mins['f32'] / mins['keep']:.3f} (minima); peak RSS "
+              f"x{mins['f32'] / mins['keep']:.3f} (minima), CPU time per step x"
+              f"{statistics.median(cpu['f32']) / statistics.median(cpu['keep']):.3f}; peak RSS "
               f"{peaks['keep']:.0f} / {peaks['f32']:.0f} MB = x{peaks['keep'] / peaks['f32']:.3f}"
               f"; base weights {weights['keep']:.1f} / {weights['f32']:.1f} MB = "
               f"x{weights['keep'] / weights['f32']:.3f}")

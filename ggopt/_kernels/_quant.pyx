@@ -35,12 +35,15 @@ cdef enum:
     QK = 32
 # Below this many elements a conversion runs on the calling thread only.
 cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
-# Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q.
-cdef Py_ssize_t PANEL_ROWS = 64
-cdef Py_ssize_t PANEL_BLOCKS = 4
-# out_prod_q sums over at most this many weight rows per sgemm (the scratch of a 49152-row
-# output head would otherwise be 25 MB per thread); longer sums add the chunks in order.
+# Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q (sizes that cut
+# llama's 192/576/1536-wide weights into even panel counts for 2 threads).
+cdef Py_ssize_t PANEL_ROWS = 48
+cdef Py_ssize_t PANEL_BLOCKS = 3
+# out_prod_q sums over at most this many weight rows per task (a 49152-row output head: 12
+# chunks per panel, summed in order; its scratch would otherwise be M x 96 floats per thread).
 cdef Py_ssize_t SUM_ROWS = 4096
+# block columns per panel when the sum is chunked (wide panels: the chunks give the tasks)
+cdef Py_ssize_t CHUNKED_PANEL_BLOCKS = 9
 
 
 cdef int _block_bytes(str fn, int qtype) except -1:
@@ -194,7 +197,7 @@ def mul_mat_quantized(const uint8_t[:, :] w not None, int qtype, const float[:, 
                       float[:, :] out not None, int n_threads):
     """``out = x @ deq(w).T``: ggml's mul_mat of a quantized ``w`` (M rows of K) with ``x``.
 
-    Panels of 64 weight rows are dequantized into a per-thread scratch and multiplied on one
+    Panels of 48 weight rows are dequantized into a per-thread scratch and multiplied on one
     BLAS thread each; the panels depend only on the shapes.
 
     Parameters
@@ -258,9 +261,11 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     """``out = g @ deq(w)``: ggml's out_prod of a quantized ``w`` (M rows of K) with
     ``g`` (N, M) — the gradient of mul_mat(w, x) with respect to ``x``.
 
-    Panels of 4 block columns (128 elements) of ``w`` are dequantized into a per-thread scratch
-    (M x 128 floats) and multiplied on one BLAS thread each; every panel is a whole sum over M,
-    so the result does not depend on the thread count.
+    Panels of 3 block columns (96 elements) of ``w`` are dequantized into a per-thread scratch
+    and multiplied on one BLAS thread each. Over more than 4096 weight rows (an output head),
+    each panel's sum is cut into chunks of 4096 rows, computed as separate tasks and added in
+    chunk order; panels and chunks depend on the shapes alone, so the result does not depend
+    on the thread count.
 
     Parameters
     ----------
@@ -279,7 +284,9 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
     _check_ld(fn, "g", N, g.strides[0], M)
     _check_ld(fn, "out", N, out.strides[0], K)
-    cdef Py_ssize_t npanels = (nb + PANEL_BLOCKS - 1) // PANEL_BLOCKS, p, i
+    cdef Py_ssize_t rows = min(M, SUM_ROWS), nchunks = (M + rows - 1) // rows if M else 1
+    cdef Py_ssize_t pb = PANEL_BLOCKS if nchunks == 1 else CHUNKED_PANEL_BLOCKS
+    cdef Py_ssize_t npanels = (nb + pb - 1) // pb, p, i
     if N == 0 or K == 0:
         return
     cdef int ldg = <int>(g.strides[0] // 4) if N > 1 else <int>max(M, 1)
@@ -289,28 +296,47 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
         for i in range(N):
             memset(ob + i * ldo, 0, K * sizeof(float))
         return
-    cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t rows = min(M, SUM_ROWS)
-    # per thread: the dequantized panel (rows x 128) and, for sums of several chunks, one
-    # chunk's product (128 x N, column-major)
-    cdef Py_ssize_t panel = rows * PANEL_BLOCKS * QK + (PANEL_BLOCKS * QK * N if M > rows else 0)
+    # Tasks: (column panel, chunk of at most SUM_ROWS weight rows). One chunk: each panel
+    # writes its columns of out. Several (the output head): each task writes its partial
+    # product into its chunk's slice of `part`, which is then summed in chunk order.
+    cdef Py_ssize_t ntasks = npanels * nchunks, t, c, n, k
+    cdef int team = <int>min(<Py_ssize_t>n_threads, ntasks)
+    cdef Py_ssize_t panel = rows * pb * QK
     cdef float *scratch = <float *>malloc(team * panel * sizeof(float))
-    if scratch == NULL:
-        raise MemoryError(f"{fn}: out of memory for {team} panels of {rows}x{PANEL_BLOCKS * QK} "
-                          "floats")
+    cdef float *part = <float *>malloc(nchunks * N * K * sizeof(float)) if nchunks > 1 else NULL
+    cdef float *acc
+    if scratch == NULL or (nchunks > 1 and part == NULL):
+        free(scratch)
+        free(part)
+        raise MemoryError(f"{fn}: out of memory for {team} panels of {rows}x{pb * QK} "
+                          f"floats and {nchunks} partial sums of {N}x{K}")
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
     cdef const float *gb = &g[0, 0]
     cdef int bb = ggopt_q_block_bytes(qtype)
     try:
         with nogil:
-            for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
+            for t in prange(ntasks, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
-                _out_prod_panel_chunked(qtype, bb, wb, ws, M, rows, p * PANEL_BLOCKS,
-                                        min(nb, (p + 1) * PANEL_BLOCKS), N, gb, ldg, ob, ldo,
-                                        scratch + omp_get_thread_num() * panel)
+                p = t // nchunks
+                c = t % nchunks
+                _out_prod_panel(qtype, bb, wb + c * rows * ws, ws, min(M - c * rows, rows),
+                                p * pb, min(nb, (p + 1) * pb), N,
+                                gb + c * rows, ldg, ob if nchunks == 1 else part + c * N * K,
+                                ldo if nchunks == 1 else <int>K,
+                                scratch + omp_get_thread_num() * panel)
+            if nchunks > 1:
+                for n in prange(N, schedule="static", num_threads=<int>min(
+                        <Py_ssize_t>n_threads, N), use_threads_if=n_threads > 1 and N > 1):
+                    acc = ob + n * ldo
+                    for k in range(K):
+                        acc[k] = part[n * K + k]
+                    for c in range(1, nchunks):
+                        for k in range(K):
+                            acc[k] += part[(c * N + n) * K + k]
     finally:
         free(scratch)
+        free(part)
 
 
 cdef void _out_prod_panel(int qtype, int bb, const char *wb, Py_ssize_t ws, Py_ssize_t M,
@@ -324,29 +350,3 @@ cdef void _out_prod_panel(int qtype, int bb, const char *wb, Py_ssize_t ws, Py_s
                           b1 - b0)
     sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>M, scratch, <int>kp, g, ldg,
                    out + b0 * QK, ldo)
-
-
-cdef void _out_prod_panel_chunked(int qtype, int bb, const char *wb, Py_ssize_t ws,
-                                  Py_ssize_t M, Py_ssize_t rows, Py_ssize_t b0, Py_ssize_t b1,
-                                  Py_ssize_t N, const float *g, int ldg, float *out, int ldo,
-                                  float *scratch) noexcept nogil:
-    """:func:`_out_prod_panel` summed over chunks of ``rows`` weight rows: the first chunk's
-    product is written, each later one computed into the scratch's tail and added, in order
-    (the chunks depend on M alone)."""
-    cdef Py_ssize_t r0, r, nr, c, i, kp = (b1 - b0) * QK
-    cdef float *part = scratch + rows * kp
-    cdef float *dst
-    _out_prod_panel(qtype, bb, wb, ws, min(M, rows), b0, b1, N, g, ldg, out, ldo, scratch)
-    r0 = rows
-    while r0 < M:
-        nr = min(M - r0, rows)
-        for r in range(nr):
-            ggopt_dequant_row(qtype, <const uint8_t *>(wb + (r0 + r) * ws + b0 * bb),
-                              scratch + r * kp, b1 - b0)
-        sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>nr, scratch, <int>kp, g + r0, ldg,
-                       part, <int>kp)
-        for c in range(N):
-            dst = out + c * ldo + b0 * QK
-            for i in range(kp):
-                dst[i] += part[c * kp + i]
-        r0 += rows
