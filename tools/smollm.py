@@ -39,8 +39,9 @@ def f32_path() -> Path:
     return dst
 
 
-def llama_cpp_model(path: Path, n_ctx: int, n_threads: int = 2):
-    """``llama_cpp.Llama`` for ``path`` with an F32 KV cache, no flash attention, all logits."""
+def llama_cpp_model(path: Path, n_ctx: int, n_threads: int = 2, lora_path: Path | None = None):
+    """``llama_cpp.Llama`` for ``path`` (with the LoRA adapter ``lora_path``) with an F32 KV
+    cache, no flash attention, all logits."""
     llama_cpp = pytest.importorskip("llama_cpp")
     # llama.cpp's extra buffer types (AMX weight repacking for quantized types) stop with
     # SIGILL on this kind of machine (AMX tiles without AMX-INT8): load without them.
@@ -54,10 +55,11 @@ def llama_cpp_model(path: Path, n_ctx: int, n_threads: int = 2):
 
     low.llama_model_default_params = params
     try:
+        extra = {"lora_path": str(lora_path)} if lora_path is not None else {}
         return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx,
                                n_ubatch=n_ctx, logits_all=True, type_k=GGML_TYPE_F32,
                                type_v=GGML_TYPE_F32, flash_attn=False, verbose=False, seed=0,
-                               n_threads=n_threads, n_threads_batch=n_threads)
+                               n_threads=n_threads, n_threads_batch=n_threads, **extra)
     finally:
         low.llama_model_default_params = default
 

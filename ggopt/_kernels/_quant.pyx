@@ -39,9 +39,15 @@ cdef enum:
     QK = 32
 # Below this many elements a conversion runs on the calling thread only.
 cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
-# Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q.
-cdef Py_ssize_t PANEL_ROWS = 64
-cdef Py_ssize_t PANEL_BLOCKS = 4
+# Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q (sizes that cut
+# llama's 192/576/1536-wide weights into even panel counts for 2 threads).
+cdef Py_ssize_t PANEL_ROWS = 48
+cdef Py_ssize_t PANEL_BLOCKS = 3
+# out_prod_q sums over at most this many weight rows per task (a 49152-row output head: 12
+# chunks per panel, summed in order; its scratch would otherwise be M x 96 floats per thread).
+cdef Py_ssize_t SUM_ROWS = 4096
+# block columns per panel when the sum is chunked (wide panels: the chunks give the tasks)
+cdef Py_ssize_t CHUNKED_PANEL_BLOCKS = 9
 
 
 cdef int _block_bytes(str fn, int qtype) except -1:
@@ -199,7 +205,7 @@ def mul_mat_quantized(const uint8_t[:, :] w not None, int qtype, const float[:, 
                       float[:, :] out not None, int n_threads):
     """``out = x @ deq(w).T``: ggml's mul_mat of a quantized ``w`` (M rows of K) with ``x``.
 
-    Panels of 64 weight rows are dequantized into a per-thread scratch and multiplied on one
+    Panels of 48 weight rows are dequantized into a per-thread scratch and multiplied on one
     BLAS thread each; the panels depend only on the shapes.
 
     Parameters
@@ -263,10 +269,11 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     """``out = g @ deq(w)``: ggml's out_prod of a quantized ``w`` (M rows of K) with
     ``g`` (N, M) — the gradient of mul_mat(w, x) with respect to ``x``.
 
-    Panels of 4 block columns (128 elements; one 256-element super-block for the K-quants) of
-    ``w`` are dequantized into a per-thread scratch (M x 128 or 256 floats) and multiplied on
-    one BLAS thread each; every panel is a whole sum over M, so the result does not depend on
-    the thread count.
+    Panels of 3 block columns (96 elements; one 256-element super-block for the K-quants) of
+    ``w`` are dequantized into a per-thread scratch and multiplied on one BLAS thread each. Over
+    more than 4096 weight rows (an output head), each panel's sum is cut into chunks of 4096
+    rows, computed as separate tasks and added in chunk order; panels and chunks depend on the
+    shapes alone, so the result does not depend on the thread count.
 
     Parameters
     ----------
@@ -285,7 +292,10 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
     _check_ld(fn, "g", N, g.strides[0], M)
     _check_ld(fn, "out", N, out.strides[0], K)
-    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype), pb = max(1, PANEL_BLOCKS * QK // qk)
+    cdef Py_ssize_t rows = min(M, SUM_ROWS), nchunks = (M + rows - 1) // rows if M else 1
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype)
+    cdef Py_ssize_t pb = PANEL_BLOCKS if nchunks == 1 else CHUNKED_PANEL_BLOCKS
+    pb = max(1, pb * QK // qk)  # the K-quants: one 256-element super-block
     cdef Py_ssize_t npanels = (nb + pb - 1) // pb, p, i
     if N == 0 or K == 0:
         return
@@ -296,25 +306,47 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
         for i in range(N):
             memset(ob + i * ldo, 0, K * sizeof(float))
         return
-    cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t panel = M * pb * qk
+    # Tasks: (column panel, chunk of at most SUM_ROWS weight rows). One chunk: each panel
+    # writes its columns of out. Several (the output head): each task writes its partial
+    # product into its chunk's slice of `part`, which is then summed in chunk order.
+    cdef Py_ssize_t ntasks = npanels * nchunks, t, c, n, k
+    cdef int team = <int>min(<Py_ssize_t>n_threads, ntasks)
+    cdef Py_ssize_t panel = rows * pb * qk
     cdef float *scratch = <float *>malloc(team * panel * sizeof(float))
-    if scratch == NULL:
-        raise MemoryError(f"{fn}: out of memory for {team} panels of {M}x{pb * qk} "
-                          "floats")
+    cdef float *part = <float *>malloc(nchunks * N * K * sizeof(float)) if nchunks > 1 else NULL
+    cdef float *acc
+    if scratch == NULL or (nchunks > 1 and part == NULL):
+        free(scratch)
+        free(part)
+        raise MemoryError(f"{fn}: out of memory for {team} panels of {rows}x{pb * qk} "
+                          f"floats and {nchunks} partial sums of {N}x{K}")
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
     cdef const float *gb = &g[0, 0]
     cdef int bb = ggopt_q_block_bytes(qtype)
     try:
         with nogil:
-            for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
+            for t in prange(ntasks, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
-                _out_prod_panel(qtype, bb, qk, wb, ws, M, p * pb, min(nb, (p + 1) * pb), N,
-                                gb, ldg, ob, ldo,
+                p = t // nchunks
+                c = t % nchunks
+                _out_prod_panel(qtype, bb, qk, wb + c * rows * ws, ws, min(M - c * rows, rows),
+                                p * pb, min(nb, (p + 1) * pb), N,
+                                gb + c * rows, ldg, ob if nchunks == 1 else part + c * N * K,
+                                ldo if nchunks == 1 else <int>K,
                                 scratch + omp_get_thread_num() * panel)
+            if nchunks > 1:
+                for n in prange(N, schedule="static", num_threads=<int>min(
+                        <Py_ssize_t>n_threads, N), use_threads_if=n_threads > 1 and N > 1):
+                    acc = ob + n * ldo
+                    for k in range(K):
+                        acc[k] = part[n * K + k]
+                    for c in range(1, nchunks):
+                        for k in range(K):
+                            acc[k] += part[(c * N + n) * K + k]
     finally:
         free(scratch)
+        free(part)
 
 
 cdef void _out_prod_panel(int qtype, int bb, Py_ssize_t qk, const char *wb, Py_ssize_t ws,

@@ -257,6 +257,11 @@ class Scheduler:
         """Bytes of compute memory planned on ``backend`` for the allocated graph."""
         return self._current.sizes.get(backend, 0) if self._current else 0
 
+    def held_buffer_bytes(self) -> int:
+        """Bytes of compute memory this scheduler holds on all its backends (each backend's
+        buffer is as large as the largest graph planned on it so far)."""
+        return sum(buf.size for buf in self._buffers.values())
+
     def get_tensor_backend(self, t: Tensor) -> Backend | None:
         """The backend whose memory holds ``t``, or None."""
         return self._memory_backend(t)

@@ -5,6 +5,11 @@ Validation loss and perplexity before training and after every epoch; at the end
 ``trained N tokens in S s: X tokens/s`` (training steps only) and the peak memory. The merged
 model keeps every key of the input; with ``--lora`` the adapter is also written as llama.cpp's
 LoRA GGUF (``--adapter-out``), and ``--adapter IN.gguf`` continues training a saved one.
+
+``--base-type keep`` trains the LoRA adapter on the model's weights as the file stores them
+(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and F32 matrices mapped from the file, no copy; F32 only for the
+norms, the adapter and the activations). A full fine-tune (no ``--lora``/``--adapter``) trains
+every weight and so needs ``--base-type f32``: the weights dequantized to F32 at load.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from ..lm import lora
 from ..lm.chat import chat_windows, read_conversations
 from ..lm.export import OUT_TYPES, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
+from ..lm.memory import memory_report
 from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import get_weights, load
+from ..models.llama.mapped import BASE_TYPES
 
 __all__ = ["main", "parse_args"]
 
@@ -48,6 +55,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora-targets", default=",".join(lora.TARGETS))
     p.add_argument("--adapter", help="continue training this LoRA adapter GGUF")
     p.add_argument("--adapter-out", help="write the trained adapter here (LoRA)")
+    p.add_argument("--base-type", choices=BASE_TYPES, default="f32",
+                   help="f32 (default): dequantize the weights to F32 at load (needed for a "
+                        "full fine-tune, which trains them); keep: LoRA on the weights as the "
+                        "file stores them (quantized, mapped, frozen)")
     p.add_argument("--out-type", choices=OUT_TYPES, default="f32")
     p.add_argument("--checkpoint", help="save the training state here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -74,7 +85,11 @@ def _line(name: str, s: EpochStats) -> str:
 def run(args: argparse.Namespace) -> None:
     if args.threads is not None:
         ggopt.set_n_threads(args.threads)
-    model = load(args.model)
+    if args.base_type == "keep" and args.lora is None and args.adapter is None:
+        raise InvalidValueError("--base-type keep: a full fine-tune trains every weight, and a "
+                                "quantized weight cannot train; use --base-type f32 (the "
+                                "weights dequantized to F32) or train a --lora adapter")
+    model = load(args.model, base_type=args.base_type)
     tok = model.require_tokenizer()
     if args.text:
         texts = []
@@ -118,6 +133,7 @@ def run(args: argparse.Namespace) -> None:
             print(line, flush=True)
             if args.checkpoint:
                 ft.save(args.checkpoint, epoch)
+        print("\n".join(memory_report(ft).lines()), flush=True)
     finally:
         ft.close()
     weights = get_weights(net)
@@ -131,7 +147,7 @@ def run(args: argparse.Namespace) -> None:
     rate = ft.train_tokens / ft.train_seconds if ft.train_seconds else 0.0
     print(f"trained {ft.train_tokens} tokens in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak memory: {peak:.0f} MB (max RSS)")
+    print(f"peak memory: {peak:.0f} MB (max RSS, the export included)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,8 +30,10 @@ import ggopt
 
 from .. import F32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
+from ..backend.buffer import buffer_of
 from ..errors import ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
+from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from .windows import MASKED, Windows, split_point, to_dataset
 
@@ -93,7 +95,15 @@ class _LossInputs:
         for t in (self.labels, self.weight, *([self.mask] if self.mask is not None else [])):
             ggopt.set_input(t)
         alloc_ctx_tensors(c, net.sched.get_backend(0))
-        self._one_hot = np.zeros((n_rows, V), np.float32)
+        buf = buffer_of(self.labels)
+        # On a host backend the one-hot rows are written in place (no second copy of the
+        # n_rows x n_vocab floats: 50 MB for SmolLM2's 256 tokens), clearing only the ones
+        # the previous batch set; elsewhere a host array is staged and copied.
+        self._in_place = buf.is_host
+        self._one_hot = buf.view(self.labels).reshape(n_rows, V) if self._in_place \
+            else np.zeros((n_rows, V), np.float32)
+        self._one_hot[:] = 0.0
+        self._hot: tuple[np.ndarray, np.ndarray] | None = None
 
     def loss(self, ctx: Context, logits: Tensor) -> Tensor:
         g = ggopt
@@ -106,9 +116,12 @@ class _LossInputs:
         """One-hot rows of ``labels`` (zero rows where masked) and the weight."""
         flat = labels.reshape(-1)
         keep = flat != MASKED
-        self._one_hot[:] = 0.0
-        self._one_hot[np.flatnonzero(keep), flat[keep]] = 1.0
-        tensor_set(self.labels, self._one_hot)
+        if self._hot is not None:
+            self._one_hot[self._hot] = 0.0
+        self._hot = (np.flatnonzero(keep), flat[keep])
+        self._one_hot[self._hot] = 1.0
+        if not self._in_place:
+            tensor_set(self.labels, self._one_hot)
         if self.mask is not None:
             tensor_set(self.mask, keep.astype(np.float32))
         tensor_set(self.weight, np.array([weight], np.float32))
@@ -120,6 +133,7 @@ class FineTuner:
     def __init__(self, net: LlamaModel, windows: Windows, fp: FinetuneParams,
                  get_opt_pars: Callable[..., OptimizerParams] | None = None) -> None:
         fp.check()
+        check_trainable(net, "finetune")
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")

@@ -111,8 +111,10 @@ def test_mul_mat_is_the_dequantized_product(qtype, shape):
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", [(1, 32, 1), (7, 96, 3), (70, 288, 5)])
+@pytest.mark.parametrize("shape", [(1, 32, 1), (7, 96, 3), (70, 288, 5), (9000, 160, 3),
+                                   (8200, 320, 2)])
 def test_out_prod_is_g_times_the_dequantized_weight(qtype, shape):
+    # over 4096 rows (an output head) the sums are chunked: 3 chunks, 1 or 2 wide panels
     M, K, N = shape
     raw = gq.quantize(_values(M, K, seed=6), GQT(int(qtype)))
     w = gq.dequantize(raw, GQT(int(qtype)))

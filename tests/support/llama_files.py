@@ -4,7 +4,7 @@ the loader and generation tests. Weights come from :func:`llm_ref.random_weights
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFEndian, GGUFValueType, GGUFWriter
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
@@ -53,7 +53,7 @@ def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | N
           types: dict[str, GGMLQuantizationType] | None = None,
           key_overrides: dict[str, tuple[object, GGUFValueType] | None] | None = None,
           drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None,
-          arch: str = "llama", seed: int = 7) -> dict[str, np.ndarray]:
+          arch: str = "llama", seed: int = 7, big_endian: bool = False) -> dict[str, np.ndarray]:
     """Write a llama GGUF with ggopt's byte vocabulary; return the weights as llama.cpp sees
     them (dequantized), in NumPy order. ``types``: per-tensor storage types (default F32);
     ``key_overrides``: replace a key (None removes it); ``drop``: tensors left out."""
@@ -65,7 +65,8 @@ def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | N
             kv.pop(key, None)
         else:
             kv[key] = value
-    writer = GGUFWriter(str(path), arch)
+    writer = GGUFWriter(str(path), arch,
+                        endianess=GGUFEndian.BIG if big_endian else GGUFEndian.LITTLE)
     for key, (value, vtype) in kv.items():
         if vtype == V.ARRAY:
             writer.add_key_value(key, value, V.ARRAY, V.UINT32)

@@ -28,12 +28,13 @@ import ggopt
 from ... import F32, I32, Context, Tensor
 from ...backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_get, tensor_set
 from ...backend.buffer import buffer_of
-from ...errors import DTypeError, ShapeError
+from ...errors import DTypeError, ShapeError, StateError
+from ...quants import dequantize
 from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
            "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
-           "build_graph", "set_weights", "get_weights"]
+           "build_graph", "set_weights", "get_weights", "is_read_only"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -276,7 +277,15 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
 
 
 def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -> None:
-    """Copy NumPy-order float32 weights in; names and shapes are all checked first."""
+    """Copy NumPy-order float32 weights in; names and shapes are all checked first.
+
+    StateError for a model that keeps the file's weights (``base_type="keep"``: read-only).
+    """
+    kept = [n for n, t in model.params.items() if t.type is not F32 or is_read_only(t)]
+    if kept:
+        raise StateError(f"{where}: the model maps its weights from the file ({kept[0]!r} is "
+                         f"{model.params[kept[0]].type.name}, read-only); load it with "
+                         f"base_type='f32' to set weights")
     expected = param_shapes(model.cfg)
     missing = [n for n in expected if n not in weights]
     if missing:
@@ -292,7 +301,18 @@ def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -
         tensor_set(t, np.ascontiguousarray(weights[name]))
 
 
+def is_read_only(t: Tensor) -> bool:
+    """``t``'s memory is a read-only host array (a weight mapped from its file)."""
+    data = buffer_of(t.data_owner()).data
+    return isinstance(data, np.ndarray) and not data.flags.writeable
+
+
 def get_weights(model: LlamaModel) -> dict[str, np.ndarray]:
-    """Host copies of the weights, NumPy order, llama.cpp's names."""
-    return {name: tensor_get(model.params[name]).reshape(shape)
-            for name, shape in param_shapes(model.cfg).items()}
+    """Host float32 copies of the weights (quantized ones dequantized), NumPy order,
+    llama.cpp's names."""
+    out = {}
+    for name, shape in param_shapes(model.cfg).items():
+        t = model.params[name]
+        raw = tensor_get(t)
+        out[name] = (dequantize(raw, t.type) if t.type.is_quantized else raw).reshape(shape)
+    return out

@@ -1,8 +1,9 @@
-"""``load(path)``: a llama GGUF as a ready model (weights in F32 on a backend, its tokenizer).
+"""``load(path)``: a llama GGUF as a ready model (weights in F32 on a backend, or with
+``base_type="keep"`` as the file stores them, :mod:`.mapped`; its tokenizer).
 
 Loading is a transaction: the keys (llama.cpp's types), the tensor list (names, ggml shapes,
 types, sizes) and the vocabulary are all checked first; only then is memory allocated and each
-tensor dequantized into it. A failure on the way raises and leaves nothing behind.
+tensor dequantized into it (or mapped). A failure on the way raises and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ...backend import Scheduler, cpu_init, tensor_set
-from ...errors import GgoptError
+from ...errors import DTypeError, GgoptError, InvalidValueError
 from .byte_gguf import byte_tokens
 from .config import Config, config_from_fields, field_value
 from .graph import LlamaModel, build_model, param_shapes
+from .mapped import BASE_TYPES, map_model
 from .vocab import Tokenizer, require, tokenizer_of
 from .weights import ProgressBar, check_tensors, iter_f32, open_reader, tensor_table
 
@@ -40,6 +42,7 @@ class Model:
     load_seconds: float
     tensor_types: dict[str, int]  # type name -> tensor count, as in the file
     is_bytes: bool  # ggopt's byte-level vocabulary (any bytes are tokens)
+    base_type: str = "f32"  # "f32": dequantized, trainable; "keep": the file's types, frozen
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or StateError saying why there is none."""
@@ -84,19 +87,27 @@ def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.nda
 
 
 def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
-         progress: bool | None = None, stream: TextIO | None = None) -> Model:
-    """Load a llama GGUF (any tensor type of :data:`weights.SUPPORTED_TYPES`, dequantized).
+         progress: bool | None = None, stream: TextIO | None = None,
+         base_type: str = "f32") -> Model:
+    """Load a llama GGUF (any tensor type of :data:`weights.SUPPORTED_TYPES`).
 
-    ``sched``: where the weights live (default: a new CPU scheduler). ``progress``: draw a
-    progress bar on ``stream`` (default stderr); None = for files over 64 MiB.
+    ``base_type``: ``"f32"`` (default) dequantizes every weight into F32 PARAM tensors;
+    ``"keep"`` maps the F32 and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices from the file as they are
+    (no copy, read-only, never PARAMs: for inference and LoRA) and dequantizes the rest
+    (:mod:`.mapped`). ``sched``: where the weights live (default: a new CPU scheduler).
+    ``progress``: draw a progress bar on ``stream`` (default stderr); None = for files over
+    64 MiB.
 
     Raises
     ------
     GgoptError
         Not a readable GGUF (missing, truncated, damaged), another architecture, a key of the
         wrong type or value, a missing, unexpected or misshaped tensor, a tensor type ggopt
-        does not load, a non-finite weight.
+        does not load, a non-finite weight, an unknown ``base_type``.
     """
+    if base_type not in BASE_TYPES:
+        raise InvalidValueError(f"llm load: base_type must be one of {', '.join(BASE_TYPES)}, "
+                                f"got {base_type!r}")
     t0 = time.perf_counter()
     spath = os.fspath(path)
     where = f"llm load {spath!r}"
@@ -108,11 +119,19 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     if progress is None:
         progress = os.path.getsize(spath) > PROGRESS_BYTES
     bar = ProgressBar(len(shapes), stream) if progress else None
-    net = build_model(cfg, sched or Scheduler([cpu_init()]))
-    for name, arr in iter_f32(table, shapes, where, bar):
-        tensor_set(net.params[name], np.ascontiguousarray(arr))
+    sched = sched or Scheduler([cpu_init()])
+    if base_type == "keep":
+        if getattr(reader, "byte_order", "I") != "I":
+            raise DTypeError(f"{where}: the file's byte order is not this machine's; its blocks "
+                             f"cannot be mapped as they are (load it with base_type='f32')")
+        net = map_model(cfg, sched, table, where, bar)
+    else:
+        net = build_model(cfg, sched)
+        for name, arr in iter_f32(table, shapes, where, bar):
+            tensor_set(net.params[name], np.ascontiguousarray(arr))
     types: dict[str, int] = {}
     for t in table.values():
         key = t.tensor_type.name
         types[key] = types.get(key, 0) + 1
-    return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes)
+    return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes,
+                 base_type)

@@ -20,8 +20,8 @@ from gguf.quants import dequantize
 
 from ...errors import DTypeError, InvalidValueError, ShapeError
 
-__all__ = ["SUPPORTED_TYPES", "open_reader", "tensor_table", "check_tensors", "iter_f32",
-           "ProgressBar"]
+__all__ = ["SUPPORTED_TYPES", "open_reader", "tensor_table", "check_tensors", "as_f32",
+           "check_finite", "iter_f32", "ProgressBar"]
 
 _Q = GGMLQuantizationType
 #: The tensor types ggopt loads (dequantized to F32).
@@ -79,7 +79,8 @@ def check_tensors(table: dict[str, Any], shapes: dict[str, tuple[int, ...]],
                              f"({t.data.nbytes} of {t.n_bytes} bytes; truncated?)")
 
 
-def _as_f32(t: Any, shape: tuple[int, ...]) -> np.ndarray:
+def as_f32(t: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A file tensor's values as float32, NumPy order (dequantized with ``gguf.quants``)."""
     qtype = _Q(int(t.tensor_type))
     raw = np.asarray(t.data)
     if qtype == _Q.F32:
@@ -91,15 +92,20 @@ def _as_f32(t: Any, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def check_finite(arr: np.ndarray, name: str, where: str) -> None:
+    """InvalidValueError when ``arr`` holds a NaN or an infinity."""
+    if not np.isfinite(arr).all():
+        bad = int(np.count_nonzero(~np.isfinite(arr)))
+        raise InvalidValueError(f"{where}: tensor {name!r} holds {bad} NaN or infinite "
+                                f"value(s)")
+
+
 def iter_f32(table: dict[str, Any], shapes: dict[str, tuple[int, ...]], where: str,
              bar: ProgressBar | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """``(name, float32 array in NumPy order)`` per tensor; a non-finite value is refused."""
     for i, (name, shape) in enumerate(shapes.items()):
-        arr = _as_f32(table[name], shape)
-        if not np.isfinite(arr).all():
-            bad = int(np.count_nonzero(~np.isfinite(arr)))
-            raise InvalidValueError(f"{where}: tensor {name!r} holds {bad} NaN or infinite "
-                                    f"value(s)")
+        arr = as_f32(table[name], shape)
+        check_finite(arr, name, where)
         if bar is not None:
             bar.update(i + 1, int(table[name].n_bytes))
         yield name, arr

@@ -1,0 +1,121 @@
+"""LoRA on the quantized file as shipped against LoRA on its F32 dequantization.
+
+``python -m bench.bench_lora_quant [--steps 10] [--warm 2] [--rounds 1] [--threads 2]``
+(repository root): SmolLM2-135M-Instruct Q4_1 (the cached file) loaded with
+``base_type="keep"`` (Q4_1/Q8_0 mapped, frozen) and ``"f32"`` (dequantized), LoRA r=8
+alpha 16 on all seven projections, windows of 256 tokens of GPL-3, batch 1 x 256, AdamW
+lr 1e-4. Each configuration runs in its own process (its peak RSS is its own), the two
+alternating ``--rounds`` times; each prints its held-out loss before and after its steps,
+the median step time, tokens/s, :func:`ggopt.lm.memory.memory_report` and the peak RSS, and
+the end the keep/f32 ratios. Not part of the pytest run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONFIGS = ("f32", "keep")
+GPL3 = "/usr/share/common-licenses/GPL-3"
+
+
+def _model_path() -> Path:
+    cache = Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
+    path = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        sys.exit(f"{path} missing (python tools/fetch_models.py smollm2)")
+    return path
+
+
+def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> dict[str, object]:
+    import ggopt
+    from ggopt.lm import lora
+    from ggopt.lm.finetune import FinetuneParams, FineTuner
+    from ggopt.lm.memory import memory_report
+    from ggopt.lm.windows import text_windows, tokenize_texts
+    from ggopt.models import llama
+
+    ggopt.set_n_threads(threads)
+    model = llama.load(_model_path(), progress=False, base_type=base_type)
+    tok = model.require_tokenizer()
+    windows = text_windows(tokenize_texts(tok, [Path(GPL3).read_text()]), n_ctx)
+    adapter = lora.create(model.net, rank, 2.0 * rank, seed=0)
+    lora.attach(model.net, adapter)
+    ft = FineTuner(model.net, windows, FinetuneParams(lr=1e-4, val_split=0.05))
+    before = ft.validate()
+    times, cpu = [], []
+    for i in range(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        ft.microbatch(i % ft.n_train_mb, True, 1.0)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    after = ft.validate()
+    mem = memory_report(ft)
+    ft.close()
+    return {"config": base_type, "times": times, "cpu": cpu, "val_before": before.loss,
+            "val_after": after.loss, "memory": mem.lines(), "peak_mb": mem.peak_rss_bytes / 1e6,
+            "weights_mb": mem.weights_bytes / 1e6, "weights_f32_mb": mem.weights_f32_bytes / 1e6}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warm", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        rec = child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank)
+        print(json.dumps(rec))
+        return 0
+    _model_path()
+    times: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    print(f"load: {os.getloadavg()}")
+    for _ in range(args.rounds):
+        for config in args.configs.split(","):
+            cmd = [sys.executable, "-m", "bench.bench_lora_quant", "--child", config,
+                   "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
+                   str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            rec = json.loads(out.strip().splitlines()[-1])
+            warm = rec["times"][args.warm:]
+            times.setdefault(config, []).extend(warm)
+            cpu.setdefault(config, []).extend(rec["cpu"][args.warm:])
+            peaks[config] = max(peaks.get(config, 0.0), rec["peak_mb"])
+            weights[config] = rec["weights_mb"]
+            med = statistics.median(warm)
+            print(f"{config}: median step {med:.3f} s, min {min(warm):.3f} s, "
+                  f"{args.ctx / med:.1f} tokens/s, CPU time "
+                  f"{statistics.median(rec['cpu'][args.warm:]):.3f} s/step; held-out loss "
+                  f"{rec['val_before']:.4f} -> {rec['val_after']:.4f} after "
+                  f"{len(rec['times'])} steps", flush=True)
+            for line in rec["memory"]:
+                print(f"  {line}")
+    print(f"load: {os.getloadavg()}")
+    if set(CONFIGS) <= set(times):
+        med = {c: statistics.median(t) for c, t in times.items()}
+        mins = {c: min(t) for c, t in times.items()}
+        print(f"keep / f32: tokens/s x{med['f32'] / med['keep']:.3f} (medians), "
+              f"x{mins['f32'] / mins['keep']:.3f} (minima), CPU time per step x"
+              f"{statistics.median(cpu['f32']) / statistics.median(cpu['keep']):.3f}; peak RSS "
+              f"{peaks['keep']:.0f} / {peaks['f32']:.0f} MB = x{peaks['keep'] / peaks['f32']:.3f}"
+              f"; base weights {weights['keep']:.1f} / {weights['f32']:.1f} MB = "
+              f"x{weights['keep'] / weights['f32']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

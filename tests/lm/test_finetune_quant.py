@@ -1,0 +1,140 @@
+"""LoRA on a quantized base kept as the file stores it (``base_type="keep"``): the same training
+as on the F32-dequantized base, the memory report, and the fine-tune command's
+``--base-type keep`` (issue 24) on a tiny byte-vocabulary Q4_1 llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from ggopt.errors import StateError
+from ggopt.examples.finetune import main
+from ggopt.lm import lora
+from ggopt.lm.finetune import FinetuneParams, FineTuner
+from ggopt.lm.memory import memory_report
+from ggopt.models import llama
+from tests.support.finetune import windows
+from tests.support.llama_files import Q, write
+
+CFG = llama.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                   tied_output=True)
+TEXT = ("GNU GENERAL PUBLIC LICENSE. Everyone is permitted to copy and distribute verbatim "
+        "copies of this license document, but changing it is not allowed. ") * 12
+
+
+@pytest.fixture
+def q4_1(tmp_path):
+    types = {n: Q.Q4_1 for n, s in llama.param_shapes(CFG).items() if len(s) == 2}
+    types["token_embd.weight"] = Q.Q8_0
+    path = tmp_path / "q4_1.gguf"
+    write(path, CFG, types=types)
+    return path
+
+
+def _lora_run(path, base_type):
+    model = llama.load(path, progress=False, base_type=base_type)
+    ad = lora.create(model.net, 4, 8.0, seed=1)
+    lora.attach(model.net, ad)
+    ft = FineTuner(model.net, windows(12, 32, 256), FinetuneParams(lr=1e-2, val_split=0.2))
+    losses = [ft.validate().loss, ft.train_epoch().loss, ft.validate().loss]
+    return ft, ad, losses
+
+
+def test_lora_on_the_kept_base_trains_as_on_the_f32_base(q4_1):
+    ft32, ad32, want = _lora_run(q4_1, "f32")
+    ftq, adq, got = _lora_run(q4_1, "keep")
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert got[2] < got[0]  # it learns
+    for name, (a, b) in adq.arrays().items():
+        a32, b32 = ad32.arrays()[name]
+        # Adam's normalised steps carry the products' last-bit differences: 1e-4 of lr 1e-2
+        np.testing.assert_allclose(a, a32, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(b, b32, rtol=0, atol=1e-4)
+    ft32.close()
+    ftq.close()
+
+
+def test_memory_report_separates_base_params_optimizer_and_activations(q4_1):
+    ft, ad, _ = _lora_run(q4_1, "keep")
+    rep = memory_report(ft)
+    file_bytes = sum(int(t.n_bytes) for t in GGUFReader(q4_1).tensors)
+    norms = sum(int(t.n_bytes) for t in GGUFReader(q4_1).tensors if len(t.shape) == 1)
+    assert rep.weights_bytes == file_bytes and rep.weights_mapped_bytes == file_bytes - norms
+    assert rep.weights_bytes < 0.2 * rep.weights_f32_bytes and not rep.weights_trained
+    assert rep.weight_types == {"F32": 5, "Q4_1": 14, "Q8_0": 1}
+    assert rep.n_params == ad.n_params() and rep.param_bytes == 4 * ad.n_params()
+    assert rep.optimizer_bytes == 3 * rep.param_bytes  # gradient + AdamW's two moments
+    assert rep.activation_bytes == ft.net.sched.held_buffer_bytes() > 0
+    assert rep.input_bytes >= 4 * 32 * 256  # the one-hot labels of a 32-token window
+    assert rep.peak_rss_bytes > rep.weights_bytes + rep.activation_bytes
+    assert [line.split(":")[0] for line in rep.lines()] == ["memory"] * 4
+    ft.close()
+
+
+def test_memory_report_of_a_full_fine_tune_counts_the_weights_as_parameters(q4_1):
+    model = llama.load(q4_1, progress=False)
+    ft = FineTuner(model.net, windows(6, 32, 256), FinetuneParams(val_split=0.0))
+    ft.train_epoch()
+    rep = memory_report(ft)
+    assert rep.weights_trained and rep.param_bytes == rep.weights_bytes == rep.weights_f32_bytes
+    assert rep.optimizer_bytes == 3 * rep.param_bytes
+    ft.close()
+
+
+def test_cli_base_type_keep_trains_lora_and_writes_adapter_and_merged_model(tmp_path, q4_1,
+                                                                            capsys):
+    text = tmp_path / "data.txt"
+    text.write_text(TEXT)
+    out, ad = tmp_path / "merged.gguf", tmp_path / "adapter.gguf"
+    rc = main([str(a) for a in ("--model", q4_1, "--out", out, "--adapter-out", ad, "--text",
+                                text, "--ctx", 32, "--lr", 1e-2, "--lora", 4, "--base-type",
+                                "keep", "--out-type", "keep")])
+    stdout, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "memory: base weights (frozen)" in stdout and "14 Q4_1" in stdout
+    assert "memory: peak RSS" in stdout and "trained " in stdout
+    net = llama.load(q4_1, progress=False).net
+    adapter = lora.load(ad, net)
+    _, merged, _ = llama.read_weights(out)
+    want = lora.merged(llama.get_weights(net), adapter)["blk.1.ffn_up.weight"]
+    np.testing.assert_allclose(merged["blk.1.ffn_up.weight"], want, atol=0.05)  # re-quantized
+    types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
+    assert types["blk.1.ffn_up.weight"] == "Q4_1" and types["token_embd.weight"] == "Q8_0"
+
+
+def test_cli_full_fine_tune_with_base_type_keep_is_an_error(tmp_path, q4_1, capsys):
+    text = tmp_path / "data.txt"
+    text.write_text(TEXT)
+    rc = main([str(a) for a in ("--model", q4_1, "--out", tmp_path / "o.gguf", "--text", text,
+                                "--ctx", 32, "--base-type", "keep")])
+    assert rc == 1
+    assert "--base-type keep: a full fine-tune" in capsys.readouterr().err
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_full_fine_tune_of_a_kept_model_is_refused_before_anything_is_built(q4_1):
+    kept = llama.load(q4_1, progress=False, base_type="keep")
+    with pytest.raises(StateError, match="base_type='f32'"):
+        FineTuner(kept.net, windows(6, 32, 256), FinetuneParams())
+    assert kept.net.sched.held_buffer_bytes() == 0
+
+
+def test_one_hot_labels_are_written_in_place_and_cleared_between_batches():
+    from ggopt.backend import tensor_get
+    from ggopt.lm.finetune import _LossInputs
+    from ggopt.lm.windows import MASKED
+    from tests.support.finetune import tiny
+
+    net = tiny()
+    loss_in = _LossInputs(net, 6, masked=True)
+    assert np.shares_memory(loss_in._one_hot, loss_in.labels.numpy())  # no host copy
+    V = net.cfg.n_vocab
+    for labels in (np.array([[1, 5, MASKED], [63, 0, 5]]), np.array([[2, MASKED, 2],
+                                                                       [7, 7, MASKED]])):
+        loss_in.set(labels.astype(np.int32), 0.5)
+        want = np.zeros((6, V), np.float32)
+        for i, lab in enumerate(labels.reshape(-1)):
+            if lab != MASKED:
+                want[i, lab] = 1.0
+        np.testing.assert_array_equal(tensor_get(loss_in.labels).reshape(6, V), want)

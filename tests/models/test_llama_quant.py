@@ -1,0 +1,168 @@
+"""``llama.load(path, base_type="keep")``: small random quantized llamas keep the file's types
+(matrices mapped read-only, no copy; norms F32), compute the logits, generations and
+perplexities of the dequantized F32 load, and refuse what a frozen quantized base cannot do."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+import ggopt
+from ggopt.errors import DTypeError, InvalidValueError, StateError
+from ggopt.lm import SamplingParams, generate, perplexity
+from ggopt.lm.finetune import FinetuneParams, FineTuner
+from ggopt.models import llama
+from ggopt.models.llama.graph import is_read_only
+from ggopt.models.llama.mapped import MAPPABLE_TYPES
+from ggopt.types import FLAG_PARAM
+from tests.support.finetune import windows
+from tests.support.llama_files import Q, write
+
+CFG = llama.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
+                   tied_output=True)
+IDS = np.array([3, 250, 17, 0, 99, 128, 7, 64, 200, 1, 33, 90, 12])
+KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F32]
+
+
+def _matrices(cfg: llama.Config) -> list[str]:
+    return [n for n, s in llama.param_shapes(cfg).items() if len(s) == 2]
+
+
+def _file(tmp_path, qtype, embd=Q.Q8_0, cfg=CFG):
+    types = {n: qtype for n in _matrices(cfg)}
+    types["token_embd.weight"] = embd  # SmolLM2's tied Q8_0 embedding and output
+    path = tmp_path / f"{qtype.name}.gguf"
+    write(path, cfg, types=types)
+    return path
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES)
+def test_keep_maps_the_matrices_and_gives_the_f32_logits(tmp_path, qtype):
+    path = _file(tmp_path, qtype)
+    f32 = llama.load(path, progress=False)
+    kept = llama.load(path, progress=False, base_type="keep")
+    assert kept.base_type == "keep" and f32.base_type == "f32"
+    reader = GGUFReader(path)
+    for t in reader.tensors:
+        w = kept.net.params[t.name]
+        if len(t.shape) == 1:
+            assert w.type is ggopt.F32 and not is_read_only(w)  # norms: F32 of their own
+            continue
+        assert int(w.type) == int(t.tensor_type) and is_read_only(w)
+        assert w.nbytes() == int(t.n_bytes)  # the file's bytes, no F32 copy
+        np.testing.assert_array_equal(w.numpy().reshape(-1), np.asarray(t.data).reshape(-1)
+                                      .view(w.numpy().dtype))
+    want = llama.logits(f32, IDS)
+    got = llama.logits(kept, IDS)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    assert not any(t.flags & FLAG_PARAM for t in kept.net.params.values())
+    for name, arr in llama.get_weights(kept.net).items():  # dequantized for export
+        np.testing.assert_array_equal(arr, llama.get_weights(f32.net)[name])
+
+
+def test_keep_dequantizes_types_without_kernels(tmp_path):
+    cfg = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256)
+    names = _matrices(cfg)  # K-quant rows are 256-element blocks
+    types = dict(zip(names, [Q.F16, Q.BF16, Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0] * 3, strict=False))
+    path = tmp_path / "mixed.gguf"
+    write(path, cfg, types=types)
+    kept = llama.load(path, progress=False, base_type="keep")
+    for name, qtype in types.items():
+        w = kept.net.params[name]
+        if int(qtype) in {int(t) for t in MAPPABLE_TYPES}:  # Q4_1, Q8_0 (and K-quants ggopt
+            # computes with, once it has them)
+            assert int(w.type) == int(qtype) and is_read_only(w)
+        else:
+            assert w.type is ggopt.F32 and not is_read_only(w)
+    f32 = llama.load(path, progress=False)
+    want = llama.logits(f32, IDS)
+    np.testing.assert_allclose(llama.logits(kept, IDS), want, rtol=0,
+                               atol=1e-4 * np.abs(want).max())
+
+
+def test_keep_generates_and_evaluates_as_the_f32_load(tmp_path):
+    path = _file(tmp_path, Q.Q4_1)
+    f32 = llama.load(path, progress=False)
+    kept = llama.load(path, progress=False, base_type="keep")
+    greedy = SamplingParams(temp=0)
+    assert generate(kept, list(IDS[:5]), 12, greedy).tokens == \
+        generate(f32, list(IDS[:5]), 12, greedy).tokens
+    ids = list(np.random.default_rng(3).integers(0, 256, 200))
+    a, b = perplexity(f32, ids, 32), perplexity(kept, ids, 32)
+    assert b.n_chunks == a.n_chunks and abs(b.ppl / a.ppl - 1) < 1e-5
+
+
+def test_kept_logits_are_the_same_bits_for_1_and_2_threads(tmp_path):
+    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep")
+    old = ggopt.get_n_threads()
+    try:
+        ggopt.set_n_threads(1)
+        one = llama.logits(kept, IDS)
+        ggopt.set_n_threads(2)
+        two = llama.logits(kept, IDS)
+    finally:
+        ggopt.set_n_threads(old)
+    assert np.array_equal(one, two)
+
+
+def test_a_kept_weight_is_frozen(tmp_path):
+    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep")
+    with pytest.raises(DTypeError, match="quantized"):
+        ggopt.set_param(kept.net.params["blk.0.attn_q.weight"])
+    with pytest.raises(StateError, match="base_type='f32'"):
+        llama.set_weights(kept.net, llama.get_weights(kept.net), "test")
+
+
+def test_full_fine_tune_of_a_kept_model_is_refused(tmp_path):
+    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep")
+    with pytest.raises(StateError, match="quantized tensor never trains.*base_type='f32'"):
+        FineTuner(kept.net, windows(8, 32, 256), FinetuneParams())
+    f32_matrices = llama.load(_file(tmp_path, Q.F32, embd=Q.F32), progress=False,
+                              base_type="keep")
+    with pytest.raises(StateError, match="nothing would train"):
+        FineTuner(f32_matrices.net, windows(8, 32, 256), FinetuneParams())
+
+
+def test_unknown_base_type_is_refused(tmp_path):
+    with pytest.raises(InvalidValueError, match="base_type must be one of f32, keep"):
+        llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="q4")
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0])
+def test_a_non_finite_block_scale_is_refused(tmp_path, qtype):
+    path = _file(tmp_path, qtype)
+    t = next(t for t in GGUFReader(path).tensors if t.name == "blk.1.ffn_up.weight")
+    raw = bytearray(path.read_bytes())
+    inf16 = np.float16(np.inf).tobytes()
+    at = int(t.data_offset) + 5 * (20 if qtype == Q.Q4_1 else 34)  # the sixth block's scale
+    raw[at:at + 2] = inf16
+    path.write_bytes(bytes(raw))
+    with pytest.raises(InvalidValueError, match="blk.1.ffn_up.weight.*NaN or infinite scale"):
+        llama.load(path, progress=False, base_type="keep")
+
+
+def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_path, capsys):
+    from ggopt.examples import llm
+
+    path = str(_file(tmp_path, Q.Q4_1))
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(32, 127)) * 4)
+    outs = {}
+    for base_type in ("f32", "keep"):
+        assert llm.main(["generate", "--model", path, "--prompt", "abc", "-n", "8", "--temp",
+                         "0", "--base-type", base_type]) == 0
+        gen = [x for x in capsys.readouterr().out.splitlines() if not x.startswith("main:")]
+        assert llm.main(["eval", "--model", path, "--text", str(text), "--ctx", "32",
+                         "--base-type", base_type]) == 0
+        ppl = [x.split()[:2] for x in capsys.readouterr().out.splitlines()
+               if x.startswith("perplexity")]
+        outs[base_type] = (gen, ppl)
+    assert outs["keep"] == outs["f32"] and outs["keep"][0] and outs["keep"][1]
+
+
+def test_a_file_of_the_other_byte_order_is_not_mapped(tmp_path):
+    path = tmp_path / "big.gguf"
+    write(path, CFG, types={n: Q.Q8_0 for n in _matrices(CFG)}, big_endian=True)
+    with pytest.raises(DTypeError, match="byte order.*base_type='f32'"):
+        llama.load(path, progress=False, base_type="keep")
