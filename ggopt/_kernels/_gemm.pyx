@@ -28,6 +28,8 @@ from scipy.linalg.cython_blas cimport sgemm
 from ggopt._kernels._common cimport check_n_threads
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
+
 from ggopt.errors import ShapeError
 
 cdef enum:
@@ -50,6 +52,10 @@ cdef Py_ssize_t PACK_MIN_ROWS = 16
 # for margin); from 8 sgemm is.
 cdef int DOT_MAX_ROWS = 4
 cdef Py_ssize_t DOT_BLOCK_ELEMENTS = 1 << 15
+# A plan of dot products alone reading fewer weight elements than this runs on one thread (the
+# attention products of one token, k and v of SmolLM2): waking a second costs more than it saves
+# (scaled up where idle threads sleep at once, as every kernel's threshold).
+cdef Py_ssize_t DOT_PARALLEL_MIN_ELEMENTS = min_parallel_work(1 << 17)
 
 
 def set_dot_rows(int max_rows):
@@ -259,6 +265,8 @@ cdef class GemmPlan:
     cdef Py_ssize_t n_sums
     cdef list keep  # the arrays the pointers point into
     cdef Py_ssize_t pack_elements  # the largest packed y^T: each thread's scratch
+    cdef Py_ssize_t dot_elements  # the weight elements the dot products read
+    cdef Py_ssize_t n_dots
 
     def __cinit__(self):
         self.products = NULL
@@ -269,6 +277,8 @@ cdef class GemmPlan:
         self.n_sums = 0
         self.keep = []
         self.pack_elements = 0
+        self.dot_elements = 0
+        self.n_dots = 0
 
     def __dealloc__(self):
         free(self.products)
@@ -291,10 +301,7 @@ cdef class GemmPlan:
     @property
     def n_dot(self) -> int:
         """How many of them run on the dot-product kernel (see DOT_MAX_ROWS)."""
-        cdef Py_ssize_t i, n = 0
-        for i in range(self.n_products):
-            n += self.products[i].dot
-        return n
+        return self.n_dots
 
     def add(self, const float[:, :] x not None, const float[:, :] y not None,
             float[:, :] out not None, float[:, :] acc=None) -> bool:
@@ -357,6 +364,9 @@ cdef class GemmPlan:
             self.n_work += 1
         self.products[self.n_products] = p
         self.n_products += 1
+        if p.dot:
+            self.dot_elements += r * k * c
+            self.n_dots += 1
         self.keep += [x, y, out, acc]
         return True
 
@@ -386,6 +396,8 @@ cdef class GemmPlan:
         check_n_threads("GemmPlan.run", n_threads)
         cdef Py_ssize_t i
         cdef int team = <int>min(<Py_ssize_t>n_threads, self.n_work)
+        if self.n_dots == self.n_products and self.dot_elements < DOT_PARALLEL_MIN_ELEMENTS:
+            team = 1
         cdef float *scratch = NULL
         if self.pack_elements:
             scratch = <float *>malloc(max(team, 1) * self.pack_elements * sizeof(float))
