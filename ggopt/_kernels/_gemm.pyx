@@ -94,7 +94,7 @@ cdef extern from *:
        to sum k % 16, ascending k) and adds them pairwise at the end in a fixed order, so an
        output's bits depend only on its row and x: not on the rows around it, the block it is
        computed in, the thread, or the instruction set (no FMA: -ffp-contract=off). Four rows
-       are done at a time to load x once for all four. */
+       are done at a time to load x once for all four, each prefetched 1 KB ahead. */
     typedef float ggopt_v16 __attribute__((vector_size(64)));
     GGOPT_ROW_INLINE ggopt_v16 ggopt_load16(const float *p) {
         ggopt_v16 v;
@@ -125,6 +125,10 @@ cdef extern from *:
             ggopt_v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
             for (int i = 0; i < whole; i += 16) {
                 ggopt_v16 xv = ggopt_load16(x + i);
+                __builtin_prefetch(a0 + i + 256);
+                __builtin_prefetch(a1 + i + 256);
+                __builtin_prefetch(a2 + i + 256);
+                __builtin_prefetch(a3 + i + 256);
                 s0 += ggopt_load16(a0 + i) * xv;
                 s1 += ggopt_load16(a1 + i) * xv;
                 s2 += ggopt_load16(a2 + i) * xv;
