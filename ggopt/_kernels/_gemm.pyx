@@ -9,6 +9,11 @@ OpenMP threads. The caller holds BLAS at one thread (``backend/blas.py``), so ev
 the same single-threaded call whichever thread runs it: the result does not depend on the
 thread count. The products are cut by the caller from the shapes alone (``cpu_ops/linalg.py``).
 
+Products of one token (at most DOT_MAX_ROWS rows) against a weight stored row by row skip BLAS:
+``ggopt_dot_rows`` computes blocks of their output columns, the blocks shared out over the
+threads, each output a dot product in a fixed order of its own (so again the same bits for any
+thread count).
+
 BLAS is column-major: the row-major ``out (r, c) = x (r, k) @ y (k, c)`` is computed as the
 column-major ``out^T (c, r) = y^T (c, k) @ x^T (k, r)``.
 """
@@ -23,6 +28,8 @@ from scipy.linalg.cython_blas cimport sgemm
 from ggopt._kernels._common cimport check_n_threads
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
+from ggopt._kernels._openmp_helpers import min_parallel_work
+
 from ggopt.errors import ShapeError
 
 cdef enum:
@@ -35,6 +42,27 @@ cdef enum:
 # 'N','N' ones (attention's per-head products), and the copy costs 1 / rows of the product.
 cdef Py_ssize_t PACK_MAX_ELEMENTS = 1 << 16
 cdef Py_ssize_t PACK_MIN_ROWS = 16
+
+
+# A product of at most DOT_MAX_ROWS rows (one token's activations, or a few) with y^T stored
+# transposed (a weight's rows contiguous) runs on ggopt_dot_rows instead of sgemm, in blocks of
+# output columns of about DOT_BLOCK_ELEMENTS weight elements shared out over the threads:
+# OpenBLAS's one-row sgemm streamed the weights at about half the speed, on one thread, and a
+# product of one row could not be cut up. Up to 6 rows the kernel was faster than sgemm (4 kept
+# for margin); from 8 sgemm is.
+cdef int DOT_MAX_ROWS = 4
+cdef Py_ssize_t DOT_BLOCK_ELEMENTS = 1 << 15
+# A plan of dot products alone reading fewer weight elements than this runs on one thread (the
+# attention products of one token, k and v of SmolLM2): waking a second costs more than it saves
+# (scaled up where idle threads sleep at once, as every kernel's threshold).
+cdef Py_ssize_t DOT_PARALLEL_MIN_ELEMENTS = min_parallel_work(1 << 17)
+
+
+def set_dot_rows(int max_rows):
+    """Use the dot-product kernel for products of at most ``max_rows`` rows (0: never) in
+    plans built from now on (for benchmarks and tests)."""
+    global DOT_MAX_ROWS
+    DOT_MAX_ROWS = max_rows
 
 
 def set_packing(Py_ssize_t max_elements, Py_ssize_t min_rows):
@@ -61,6 +89,73 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++) a[i] += b[i];
     }
 
+    /* One-token products (matrix-vector): out[j] = sum_k a[j*lda + k] * x[k] over rows j of a
+       weight whose rows are contiguous. Each dot product keeps 16 running sums (element k goes
+       to sum k % 16, ascending k) and adds them pairwise at the end in a fixed order, so an
+       output's bits depend only on its row and x: not on the rows around it, the block it is
+       computed in, the thread, or the instruction set (no FMA: -ffp-contract=off). Four rows
+       are done at a time to load x once for all four, each prefetched 1 KB ahead. */
+    typedef float ggopt_v16 __attribute__((vector_size(64)));
+    GGOPT_ROW_INLINE ggopt_v16 ggopt_load16(const float *p) {
+        ggopt_v16 v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    GGOPT_ROW_INLINE float ggopt_lanes_sum(ggopt_v16 v) {
+        float s[16];
+        memcpy(s, &v, sizeof s);
+        for (int w = 8; w > 0; w /= 2)
+            for (int l = 0; l < w; l++) s[l] += s[l + w];
+        return s[0];
+    }
+    /* the last k % 16 elements of a row, zero-padded to 16 */
+    GGOPT_ROW_INLINE ggopt_v16 ggopt_tail16(const float *p, int n) {
+        float t[16] = {0};
+        memcpy(t, p, n * sizeof(float));
+        return ggopt_load16(t);
+    }
+
+    GGOPT_MULTIVERSION
+    static void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k,
+                               float *out, int rows) {
+        int whole = k - k % 16, rest = k % 16, j = 0;
+        ggopt_v16 xt = ggopt_tail16(x + whole, rest);
+        for (; j + 4 <= rows; j += 4) {
+            const float *a0 = a + j * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+            ggopt_v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+            for (int i = 0; i < whole; i += 16) {
+                ggopt_v16 xv = ggopt_load16(x + i);
+                __builtin_prefetch(a0 + i + 256);
+                __builtin_prefetch(a1 + i + 256);
+                __builtin_prefetch(a2 + i + 256);
+                __builtin_prefetch(a3 + i + 256);
+                s0 += ggopt_load16(a0 + i) * xv;
+                s1 += ggopt_load16(a1 + i) * xv;
+                s2 += ggopt_load16(a2 + i) * xv;
+                s3 += ggopt_load16(a3 + i) * xv;
+            }
+            if (rest) {
+                s0 += ggopt_tail16(a0 + whole, rest) * xt;
+                s1 += ggopt_tail16(a1 + whole, rest) * xt;
+                s2 += ggopt_tail16(a2 + whole, rest) * xt;
+                s3 += ggopt_tail16(a3 + whole, rest) * xt;
+            }
+            out[j] = ggopt_lanes_sum(s0);
+            out[j + 1] = ggopt_lanes_sum(s1);
+            out[j + 2] = ggopt_lanes_sum(s2);
+            out[j + 3] = ggopt_lanes_sum(s3);
+        }
+        for (; j < rows; j++) {
+            const float *a0 = a + j * lda;
+            ggopt_v16 s0 = {0};
+            for (int i = 0; i < whole; i += 16)
+                s0 += ggopt_load16(a0 + i) * ggopt_load16(x + i);
+            if (rest)
+                s0 += ggopt_tail16(a0 + whole, rest) * xt;
+            out[j] = ggopt_lanes_sum(s0);
+        }
+    }
+
     /* dst[i + j*m] = src[j + i*lds] for i < m, j < k: 16 source rows at a time, so that
        both sides stream (16 reads along each row, 16 contiguous writes per column) */
     static void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) {
@@ -77,6 +172,8 @@ cdef extern from *:
                         int m) noexcept nogil
     void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) noexcept nogil
     void ggopt_add_vec(float *a, const float *b, Py_ssize_t n) noexcept nogil
+    void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k, float *out,
+                        int rows) noexcept nogil
 
 
 # An ILP64 Fortran sgemm (64-bit integers), e.g. the OpenBLAS NumPy's wheels ship; when set
@@ -118,6 +215,13 @@ cdef struct Product:
     float *acc        # NULL, or the (n, m) rows that out is added to afterwards
     Py_ssize_t ldacc
     bint pack         # copy y^T (ta 'T') to a column-major scratch first, then call 'N'
+    bint dot          # ggopt_dot_rows instead of sgemm (ta 'T', tb 'N', few rows)
+
+
+cdef struct Item:
+    Py_ssize_t product
+    int j0            # the columns j0 .. j1-1 of out: all of them for an sgemm
+    int j1
 
 
 cdef struct Sum:
@@ -159,21 +263,30 @@ cdef class GemmPlan:
 
     cdef Product *products
     cdef Py_ssize_t n_products
+    cdef Item *items  # what the threads share out: whole products, dot products' blocks
+    cdef Py_ssize_t n_work
     cdef Sum *sums
     cdef Py_ssize_t n_sums
     cdef list keep  # the arrays the pointers point into
     cdef Py_ssize_t pack_elements  # the largest packed y^T: each thread's scratch
+    cdef Py_ssize_t dot_elements  # the weight elements the dot products read
+    cdef Py_ssize_t n_dots
 
     def __cinit__(self):
         self.products = NULL
+        self.items = NULL
+        self.n_work = 0
         self.sums = NULL
         self.n_products = 0
         self.n_sums = 0
         self.keep = []
         self.pack_elements = 0
+        self.dot_elements = 0
+        self.n_dots = 0
 
     def __dealloc__(self):
         free(self.products)
+        free(self.items)
         free(self.sums)
 
     @property
@@ -188,6 +301,11 @@ cdef class GemmPlan:
         for i in range(self.n_products):
             n += self.products[i].pack
         return n
+
+    @property
+    def n_dot(self) -> int:
+        """How many of them run on the dot-product kernel (see DOT_MAX_ROWS)."""
+        return self.n_dots
 
     def add(self, const float[:, :] x not None, const float[:, :] y not None,
             float[:, :] out not None, float[:, :] acc=None) -> bool:
@@ -226,18 +344,33 @@ cdef class GemmPlan:
         p.m, p.n, p.k = <int>c, <int>r, <int>k
         p.a, p.b, p.c = &y[0, 0] if k else NULL, &x[0, 0] if k else NULL, &out[0, 0]
         p.acc, p.ldacc = NULL, 0
-        p.pack = (p.ta == b'T' and p.tb == b'N' and k * c <= PACK_MAX_ELEMENTS
+        p.dot = p.ta == b'T' and p.tb == b'N' and r <= DOT_MAX_ROWS and k > 0
+        p.pack = (not p.dot and p.ta == b'T' and p.tb == b'N' and k * c <= PACK_MAX_ELEMENTS
                   and r >= PACK_MIN_ROWS)
         if p.pack:
             self.pack_elements = max(self.pack_elements, k * c)
         if acc is not None:
             p.acc, p.ldacc = &acc[0, 0], as0
+        cdef Py_ssize_t block = c, j0, n_blocks = 1
+        if p.dot:
+            block = max(4, DOT_BLOCK_ELEMENTS // k // 4 * 4)
+            n_blocks = (c + block - 1) // block
         grown = <Product *>realloc(self.products, (self.n_products + 1) * sizeof(Product))
         if grown == NULL:
             raise MemoryError("GemmPlan.add: out of memory")
         self.products = grown
+        cdef Item *items = <Item *>realloc(self.items, (self.n_work + n_blocks) * sizeof(Item))
+        if items == NULL:
+            raise MemoryError("GemmPlan.add: out of memory")
+        self.items = items
+        for j0 in range(0, c, block):
+            self.items[self.n_work] = Item(self.n_products, <int>j0, <int>min(j0 + block, c))
+            self.n_work += 1
         self.products[self.n_products] = p
         self.n_products += 1
+        if p.dot:
+            self.dot_elements += r * k * c
+            self.n_dots += 1
         self.keep += [x, y, out, acc]
         return True
 
@@ -266,7 +399,9 @@ cdef class GemmPlan:
         """Run every product (on up to ``n_threads`` threads), then the sums."""
         check_n_threads("GemmPlan.run", n_threads)
         cdef Py_ssize_t i
-        cdef int team = <int>min(<Py_ssize_t>n_threads, self.n_products)
+        cdef int team = <int>min(<Py_ssize_t>n_threads, self.n_work)
+        if self.n_dots == self.n_products and self.dot_elements < DOT_PARALLEL_MIN_ELEMENTS:
+            team = 1
         cdef float *scratch = NULL
         if self.pack_elements:
             scratch = <float *>malloc(max(team, 1) * self.pack_elements * sizeof(float))
@@ -274,18 +409,30 @@ cdef class GemmPlan:
                 raise MemoryError("GemmPlan.run: out of memory for packed operands")
         with nogil:
             if team > 1:
-                for i in prange(self.n_products, num_threads=team, schedule="static",
-                                chunksize=1):
-                    _product(&self.products[i],
-                             scratch + omp_get_thread_num() * self.pack_elements)
+                for i in prange(self.n_work, num_threads=team, schedule="dynamic"):
+                    _item(self.products, &self.items[i],
+                          scratch + omp_get_thread_num() * self.pack_elements)
             else:
-                for i in range(self.n_products):
-                    _product(&self.products[i], scratch)
+                for i in range(self.n_work):
+                    _item(self.products, &self.items[i], scratch)
             for i in range(self.n_sums):
                 ggopt_add_vec(self.sums[i].out, self.sums[i].part, self.sums[i].size)
                 if self.sums[i].acc != NULL:
                     ggopt_add_vec(self.sums[i].acc, self.sums[i].out, self.sums[i].size)
         free(scratch)
+
+
+cdef void _item(Product *products, Item *item, float *scratch) noexcept nogil:
+    cdef Product *p = &products[item.product]
+    cdef int i, j0 = item.j0, cols = item.j1 - item.j0
+    if not p.dot:
+        _product(p, scratch)
+        return
+    for i in range(p.n):
+        ggopt_dot_rows(p.a + <Py_ssize_t>j0 * p.lda, p.lda, p.b + <Py_ssize_t>i * p.ldb, p.k,
+                       p.c + <Py_ssize_t>i * p.ldc + j0, cols)
+    if p.acc != NULL:
+        ggopt_add_rows(p.acc + j0, p.ldacc, p.c + j0, p.ldc, p.n, cols)
 
 
 cdef void _product(Product *p, float *scratch) noexcept nogil:

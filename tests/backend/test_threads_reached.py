@@ -13,7 +13,7 @@ import pytest
 
 import ggopt
 from ggopt._kernels import _conv as C
-from ggopt._kernels import _copy, _get_rows
+from ggopt._kernels import _copy, _gemm, _get_rows
 from ggopt._kernels import _elementwise as E
 from ggopt._kernels import _gather as G
 from ggopt._kernels import _optim as O
@@ -107,7 +107,16 @@ KERNEL_CASES.update({
         np.random.default_rng(2).permutation(2000).astype(np.int64), 0, 500, 3136, n),
     "copy_permuted": lambda n: _copy.copy(_f32(5, 7, 33, 65).transpose(1, 2, 0, 3),
                                           _dst((7, 33, 5, 65)), n),
+    "gemm_one_token": lambda n: _one_token_product(200_000, 16, n),  # 98 blocks of 2048
 })
+
+
+def _one_token_product(c: int, k: int, n: int) -> None:
+    """A one-row product on GemmPlan's dot-product path: ``(1, k) @ (c, k).T``."""
+    plan = _gemm.GemmPlan()
+    assert plan.add(_f32(1, k), _f32(c, k).T, _dst((1, c)))
+    assert plan.n_dot == 1
+    plan.run(n)
 
 
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
@@ -119,3 +128,8 @@ def test_kernel_big_cases_start_a_thread(case):
 def test_the_probe_sees_a_serial_call():
     small = (1, 1, 1, 1000)
     assert threads_started(lambda n: E.unary(E.UN_NEG, _f32(*small), _dst(small), n)) == 0
+
+
+def test_a_small_one_token_product_stays_on_one_thread():
+    """Below DOT_PARALLEL_MIN_ELEMENTS (an attention head's products) no thread is woken."""
+    assert threads_started(lambda n: _one_token_product(200, 64, n)) == 0

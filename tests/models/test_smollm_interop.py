@@ -4,7 +4,8 @@ flash attention off). Marker ``interop``, skipped unless ``GGOPT_INTEROP=1``:
 the measured numbers).
 
 On the F32 copy (``ggopt.models.llama.write_f32``) the logits agree to 1e-3 on 128 tokens of
-GPL-3 and greedy generation of 32 tokens is identical; on the Q4_1 file as shipped llama.cpp
+GPL-3, fed at once and the last 32 one at a time (generation's one-token products), and greedy
+generation of 32 tokens is identical; on the Q4_1 file as shipped llama.cpp
 rounds the activations to 8 bits for its Q4_1/Q8_0 products, so its logits differ from ggopt's
 (dequantized, F32) by that rounding. Perplexity of GPL-3 at ctx 256: within 0.5 %.
 """
@@ -16,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from ggopt.lm import SamplingParams, generate, perplexity
+from ggopt.lm import Generator, SamplingParams, generate, perplexity
 from ggopt.models import llama
 from tools.smollm import GPL3, f32_path, llama_cpp_model, llama_cpp_perplexity, q4_1_path
 
@@ -49,6 +50,11 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     diff = float(np.abs(ours - theirs).max())
     print(f"\nF32 copy: largest logit difference over 128 tokens x 49152: {diff:.3g}")
     assert diff < 1e-3
+    gen = Generator(model, 128)  # the last 32 tokens one at a time: the one-token products
+    steps = [gen.feed(prompt[:96])] + [gen.feed([t]) for t in prompt[96:127]]
+    one_token = float(np.abs(np.stack(steps) - theirs[95:127]).max())
+    print(f"one token at a time (positions 95..126): largest difference {one_token:.3g}")
+    assert one_token < 1e-3
     cpp.reset()
     cpp.eval(prompt)
     want = []

@@ -36,6 +36,8 @@ MUL_MAT = [
     ((1, 2, 4, 5), (3, 4, 6, 5)),    # broadcast over dims 2 and 3
     ((2, 3, 4, 5), (4, 6, 3, 5)),    # a's i2 = b's i2 // 2, i3 = i3 // 2
     ((33, 65), (47, 65)),
+    ((1100, 70), (1, 70)),           # one token: the dot-product path, 3 blocks
+    ((3, 40, 64), (3, 2, 64)),       # attention heads over a few tokens
 ]
 
 
