@@ -16,6 +16,7 @@ from ...tensor import VIEW_OPS, Tensor
 from ..base import Backend, Placement, Step
 from ..buffer import ALIGNMENT, Buffer
 from ..fusion import is_product_then_add, is_product_then_sum
+from ..profile import timed
 from . import threads as _threads
 from .blas import SerialBlas
 from .denormals import ComputeFloatMode
@@ -92,7 +93,8 @@ class CPUBackend(Backend):
                       mem: Placement, uses: Mapping[Tensor, int]) -> list[Step]:
         """As the base class, but a product followed by the add that sums it into a gradient
         accumulator, or into a tensor whose memory the add's result took over, is one step
-        (``backend/fusion.py``)."""
+        (``backend/fusion.py``). Each step is timed while a :class:`..profile.NodeTimes` is
+        active."""
         steps: list[Step] = []
         i = 0
         while i < len(nodes):
@@ -103,12 +105,12 @@ class CPUBackend(Backend):
             if acc is not None:
                 fused = product_then_add_step(self, node, srcs_of[node], mem, acc)
                 if fused is not None:
-                    steps.append(fused)
+                    steps.append(timed(fused, (node, nodes[i + 1])))
                     i += 2
                     continue
             step = self.compile_node(node, srcs_of[node], mem)
             if step is not None:
-                steps.append(step)
+                steps.append(timed(step, (node,)))
             i += 1
         return steps
 
