@@ -11,8 +11,8 @@ and the ratios of one round. Not part of the pytest run.
 
 ``--profile`` (ggopt's configurations) says where a step's time goes, from
 :class:`ggopt.backend.profile.NodeTimes`: the weight products (the projections, forward and
-backward), with LoRA the adapters' rank-``r`` products, attention (the per-head products and softmax), the 49152-wide output
-product with its gradients and the cross-entropy, the optimizer, everything else computed
+backward), with LoRA the adapters' rank-``r`` products, attention (the per-head products and
+softmax), the 49152-wide output product with its gradients and the cross-entropy, the optimizer, everything else computed
 (norms, rope, SwiGLU, adds, copies, the embedding), and what is not compute (building the
 forward and backward graphs, planning, setting the inputs); and the products' GFLOP/s against
 a 2048^3 sgemm measured in the same process on the same threads (ggopt's ``mul_mat`` and
@@ -59,8 +59,8 @@ def _windows(model, n_ctx: int):
                         n_ctx)
 
 
-CATEGORIES = ("weight products", "adapter products", "attention", "output + cross-entropy", "optimizer",
-              "other compute", "graph building etc.")
+CATEGORIES = ("weight products", "adapter products", "attention", "output + cross-entropy",
+              "optimizer", "other compute", "graph building etc.")
 
 
 def _category(nodes, n_vocab: int, rank: int) -> str:
@@ -274,7 +274,8 @@ def print_profile(rec: dict, warm: int) -> None:
     gf = rec["product_flops"] / (secs["weight products"] + secs["adapter products"]) / 1e9
     peak = rec["peak_gflops"]
     top = max(peak.values())
-    print(f"    weight and adapter products: {rec['product_flops'] / n / 1e9:.1f} GFLOP per step at "
+    print(f"    weight and adapter products: {rec['product_flops'] / n / 1e9:.1f} GFLOP per step "
+          f"at "
           f"{gf:.1f} GFLOP/s = {100 * gf / top:.0f} % of the 2048^3 sgemm's {top:.1f} GFLOP/s "
           f"(ggopt mul_mat {peak['ggopt']:.1f}, NumPy BLAS {peak['numpy']:.1f})")
 
