@@ -12,11 +12,11 @@ and the ratios of one round. Not part of the pytest run.
 ``--profile`` (ggopt's configurations) says where a step's time goes, from
 :class:`ggopt.backend.profile.NodeTimes`: the weight products (the projections, forward and
 backward), with LoRA the adapters' rank-``r`` products, attention (the per-head products and
-softmax), the 49152-wide output product with its gradients and the cross-entropy, the optimizer, everything else computed
-(norms, rope, SwiGLU, adds, copies, the embedding), and what is not compute (building the
-forward and backward graphs, planning, setting the inputs); and the products' GFLOP/s against
-a 2048^3 sgemm measured in the same process on the same threads (ggopt's ``mul_mat`` and
-NumPy's BLAS on ``--threads`` threads, the faster of the two).
+softmax), the 49152-wide output product with its gradients and the cross-entropy, the
+optimizer, everything else computed (norms, rope, SwiGLU, adds, copies, the embedding), and
+what is not compute (building the forward and backward graphs, planning, setting the inputs);
+and the products' GFLOP/s against a 2048^3 sgemm measured in the same process on the same
+threads (ggopt's ``mul_mat`` and NumPy's BLAS on ``--threads`` threads, the faster of the two).
 """
 
 from __future__ import annotations
