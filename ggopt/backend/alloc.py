@@ -28,7 +28,7 @@ INPLACE_OPS = frozenset({
 _PRODUCTS = (Op.MUL_MAT, Op.OUT_PROD)
 
 
-def _inplace_candidates(node: Tensor) -> list[Tensor | None]:
+def _inplace_candidates(node: Tensor) -> list[Tensor]:
     """The sources whose memory ``node`` may take, in the order tried: an add takes a matrix
     product's memory last, so that the product can be summed into the other operand's memory
     as one step (``backend/fusion.py``)."""
