@@ -33,6 +33,7 @@ from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import get_weights, load
 from ..opt import OptimizerParams
 from . import training_cli
+from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
 from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "parse_args"]
@@ -66,6 +67,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     training_cli.add_training_args(p, default_lr=1e-5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
+                   help="data-parallel over MPI (run under mpiexec -n N): 'auto' (default) when "
+                        "an MPI launcher started more than one process, 'mpi' always, 'none' "
+                        "never; N must divide --batch / --ubatch")
     p.add_argument("--seed", type=int, default=5489)
     args = p.parse_args(argv)
     for name in ("ctx", "batch", "ubatch", "epochs"):
@@ -92,7 +97,11 @@ def run(args: argparse.Namespace) -> None:
         require_matplotlib()  # fail before training, not after
     if args.threads is not None:
         ggopt.set_n_threads(args.threads)
-    model = load(args.model)
+    comm = _world(args)
+    rank0 = comm is None or comm.rank == 0
+    if not rank0:
+        sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
+    model = load(args.model, progress=rank0)
     tok = model.require_tokenizer()
     if args.text:
         texts = []
@@ -122,11 +131,11 @@ def run(args: argparse.Namespace) -> None:
     base.adamw.wd = fp.wd
     n_steps = FineTuner.count_steps(windows, fp)
     schedule = training_cli.make_schedule(args, args.epochs, n_steps, base)
-    ft = FineTuner(net, windows, fp, schedule)
+    ft = FineTuner(net, windows, fp, schedule, comm)
     print(f"data: {len(windows)} windows of {args.ctx} tokens, {ft.n_train_mb * args.ubatch} "
           f"for training, {ft.n_val_mb * args.ubatch} held out; {ft.steps_per_epoch} optimizer "
           f"steps of {args.batch} window(s) per epoch")
-    progress = None if args.no_progress else sys.stderr
+    progress = None if args.no_progress or not rank0 else sys.stderr
 
     def epoch_line(epoch: int, train: EpochStats, val: EpochStats) -> None:
         line = f"epoch {epoch}: train loss={train.loss:.4f}"
@@ -148,6 +157,8 @@ def run(args: argparse.Namespace) -> None:
     if history.resumed_after >= args.epochs:
         raise InvalidValueError(f"--resume: the checkpoint {args.checkpoint!r} already holds "
                                 f"{history.resumed_after} epochs; ask for more --epochs")
+    if not rank0:
+        return  # every rank holds the same weights; rank 0 writes them
     weights = get_weights(net)
     if adapter is not None:
         weights = lora.merged(weights, adapter)
@@ -171,10 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   os.path.abspath(args.model)):
         print("error: refusing to overwrite the input model", file=sys.stderr)
         return 2
+    args.comm = None
     try:
         run(args)
-    except GgoptError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (GgoptError, OSError) as exc:
+        message = f"error: {exc}"
+        if args.comm is not None:  # the other ranks would wait for this one forever
+            args.comm.abort(1, message)
+        print(message, file=sys.stderr)
         return 1
     return 0
 

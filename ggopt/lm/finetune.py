@@ -24,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from ..opt.progress import progress_bar_line, time_us
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .windows import MASKED, Windows, split_point, to_dataset
+
+if TYPE_CHECKING:
+    from ..distributed import Communicator
 
 __all__ = ["FinetuneParams", "EpochStats", "FineTuner"]
 
@@ -121,11 +124,24 @@ class _LossInputs:
 
 
 class FineTuner:
-    """An optimization context over ``net``'s PARAM tensors and the windows' dataset."""
+    """An optimization context over ``net``'s PARAM tensors and the windows' dataset.
+
+    Data-parallel with ``comm`` (ranks > 1): rank ``r`` of ``N`` computes micro-batches
+    ``k*P + r*P/N ...`` of optimizer step ``k`` (``P = opt_period``, which ``N`` must divide)
+    with the loss weights of the whole step, the gradients all-reduced inside the context;
+    validation micro-batches go to the ranks in turn; the statistics are combined over the
+    ranks, so every rank reports what one process would (up to the order of the sums).
+    """
 
     def __init__(self, net: LlamaModel, windows: Windows, fp: FinetuneParams,
-                 get_opt_pars: Callable[..., OptimizerParams] | None = None) -> None:
+                 get_opt_pars: Callable[..., OptimizerParams] | None = None,
+                 comm: Communicator | None = None) -> None:
         fp.check()
+        self.size, self.rank = (1, 0) if comm is None else (comm.size, comm.rank)
+        if fp.opt_period % self.size:
+            raise ShapeError(f"finetune: {self.size} ranks must divide the micro-batches per "
+                             f"optimizer step ({fp.n_batch} / {fp.n_ubatch} = "
+                             f"{fp.opt_period}); use a smaller --ubatch")
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
@@ -139,6 +155,7 @@ class FineTuner:
         params = default_params(net.sched, LossType.SUM)
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
+        params.comm = comm
         base = OptimizerParams()
         base.adamw.wd = fp.wd
         self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
@@ -229,15 +246,32 @@ class FineTuner:
                                              time_us() - t_start_us))
             progress.flush()
 
-        callback = bar if progress is not None else None
-        run_batches(self.opt_ctx, self.dataset, ids if train else [], [] if train else ids,
+        callback = bar if progress is not None and self.rank == 0 else None
+        mine = self._own(ids, train)
+        run_batches(self.opt_ctx, self.dataset, mine if train else [], [] if train else mine,
                     None, None, callback, callback, step=step)
+        total, count = sums
+        comm = self.opt_ctx.comm
+        if comm is not None:
+            parts = comm.allgather((total, count))
+            total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
         seconds = time.perf_counter() - t0
         if train:
             self.train_seconds += seconds
             self.train_tokens += len(ids) * self.fp.n_ubatch * self.windows.n_ctx
-        total, count = sums
         return EpochStats(total / count if count else math.nan, int(count), seconds)
+
+    def _own(self, ids: list[int], train: bool) -> list[int]:
+        """This rank's share of ``ids``: its ``P/N`` of every optimizer step's micro-batches
+        (training), every ``N``-th one (validation)."""
+        if self.size == 1:
+            return ids
+        if not train:
+            return ids[self.rank::self.size]
+        period = self.fp.opt_period
+        local = period // self.size
+        return [i for k in range(0, len(ids), period)
+                for i in ids[k + self.rank * local:k + (self.rank + 1) * local]]
 
     def validate(self, progress: TextIO | None = None) -> EpochStats:
         """The mean loss over the held-out windows' trained tokens (no training)."""
