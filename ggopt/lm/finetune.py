@@ -319,7 +319,7 @@ class FineTuner:
                             schedule=self.schedule if isinstance(self.schedule, Schedule)
                             else None, checkpoint=checkpoint, resume=resume,
                             run=self._run_key(), stats=as_stats,
-                            stream=sys.stderr if resume else None)
+                            stream=sys.stderr if resume and self.rank == 0 else None)
 
     def save(self, path: str | os.PathLike[str], epoch: int) -> None:
         """The whole training state after ``epoch`` epochs (atomically), as :meth:`fit`
