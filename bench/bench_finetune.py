@@ -130,7 +130,7 @@ def sgemm_peak(threads: int, n: int = 2048, reps: int = 5) -> dict[str, float]:
 
 
 def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
-              profile: dict | None = None) -> list[float]:
+              profile: dict | None = None, static: bool = False) -> list[float]:
     """Step times; with ``profile`` (a dict), also fills it with the seconds per category
     over the steps after ``warm`` and the weight products' flops."""
     from ggopt.backend.profile import NodeTimes
@@ -141,7 +141,8 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
     model = llama.load(_model_path(), progress=False)
     if lora_rank:
         lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
-    ft = FineTuner(model.net, _windows(model, n_ctx), FinetuneParams(lr=1e-5, val_split=0.0))
+    ft = FineTuner(model.net, _windows(model, n_ctx),
+                   FinetuneParams(lr=1e-5, val_split=0.0, static=static))
     times = []
     rec = NodeTimes()
     with rec if profile is not None else contextlib.nullcontext():
@@ -249,13 +250,13 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
 
 
 def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: int,
-          profile: bool) -> None:
+          profile: bool, static: bool) -> None:
     import ggopt
 
     ggopt.set_n_threads(threads)
     r = rank if config.endswith("lora") else 0
     prof: dict | None = {} if profile and config.startswith("ggopt") else None
-    times = run_ggopt(r, steps, n_ctx, warm, prof) if config.startswith("ggopt") else \
+    times = run_ggopt(r, steps, n_ctx, warm, prof, static) if config.startswith("ggopt") else \
         run_torch(r, steps, n_ctx, threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rec = {"config": config, "times": times, "peak_mb": peak}
@@ -291,11 +292,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--profile", action="store_true",
                    help="where ggopt's step time goes (see the module docstring)")
+    p.add_argument("--static", action="store_true",
+                   help="ggopt on one static graph (the same bits, no graph built per step)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
-              args.profile)
+              args.profile, args.static)
         return 0
     _model_path()
     results: dict[str, list[float]] = {}
@@ -306,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
                    "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
                    str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx),
-                   *(["--profile"] if args.profile else [])]
+                   *(["--profile"] if args.profile else []),
+                   *(["--static"] if args.static else [])]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rec = json.loads(out.strip().splitlines()[-1])
             results.setdefault(config, []).extend(rec["times"][args.warm:])
