@@ -13,11 +13,21 @@ exactly enough windows, its step times read from the timestamps it logs per step
 without the binary), one after the other, ``--rounds`` times, each
 ``--warm`` + ``--steps`` training steps; it prints the median step time, tokens/s, peak RSS
 and the ratios of one round. Not part of the pytest run.
+
+``--profile`` (ggopt's configurations) says where a step's time goes, from
+:class:`ggopt.backend.profile.NodeTimes`: the weight products (the projections, forward and
+backward), with LoRA the adapters' rank-``r`` products, attention (the per-head products and
+softmax), the 49152-wide output product with its gradients and the cross-entropy, the
+optimizer, everything else computed (norms, rope, SwiGLU, adds, copies, the embedding), and
+what is not compute (building the forward and backward graphs, planning, setting the inputs);
+and the products' GFLOP/s against a 2048^3 sgemm measured in the same process on the same
+threads (ggopt's ``mul_mat`` and NumPy's BLAS on ``--threads`` threads, the faster of the two).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -55,7 +65,81 @@ def _windows(model, n_ctx: int):
                         n_ctx)
 
 
-def run_ggopt(lora_rank: int, steps: int, n_ctx: int) -> list[float]:
+CATEGORIES = ("weight products", "adapter products", "attention", "output + cross-entropy",
+              "optimizer", "other compute", "graph building etc.")
+
+
+def _category(nodes, n_vocab: int, rank: int) -> str:
+    from ggopt.tensor import Op
+
+    n = nodes[0]
+    if n.op is Op.OPT_STEP_ADAMW:
+        return "optimizer"
+    if n.op in (Op.GET_ROWS, Op.GET_ROWS_BACK):
+        return "other compute"
+    shapes = [t.ne for t in (n, *n.src) if t is not None]
+    if n.op in (Op.CROSS_ENTROPY_LOSS, Op.CROSS_ENTROPY_LOSS_BACK) or \
+            any(n_vocab in ne[:2] for ne in shapes):
+        return "output + cross-entropy"
+    if n.op in (Op.SOFT_MAX, Op.SOFT_MAX_BACK):
+        return "attention"
+    if n.op in (Op.MUL_MAT, Op.OUT_PROD):
+        if any(ne[2] > 1 for ne in shapes):
+            return "attention"
+        return "adapter products" if rank and any(rank in ne[:2] for ne in shapes) else \
+            "weight products"
+    return "other compute"
+
+
+def _flops(node) -> int:
+    """2 x multiply-adds of a MUL_MAT or OUT_PROD node (0 for any other)."""
+    from ggopt.tensor import Op
+
+    if node.op is Op.MUL_MAT:
+        return 2 * node.src[0].ne[0] * node.nelements()
+    if node.op is Op.OUT_PROD:
+        return 2 * node.src[0].ne[1] * node.nelements()
+    return 0
+
+
+def sgemm_peak(threads: int, n: int = 2048, reps: int = 5) -> dict[str, float]:
+    """GFLOP/s of an n^3 F32 product: ggopt's mul_mat (one-thread sgemm pieces over the
+    kernels' threads) and NumPy's BLAS on ``threads`` threads; best of ``reps``."""
+    import threadpoolctl
+
+    import ggopt
+    from ggopt import backend as gb
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+    ctx = ggopt.Context()
+    ta, tb = ctx.new_tensor_2d(ggopt.F32, n, n), ctx.new_tensor_2d(ggopt.F32, n, n)
+    sched = gb.Scheduler([gb.cpu_init()])
+    gb.alloc_ctx_tensors(ctx, sched.backends[0])
+    gb.tensor_set(ta, a)
+    gb.tensor_set(tb, b)
+    c2 = ggopt.Context()
+    out = ggopt.mul_mat(c2, ta, tb)
+    g = ggopt.new_graph(c2)
+    ggopt.build_forward_expand(g, out)
+    sched.alloc_graph(g)
+    best = {"ggopt": math.inf, "numpy": math.inf}
+    with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            sched.graph_compute(g)
+            best["ggopt"] = min(best["ggopt"], time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            a @ b
+            best["numpy"] = min(best["numpy"], time.perf_counter() - t0)
+    return {k: 2 * n ** 3 / v / 1e9 for k, v in best.items()}
+
+
+def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
+              profile: dict | None = None, static: bool = False) -> list[float]:
+    """Step times; with ``profile`` (a dict), also fills it with the seconds per category
+    over the steps after ``warm`` and the weight products' flops."""
+    from ggopt.backend.profile import NodeTimes
     from ggopt.lm import lora
     from ggopt.lm.finetune import FinetuneParams, FineTuner
     from ggopt.models import llama
@@ -63,13 +147,29 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int) -> list[float]:
     model = llama.load(_model_path(), progress=False)
     if lora_rank:
         lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
-    ft = FineTuner(model.net, _windows(model, n_ctx), FinetuneParams(lr=1e-5, val_split=0.0))
+    ft = FineTuner(model.net, _windows(model, n_ctx),
+                   FinetuneParams(lr=1e-5, val_split=0.0, static=static))
     times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        ft.microbatch(i % ft.n_train_mb, True, 1.0)
-        times.append(time.perf_counter() - t0)
+    rec = NodeTimes()
+    with rec if profile is not None else contextlib.nullcontext():
+        for i in range(steps):
+            if i == warm:
+                rec.clear()
+            t0 = time.perf_counter()
+            ft.microbatch(i % ft.n_train_mb, True, 1.0)
+            times.append(time.perf_counter() - t0)
     ft.close()
+    if profile is not None:
+        n_vocab = model.cfg.n_vocab
+        secs = dict.fromkeys(CATEGORIES, 0.0)
+        flops = 0
+        for st in rec.steps:
+            cat = _category(st.nodes, n_vocab, lora_rank)
+            secs[cat] += st.seconds
+            if cat.endswith("products"):
+                flops += _flops(st.nodes[0]) * st.calls
+        secs["graph building etc."] = sum(times[warm:]) - rec.total()
+        profile.update(seconds=secs, product_flops=flops)
     return times
 
 
@@ -198,8 +298,8 @@ def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int) -> lis
     return [b - a for a, b in zip(stamps, stamps[1:])][:steps]
 
 
-def child(config: str, steps: int, n_ctx: int, threads: int, rank: int,
-          llama_finetune: str | None = None) -> None:
+def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: int,
+          profile: bool, static: bool, llama_finetune: str | None = None) -> None:
     import ggopt
 
     ggopt.set_n_threads(threads)
@@ -209,14 +309,34 @@ def child(config: str, steps: int, n_ctx: int, threads: int, rank: int,
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
         return
+    prof: dict | None = {} if profile and config.startswith("ggopt") else None
     if config.startswith("ggopt"):
-        times = run_ggopt(r, steps, n_ctx)
+        times = run_ggopt(r, steps, n_ctx, warm, prof, static)
     elif config.startswith("hf"):
         times = run_hf_config(r, steps, n_ctx, threads)
     else:
         times = run_torch(r, steps, n_ctx, threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
+    rec = {"config": config, "times": times, "peak_mb": peak}
+    if prof is not None:
+        rec.update(prof, peak_gflops=sgemm_peak(threads))
+    print(json.dumps(rec))
+
+
+def print_profile(rec: dict, warm: int) -> None:
+    n = len(rec["times"]) - warm
+    step = sum(rec["times"][warm:]) / n
+    secs = rec["seconds"]
+    print(f"  {rec['config']}: mean step {step:.3f} s over {n} steps")
+    for cat in CATEGORIES:
+        print(f"    {cat:24s} {secs[cat] / n:7.3f} s  {100 * secs[cat] / n / step:5.1f} %")
+    gf = rec["product_flops"] / (secs["weight products"] + secs["adapter products"]) / 1e9
+    peak = rec["peak_gflops"]
+    top = max(peak.values())
+    print(f"    weight and adapter products: {rec['product_flops'] / n / 1e9:.1f} GFLOP per step "
+          f"at "
+          f"{gf:.1f} GFLOP/s = {100 * gf / top:.0f} % of the 2048^3 sgemm's {top:.1f} GFLOP/s "
+          f"(ggopt mul_mat {peak['ggopt']:.1f}, NumPy BLAS {peak['numpy']:.1f})")
 
 
 def _have_hf() -> bool:
@@ -234,13 +354,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--profile", action="store_true",
+                   help="where ggopt's step time goes (see the module docstring)")
+    p.add_argument("--static", action="store_true",
+                   help="ggopt on one static graph (the same bits, no graph built per step)")
     p.add_argument("--llama-finetune", default=os.environ.get("LLAMA_FINETUNE"),
                    help="llama.cpp's llama-finetune binary (default $LLAMA_FINETUNE)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank,
-              args.llama_finetune)
+        child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
+              args.profile, args.static, args.llama_finetune)
         return 0
     _model_path()
     results: dict[str, list[float]] = {}
@@ -248,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load: {os.getloadavg()}")
     configs = args.configs.split(",")
     if any(c.startswith("hf") for c in configs) and not _have_hf():
-        print("hf-*: skipped (pip install transformers peft to time them)")
+        print("hf-*: skipped (pip install -e '.[hf-bench]' to time them)")
         configs = [c for c in configs if not c.startswith("hf")]
     if "llamacpp-full" in configs and not (args.llama_finetune
                                             and Path(args.llama_finetune).is_file()):
@@ -258,9 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
                    "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
-                   str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx)]
-            if args.llama_finetune:
-                cmd += ["--llama-finetune", args.llama_finetune]
+                   str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx),
+                   *(["--profile"] if args.profile else []),
+                   *(["--static"] if args.static else []),
+                   *(["--llama-finetune", args.llama_finetune] if args.llama_finetune else [])]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rec = json.loads(out.strip().splitlines()[-1])
             results.setdefault(config, []).extend(rec["times"][args.warm:])
@@ -268,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             med = statistics.median(rec["times"][args.warm:])
             print(f"{config}: median step {med:.3f} s, min {min(rec['times'][args.warm:]):.3f} s,"
                   f" {args.ctx / med:.1f} tokens/s, peak RSS {rec['peak_mb']:.0f} MB", flush=True)
+            if "seconds" in rec:
+                print_profile(rec, args.warm)
     print(f"load: {os.getloadavg()}")
     med = {c: statistics.median(t) for c, t in results.items()}
     for kind in ("full", "lora"):

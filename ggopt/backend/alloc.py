@@ -25,6 +25,18 @@ INPLACE_OPS = frozenset({
 })
 
 
+_PRODUCTS = (Op.MUL_MAT, Op.OUT_PROD)
+
+
+def _inplace_candidates(node: Tensor) -> list[Tensor]:
+    """The sources whose memory ``node`` may take, in the order tried: an add takes a matrix
+    product's memory last, so that the product can be summed into the other operand's memory
+    as one step (``backend/fusion.py``)."""
+    if node.op is not Op.ADD:
+        return list(node.src)
+    return sorted(node.src, key=lambda s: s is not None and s.op in _PRODUCTS)
+
+
 class FreeList:
     """Best-fit allocation of aligned blocks in a growing address space."""
 
@@ -141,7 +153,7 @@ def plan_memory(
         if node not in offsets and node.view_src is None and owns(node):
             reused = False
             if node.op in INPLACE_OPS:
-                for s in node.src:
+                for s in _inplace_candidates(node):
                     if (s is not None and s in offsets and s not in pinned and s.view_src is None
                             and not s.flags & FLAG_OUTPUT and s not in keep
                             and children.get(s, 0) == 1

@@ -1,10 +1,17 @@
 """Fine-tune a llama GGUF: ``python -m ggopt.examples.finetune --model IN.gguf --out OUT.gguf
 (--text FILE... | --chat FILE.jsonl) [--lora RANK ...]``.
 
-Validation loss and perplexity before training and after every epoch; at the end
-``trained N tokens in S s: X tokens/s`` (training steps only) and the peak memory. The merged
-model keeps every key of the input; with ``--lora`` the adapter is also written as llama.cpp's
-LoRA GGUF (``--adapter-out``), and ``--adapter IN.gguf`` continues training a saved one.
+Validation loss and perplexity before training and after every epoch (a progress bar on
+stderr while it runs); at the end ``trained N tokens in S s: X tokens/s`` (training steps only)
+and the peak memory. The merged model keeps every key of the input; with ``--lora`` the adapter
+is also written as llama.cpp's LoRA GGUF (``--adapter-out``), and ``--adapter IN.gguf``
+continues training a saved one.
+
+``--batch`` and ``--ubatch`` count windows of ``--ctx`` tokens (llama.cpp's ``-b``/``-ub``
+count tokens): one optimizer step per ``--batch`` windows, computed ``--ubatch`` windows at a
+time, the gradients accumulated in between. Epochs run on ggopt.opt.training's loop
+(``train_epochs`` / ``run_batches``): ``--checkpoint``/``--resume`` continue bit for bit,
+learning-rate schedule included; ``--plot`` draws the losses per epoch.
 
 ``--base-type keep`` trains the LoRA adapter on the model's weights as the file stores them
 (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and F32 matrices mapped from the file, no copy; F32 only for the
@@ -31,6 +38,10 @@ from ..lm.memory import memory_report
 from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import get_weights, load
 from ..models.llama.mapped import BASE_TYPES
+from ..opt import OptimizerParams
+from . import training_cli
+from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
+from .mnist_plot import plot_history, require_matplotlib
 
 __all__ = ["main", "parse_args"]
 
@@ -44,10 +55,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--text", nargs="+", help="plain text files (llama.cpp's windows)")
     data.add_argument("--chat", help='JSON lines {"messages": [{"role", "content"}, ...]}')
     p.add_argument("--ctx", type=int, default=256, help="tokens per window (default 256)")
-    p.add_argument("--batch", type=int, default=1, help="windows per optimizer step")
-    p.add_argument("--ubatch", type=int, default=1, help="windows per micro-batch")
+    p.add_argument("--batch", type=int, default=1,
+                   help="windows (of --ctx tokens, not tokens as llama.cpp's -b) per optimizer "
+                        "step (default 1)")
+    p.add_argument("--ubatch", type=int, default=1,
+                   help="windows per micro-batch, a divisor of --batch (default 1)")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--wd", type=float, default=0.0)
     p.add_argument("--val-split", type=float, default=0.05)
     p.add_argument("--lora", type=int, metavar="RANK", help="train a LoRA adapter of this rank")
@@ -60,17 +73,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "full fine-tune, which trains them); keep: LoRA on the weights as the "
                         "file stores them (quantized, mapped, frozen)")
     p.add_argument("--out-type", choices=OUT_TYPES, default="f32")
-    p.add_argument("--checkpoint", help="save the training state here after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--static", action="store_true", help="one static graph (same bits)")
+    p.add_argument("--plot", metavar="PNG", help="also write the losses per epoch as PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    training_cli.add_training_args(p, default_lr=1e-5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
+                   help="data-parallel over MPI (run under mpiexec -n N): 'auto' (default) when "
+                        "an MPI launcher started more than one process, 'mpi' always, 'none' "
+                        "never; N must divide --batch / --ubatch")
     p.add_argument("--seed", type=int, default=5489)
     args = p.parse_args(argv)
     for name in ("ctx", "batch", "ubatch", "epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
-    if args.resume and not args.checkpoint:
-        p.error("--resume needs --checkpoint")
+    training_cli.check_training_args(p, args)
     if args.adapter_out and args.lora is None and args.adapter is None:
         p.error("--adapter-out needs --lora or --adapter")
     if args.lora is not None and args.adapter is not None:
@@ -83,13 +100,23 @@ def _line(name: str, s: EpochStats) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    training_cli.check_output_paths(
+        [("--out", args.out), ("--adapter-out", args.adapter_out),
+         ("--checkpoint", args.checkpoint), ("--plot", args.plot)],
+        [("--model", args.model)])
+    if args.plot:
+        require_matplotlib()  # fail before training, not after
     if args.threads is not None:
         ggopt.set_n_threads(args.threads)
     if args.base_type == "keep" and args.lora is None and args.adapter is None:
         raise InvalidValueError("--base-type keep: a full fine-tune trains every weight, and a "
                                 "quantized weight cannot train; use --base-type f32 (the "
                                 "weights dequantized to F32) or train a --lora adapter")
-    model = load(args.model, base_type=args.base_type)
+    comm = _world(args)
+    rank0 = comm is None or comm.rank == 0
+    if not rank0:
+        sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
+    model = load(args.model, base_type=args.base_type, progress=rank0)
     tok = model.require_tokenizer()
     if args.text:
         texts = []
@@ -115,27 +142,39 @@ def run(args: argparse.Namespace) -> None:
               f"parameters (base frozen)")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
                         val_split=args.val_split, static=args.static, seed=args.seed)
-    ft = FineTuner(net, windows, fp)
+    base = OptimizerParams()
+    base.adamw.wd = fp.wd
+    n_steps = FineTuner.count_steps(windows, fp)
+    schedule = training_cli.make_schedule(args, args.epochs, n_steps, base)
+    ft = FineTuner(net, windows, fp, schedule, comm)
     print(f"data: {len(windows)} windows of {args.ctx} tokens, {ft.n_train_mb * args.ubatch} "
-          f"for training, {ft.n_val_mb * args.ubatch} held out")
-    try:
-        first = 1
-        if args.resume:
-            first = ft.resume(args.checkpoint) + 1
-            print(f"resumed after epoch {first - 1}")
+          f"for training, {ft.n_val_mb * args.ubatch} held out; {ft.steps_per_epoch} optimizer "
+          f"steps of {args.batch} window(s) per epoch")
+    progress = None if args.no_progress or not rank0 else sys.stderr
+
+    def epoch_line(epoch: int, train: EpochStats, val: EpochStats) -> None:
+        line = f"epoch {epoch}: train loss={train.loss:.4f}"
         if ft.n_val_mb:
-            print(_line("val before", ft.validate()), flush=True)
-        for epoch in range(first, args.epochs + 1):
-            train = ft.train_epoch()
-            line = f"epoch {epoch}: train loss={train.loss:.4f}"
-            if ft.n_val_mb:
-                line += " | " + _line("val", ft.validate())
-            print(line, flush=True)
-            if args.checkpoint:
-                ft.save(args.checkpoint, epoch)
+            line += " | " + _line("val", val)
+        print(line, flush=True)
+
+    try:
+        if args.resume or args.resume_force:
+            print(f"resuming from {args.checkpoint}")
+        elif ft.n_val_mb:
+            print(_line("val before", ft.validate(progress)), flush=True)
+        history = ft.fit(args.epochs, args.checkpoint, training_cli.resume_mode(args), epoch_line,
+                         progress)
+        if history.resumed_after:
+            print(f"resumed after epoch {history.resumed_after}")
         print("\n".join(memory_report(ft).lines()), flush=True)
     finally:
         ft.close()
+    if history.resumed_after >= args.epochs:
+        raise InvalidValueError(f"--resume: the checkpoint {args.checkpoint!r} already holds "
+                                f"{history.resumed_after} epochs; ask for more --epochs")
+    if not rank0:
+        return  # every rank holds the same weights; rank 0 writes them
     weights = get_weights(net)
     if adapter is not None:
         weights = lora.merged(weights, adapter)
@@ -144,6 +183,9 @@ def run(args: argparse.Namespace) -> None:
             print(f"adapter written to {args.adapter_out}")
     report = export(args.model, args.out, weights, args.out_type)
     print(f"model written to {args.out} ({args.out_type}: {report.summary()})")
+    if args.plot:
+        plot_history(history, args.plot, title=f"fine-tune of {os.path.basename(args.model)}")
+        print(f"plot written to {args.plot}")
     rate = ft.train_tokens / ft.train_seconds if ft.train_seconds else 0.0
     print(f"trained {ft.train_tokens} tokens in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -156,10 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   os.path.abspath(args.model)):
         print("error: refusing to overwrite the input model", file=sys.stderr)
         return 2
+    args.comm = None
     try:
         run(args)
-    except GgoptError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (GgoptError, OSError) as exc:
+        message = f"error: {exc}"
+        if args.comm is not None:  # the other ranks would wait for this one forever
+            args.comm.abort(1, message)
+        print(message, file=sys.stderr)
         return 1
     return 0
 

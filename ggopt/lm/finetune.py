@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, TextIO
 
 import numpy as np
 
@@ -35,7 +37,14 @@ from ..errors import ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
+from ..opt.dataset import Dataset
+from ..opt.progress import progress_bar_line, time_us
+from ..opt.schedule import Schedule
+from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .windows import MASKED, Windows, split_point, to_dataset
+
+if TYPE_CHECKING:
+    from ..distributed import Communicator
 
 __all__ = ["FinetuneParams", "EpochStats", "FineTuner"]
 
@@ -128,25 +137,31 @@ class _LossInputs:
 
 
 class FineTuner:
-    """An optimization context over ``net``'s PARAM tensors and the windows' dataset."""
+    """An optimization context over ``net``'s PARAM tensors and the windows' dataset.
+
+    Data-parallel with ``comm`` (ranks > 1): rank ``r`` of ``N`` computes micro-batches
+    ``k*P + r*P/N ...`` of optimizer step ``k`` (``P = opt_period``, which ``N`` must divide)
+    with the loss weights of the whole step, the gradients all-reduced inside the context;
+    validation micro-batches go to the ranks in turn; the statistics are combined over the
+    ranks, so every rank reports what one process would (up to the order of the sums).
+    """
 
     def __init__(self, net: LlamaModel, windows: Windows, fp: FinetuneParams,
-                 get_opt_pars: Callable[..., OptimizerParams] | None = None) -> None:
+                 get_opt_pars: Callable[..., OptimizerParams] | None = None,
+                 comm: Communicator | None = None) -> None:
         fp.check()
         check_trainable(net, "finetune")
+        self.size, self.rank = (1, 0) if comm is None else (comm.size, comm.rank)
+        if fp.opt_period % self.size:
+            raise ShapeError(f"finetune: {self.size} ranks must divide the micro-batches per "
+                             f"optimizer step ({fp.n_batch} / {fp.n_ubatch} = "
+                             f"{fp.opt_period}); use a smaller --ubatch")
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
         self.net, self.fp, self.windows = net, fp, windows
         self.dataset = to_dataset(windows)
-        n = len(windows) // fp.n_ubatch
-        ntrain = split_point(n, fp.val_split)
-        self.n_train_mb = ntrain - ntrain % fp.opt_period
-        if self.n_train_mb < 1:
-            raise ShapeError(f"finetune: {len(windows)} windows give {n} micro-batches of "
-                             f"{fp.n_ubatch}, {ntrain} for training; one batch needs "
-                             f"{fp.opt_period} (more data or a smaller --batch)")
-        self.n_val_mb = n - ntrain
+        self.n_train_mb, self.n_val_mb = self._split(windows, fp)
         T = windows.n_ctx
         self.inp: Inputs = make_inputs(net, fp.n_ubatch, T)
         masked = bool((windows.labels == MASKED).any())
@@ -154,6 +169,7 @@ class FineTuner:
         params = default_params(net.sched, LossType.SUM)
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
+        params.comm = comm
         base = OptimizerParams()
         base.adamw.wd = fp.wd
         self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
@@ -168,6 +184,24 @@ class FineTuner:
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
         self.train_seconds = 0.0
         self.train_tokens = 0
+
+    @staticmethod
+    def _split(windows: Windows, fp: FinetuneParams) -> tuple[int, int]:
+        """``(training, held-out)`` micro-batches; ShapeError without one whole step."""
+        n = len(windows) // fp.n_ubatch
+        ntrain = split_point(n, fp.val_split)
+        n_train_mb = ntrain - ntrain % fp.opt_period
+        if n_train_mb < 1:
+            raise ShapeError(f"finetune: {len(windows)} windows give {n} micro-batches of "
+                             f"{fp.n_ubatch}, {ntrain} for training; one batch needs "
+                             f"{fp.opt_period} (more data or a smaller --batch)")
+        return n_train_mb, n - ntrain
+
+    @staticmethod
+    def count_steps(windows: Windows, fp: FinetuneParams) -> int:
+        """Optimizer steps per epoch a FineTuner over ``windows`` takes (for a schedule)."""
+        fp.check()
+        return FineTuner._split(windows, fp)[0] // fp.opt_period
 
     def _step_weights(self, ids: list[int]) -> dict[int, float]:
         """``w`` per training micro-batch id: ``n_rows / n_trained`` of its optimizer step."""
@@ -204,35 +238,116 @@ class FineTuner:
         value = result.loss()[0]
         return (value * self._labels.size / weight if weight else 0.0), n
 
-    def _run(self, ids: list[int], train: bool) -> EpochStats:
+    def _run(self, ids: list[int], train: bool, progress: TextIO | None = None) -> EpochStats:
+        """Micro-batches ``ids`` through :func:`ggopt.opt.training.run_batches` (the one
+        epoch loop), each with its step's loss weight; ``progress``: a progress bar there."""
         t0 = time.perf_counter()
         weights = self._step_weights(ids) if train else {i: 1.0 for i in ids}
-        total, count = 0.0, 0
-        for i in ids:
-            s, n = self.microbatch(i, train, weights[i])
-            total, count = total + s, count + n
+        sums = [0.0, 0]
+
+        def step(opt_ctx: OptContext, dataset: Dataset, ibatch: int, train: bool,
+                 result: Result | None) -> None:
+            s, n = self.microbatch(ibatch, train, weights[ibatch])
+            sums[0] += s
+            sums[1] += n
+
+        def bar(train: bool, opt_ctx: OptContext, dataset: Dataset, result: Result | None,
+                ibatch: int, ibatch_max: int, t_start_us: int) -> None:
+            assert progress is not None
+            loss = sums[0] / sums[1] if sums[1] else math.nan
+            progress.write(progress_bar_line(train, ibatch, ibatch_max, self.fp.n_ubatch,
+                                             (loss, math.nan), (math.nan, math.nan),
+                                             time_us() - t_start_us))
+            progress.flush()
+
+        callback = bar if progress is not None and self.rank == 0 else None
+        mine = self._own(ids, train)
+        run_batches(self.opt_ctx, self.dataset, mine if train else [], [] if train else mine,
+                    None, None, callback, callback, step=step)
+        total, count = sums
+        comm = self.opt_ctx.comm
+        if comm is not None:
+            parts = comm.allgather((total, count))
+            total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
         seconds = time.perf_counter() - t0
         if train:
             self.train_seconds += seconds
             self.train_tokens += len(ids) * self.fp.n_ubatch * self.windows.n_ctx
-        return EpochStats(total / count if count else math.nan, count, seconds)
+        return EpochStats(total / count if count else math.nan, int(count), seconds)
 
-    def validate(self) -> EpochStats:
+    def _own(self, ids: list[int], train: bool) -> list[int]:
+        """This rank's share of ``ids``: its ``P/N`` of every optimizer step's micro-batches
+        (training), every ``N``-th one (validation)."""
+        if self.size == 1:
+            return ids
+        if not train:
+            return ids[self.rank::self.size]
+        period = self.fp.opt_period
+        local = period // self.size
+        return [i for k in range(0, len(ids), period)
+                for i in ids[k + self.rank * local:k + (self.rank + 1) * local]]
+
+    def validate(self, progress: TextIO | None = None) -> EpochStats:
         """The mean loss over the held-out windows' trained tokens (no training)."""
-        return self._run(list(range(self.n_train_mb, self.n_train_mb + self.n_val_mb)), False)
+        return self._run(list(range(self.n_train_mb, self.n_train_mb + self.n_val_mb)), False,
+                         progress)
 
-    def train_epoch(self) -> EpochStats:
+    def train_epoch(self, progress: TextIO | None = None) -> EpochStats:
         """Shuffle the training windows and train on each once."""
         self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
-        return self._run(list(range(self.n_train_mb)), True)
+        return self._run(list(range(self.n_train_mb)), True, progress)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch."""
+        return self.n_train_mb // self.fp.opt_period
+
+    def _run_key(self) -> dict[str, int | float | str]:
+        """What a checkpoint must match to resume bit for bit (the data, batches, split)."""
+        return {"batch": self.fp.n_batch, "micro_batch": self.fp.n_ubatch,
+                "val_split": self.fp.val_split, "data": self.dataset.digest()}
+
+    def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,
+            resume: bool | Literal["force"] = False,
+            report: Callable[[int, EpochStats, EpochStats], None] | None = None,
+            progress: TextIO | None = None) -> FitHistory:
+        """Epochs up to ``n_epochs`` on :func:`ggopt.opt.training.train_epochs` (the one epoch
+        loop of ``fit``): with ``resume``, continue after ``checkpoint``'s epoch (the
+        schedule's position included: bit for bit an uninterrupted run's weights); the
+        training state is saved to ``checkpoint`` after every epoch. ``report(epoch, train,
+        validation)`` after each epoch (the validation's loss is NaN without held-out
+        windows). The history's losses are the means over the trained tokens."""
+        stats: dict[int, EpochStats] = {}
+
+        def run_epoch(iepoch: int, result_train: Result, result_val: Result) -> None:
+            stats[id(result_train)] = self.train_epoch(progress)
+            stats[id(result_val)] = self.validate(progress) if self.n_val_mb else \
+                EpochStats(math.nan, 0, 0.0)
+            if report is not None:
+                report(iepoch, stats[id(result_train)], stats[id(result_val)])
+
+        def as_stats(result: Result) -> Stats:
+            return (stats.pop(id(result)).loss, math.nan, math.nan, math.nan)
+
+        return train_epochs(self.opt_ctx, self.dataset, n_epochs, run_epoch,
+                            schedule=self.schedule if isinstance(self.schedule, Schedule)
+                            else None, checkpoint=checkpoint, resume=resume,
+                            run=self._run_key(), stats=as_stats,
+                            stream=sys.stderr if resume and self.rank == 0 else None)
 
     def save(self, path: str | os.PathLike[str], epoch: int) -> None:
-        """The whole training state after ``epoch`` epochs (atomically)."""
-        self.opt_ctx.save_state(path, self.dataset, epoch=epoch)
+        """The whole training state after ``epoch`` epochs (atomically), as :meth:`fit`
+        saves it."""
+        self.opt_ctx.save_state(path, self.dataset, self._schedule(), epoch=epoch,
+                                run=self._run_key())
 
     def resume(self, path: str | os.PathLike[str]) -> int:
-        """Load a state written by :meth:`save`; returns the epochs it holds."""
-        return self.opt_ctx.load_state(path, self.dataset)
+        """Load a state written by :meth:`save` or :meth:`fit`; returns the epochs it holds."""
+        return self.opt_ctx.load_state(path, self.dataset, self._schedule(),
+                                       run=self._run_key())
+
+    def _schedule(self) -> Schedule | None:
+        return self.schedule if isinstance(self.schedule, Schedule) else None
 
     def close(self) -> None:
         self.opt_ctx.close()

@@ -55,13 +55,18 @@ class LoraAdapter:
         return self.alpha / self.b[name].ne[0]
 
     def project(self, ctx: Context, name: str, w: Tensor, x: Tensor) -> Tensor:
-        """``W x + scale B (A x)`` (``W x`` alone for a weight without an adapter)."""
+        """``W x + B (scale (A x))`` (``W x`` alone for a weight without an adapter).
+
+        The scale applies to the ``r``-row ``A x``, not the full-width ``B (A x)`` (the same
+        value up to rounding, exactly it for a power-of-two scale): the scale and its gradient
+        then cost nothing, and the sum's add fuses into the ``B`` product (``backend/fusion.py``).
+        """
         g = ggopt
         y = g.mul_mat(ctx, w, x)
         if name not in self.a:
             return y
-        ab = g.mul_mat(ctx, self.b[name], g.mul_mat(ctx, self.a[name], x))
-        return g.add(ctx, y, g.scale(ctx, ab, self.scale(name)))
+        low = g.scale(ctx, g.mul_mat(ctx, self.a[name], x), self.scale(name))
+        return g.add(ctx, y, g.mul_mat(ctx, self.b[name], low))
 
     def arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Host copies ``(A (r, n_in), B (n_out, r))`` per weight name."""

@@ -104,3 +104,19 @@ def test_views_keep_their_source_alive():
     plan = plan_memory(g.nodes, g.leafs)
     assert v not in plan.offsets
     assert plan.offsets[c] != plan.offsets[a]
+
+
+def test_an_add_takes_the_non_product_operand_s_memory():
+    """add(prod, t) with both dying: the result takes t's memory, whichever side t is on, so
+    that the product can be summed into it as one step (backend/fusion.py)."""
+    ctx = ggopt.Context()
+    w, x = ctx.new_tensor_2d(ggopt.F32, 8, 6), ctx.new_tensor_2d(ggopt.F32, 8, 5)
+    for t in (w, x):
+        ggopt.set_input(t)
+    other = ggopt.sqr(ctx, ctx.new_tensor_2d(ggopt.F32, 6, 5))
+    prod = ggopt.mul_mat(ctx, w, x)
+    for summed in (ggopt.add(ctx, prod, other), ggopt.add(ctx, other, prod)):
+        g = ggopt.new_graph(ctx)
+        ggopt.build_forward_expand(g, summed)
+        plan = plan_memory(g.nodes, g.leafs)
+        assert plan.offsets[summed] == plan.offsets[other] != plan.offsets[prod]

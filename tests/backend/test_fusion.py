@@ -1,5 +1,6 @@
 """The CPU backend's one fusion (``backend/fusion.py``): a product summed in place into an
-accumulator is one step, with the same bits as the two nodes apart."""
+accumulator, or by a plain add into a dying operand's memory, is one step, with the same bits as
+the two nodes apart."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 import ggopt
 from ggopt import backend as gb
-from ggopt.backend.fusion import count_uses, is_product_then_add
+from ggopt.backend.fusion import count_uses, is_product_then_add, is_product_then_sum
 
 
 def _rand(shape, seed):
@@ -96,3 +97,85 @@ def test_small_products_and_pattern_checks():
     assert not is_product_then_add(prod, fresh, count_uses([prod, fresh]))
     assert is_product_then_add(prod, inplace, count_uses([prod, inplace]))
     assert not is_product_then_add(prod, inplace, count_uses([prod, inplace, fresh]))
+
+
+def _plain_sum(op, n_threads, product_first, x_in_product=False):
+    """add(other, op(a, b)) (or the product first) with ``other`` computed in the graph (so
+    that it dies at the add): (result, other alone + product alone, steps)."""
+    k, m, n = (200, 200, 200) if x_in_product else (300, 260, 140)
+    ctx_static = ggopt.Context()
+    if op == "mul_mat":
+        a, b = ctx_static.new_tensor_2d(ggopt.F32, k, m), ctx_static.new_tensor_2d(ggopt.F32, k, n)
+    else:
+        a, b = ctx_static.new_tensor_2d(ggopt.F32, m, k), ctx_static.new_tensor_2d(ggopt.F32, n, k)
+    c = ctx_static.new_tensor_2d(ggopt.F32, m, n)
+    sched = gb.Scheduler([gb.cpu_init()])
+    gb.alloc_ctx_tensors(ctx_static, sched.backends[0])
+    for t, seed in ((a, 1), (b, 2), (c, 3)):
+        gb.tensor_set(t, _rand(t.shape, seed))
+
+    def build(ctx, fused_form):
+        other = ggopt.sqr(ctx, b if x_in_product else c)
+        # the product reading the other operand (square shapes): never fused
+        prod = getattr(ggopt, op)(ctx, a, other if x_in_product else b)
+        if not fused_form:
+            return other, prod
+        return other, ggopt.add(ctx, prod, other) if product_first else \
+            ggopt.add(ctx, other, prod)
+
+    ggopt.set_n_threads(n_threads)
+    try:
+        ctx = ggopt.Context()
+        other, summed = build(ctx, True)
+        g = ggopt.new_graph(ctx)
+        ggopt.build_forward_expand(g, other)  # the product right before the add
+        ggopt.build_forward_expand(g, summed)
+        sched.alloc_graph(g)
+        sched.graph_compute(g)
+        got, n_steps = gb.tensor_get(summed), len(sched._current.steps)
+        ctx2 = ggopt.Context()
+        parts = build(ctx2, False)
+        g2 = ggopt.new_graph(ctx2)
+        for t in parts:
+            ggopt.set_output(t)
+            ggopt.build_forward_expand(g2, t)
+        sched2 = gb.Scheduler([gb.cpu_init()])
+        sched2.graph_compute(g2)
+        other, prod = (gb.tensor_get(t) for t in parts)
+    finally:
+        ggopt.set_n_threads(None)
+    return got, other + prod, n_steps
+
+
+@pytest.mark.parametrize("op", ["mul_mat", "out_prod"])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("product_first", [False, True])
+def test_plain_sum_into_a_dying_operand_is_one_step_bit_for_bit(op, n_threads, product_first):
+    got, want, n_steps = _plain_sum(op, n_threads, product_first)
+    assert n_steps == 2  # sqr, then product and add as one step
+    np.testing.assert_array_equal(got, want)
+
+
+def test_no_plain_sum_when_the_product_reads_the_other_operand():
+    """add(x, W x'), x' = x: summing pieces into x's memory would overwrite what the product
+    still reads."""
+    got, want, n_steps = _plain_sum("mul_mat", 2, False, x_in_product=True)
+    assert n_steps == 3
+    np.testing.assert_array_equal(got, want)
+
+
+def test_plain_sum_pattern_checks():
+    ctx = ggopt.Context()
+    a, b = ctx.new_tensor_2d(ggopt.F32, 4, 3), ctx.new_tensor_2d(ggopt.F32, 4, 2)
+    other, row = ctx.new_tensor_2d(ggopt.F32, 3, 2), ctx.new_tensor_2d(ggopt.F32, 3, 1)
+    prod = ggopt.mul_mat(ctx, a, b)
+
+    def sum_of(add, *more):
+        return is_product_then_sum(prod, add, count_uses([prod, add, *more]))
+
+    assert sum_of(ggopt.add(ctx, other, prod)) == 0
+    assert sum_of(ggopt.add(ctx, prod, other)) == 1
+    assert sum_of(ggopt.add_inplace(ctx, other, prod)) is None  # in place: the other pattern
+    assert sum_of(ggopt.add(ctx, prod, row)) is None  # a broadcast
+    assert sum_of(ggopt.add(ctx, prod, other), ggopt.sqr(ctx, prod)) is None  # read twice
+    assert sum_of(ggopt.sub(ctx, other, prod)) is None

@@ -175,3 +175,26 @@ def test_opt_period_must_split_over_the_ranks(tmp_path):
     for rank in (0, 1, 2):
         assert re.match(r"ShapeError: opt_period=2 .* multiple of the 3 ranks",
                         errors(tmp_path, rank)), out
+
+
+def test_finetune_example_two_ranks_equal_one_process(tmp_path):
+    """python -m ggopt.examples.finetune under mpiexec -n 2 (issue 23's --dist): batch 2 of
+    micro-batches of 1 window, one per rank per step, the all-reduce adding the two gradients
+    one process adds: the same merged model, byte for byte; only rank 0 reports."""
+    from ggopt.models import llama
+    from tests.support.llama_files import write
+
+    model, text = tmp_path / "tiny.gguf", tmp_path / "data.txt"
+    write(model, llama.Config(n_ctx=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64))
+    text.write_text("Everyone is permitted to copy and distribute verbatim copies. " * 20)
+    outs = {}
+    for n in (1, 2):
+        code, out = run(n, "-m", "ggopt.examples.finetune", "--model", str(model), "--out",
+                        str(tmp_path / f"ft{n}.gguf"), "--text", str(text), "--ctx", "32",
+                        "--batch", "2", "--ubatch", "1", "--lr", "1e-3", "--val-split", "0.2",
+                        "--epochs", "2", "--no-progress", "--threads", "1")
+        assert code == 0, out
+        assert out.count("trained ") == 1 and out.count("epoch 2:") == 1, out
+        outs[n] = out
+    assert "data-parallel over MPI, 2 ranks" in outs[2]
+    assert (tmp_path / "ft1.gguf").read_bytes() == (tmp_path / "ft2.gguf").read_bytes()

@@ -90,6 +90,43 @@ def test_checkpoint_resume(tmp_path, files, capsys):
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
 
 
+def test_schedule_resume_and_plot(tmp_path, files, capsys):
+    """--decay-epochs (halving the rate per epoch) through --checkpoint/--resume: the same
+    bytes as one run; --plot writes a PNG; a checkpoint that already holds the epochs asked
+    for is an error."""
+    pytest.importorskip("matplotlib")
+    model, text = files
+    args = ["--model", model, "--text", text, "--ctx", 32, "--lr", 1e-3, "--val-split", 0.1,
+            "--batch", 2, "--ubatch", 1, "--decay-epochs", 1, "--lr-min", 1e-4, "--no-progress"]
+    plot = tmp_path / "loss.png"
+    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "a.gguf", "--epochs", 3,
+                           "--plot", plot)
+    assert rc == 0, err
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "optimizer steps of 2 window(s) per epoch" in stdout
+    ckpt = tmp_path / "state.gguf"
+    assert _run(capsys, *args, "--out", tmp_path / "b1.gguf", "--epochs", 1,
+                "--checkpoint", ckpt)[0] == 0
+    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--epochs", 3,
+                           "--checkpoint", ckpt, "--resume")
+    assert rc == 0, err
+    assert "resumed after epoch 1" in stdout
+    assert [line.split(":")[0] for line in stdout.splitlines() if line.startswith("epoch")] \
+        == ["epoch 2", "epoch 3"]
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    rc, _, err = _run(capsys, *args, "--out", tmp_path / "c.gguf", "--epochs", 1,
+                      "--checkpoint", ckpt, "--resume")
+    assert rc == 1 and "already holds 3 epochs" in err
+
+
+def test_progress_bar_on_stderr(tmp_path, files, capsys):
+    model, text = files
+    rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "o.gguf", "--text", text,
+                      "--ctx", 32, "--val-split", 0.1)
+    assert rc == 0, err
+    assert "train: [" in err and "val:   [" in err and "loss=" in err
+
+
 def test_bad_input(tmp_path, files, capsys):
     model, text = files
     short = tmp_path / "short.txt"

@@ -228,3 +228,8 @@ def test_products_are_cut_by_their_shape_alone():
     assert _cut(500, 784, 500) == "rows"  # MNIST's fc1: K < 4x the output's sides
     assert _cut(64, 64, 64) is None  # below the size worth two pieces
     assert _cut(500, 500, 10) == "rows"  # MNIST's fc2 (2.5M multiply-adds)
+    # a rank-8 LoRA adapter's products stay one piece (a region costs more than they do)
+    assert _cut(256, 576, 8) is None  # A x
+    assert _cut(256, 8, 1536) is None  # B h, K = 8
+    assert _cut(8, 256, 576) is None  # dA
+    assert _cut(2048, 8, 2048) == "rows"  # large enough to be worth two pieces

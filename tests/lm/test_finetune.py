@@ -13,6 +13,7 @@ from ggopt.errors import ShapeError
 from ggopt.lm.finetune import FinetuneParams, FineTuner, _LossInputs
 from ggopt.lm.windows import MASKED, split_point, text_windows
 from ggopt.models import llama
+from ggopt.opt.schedule import epoch_decay, warmup_cosine
 from tests.support.finetune import CFG, loss_and_grads, tiny, windows
 
 
@@ -147,6 +148,40 @@ def test_resume_is_bit_exact(tmp_path):
     ckpt = tmp_path / "state.gguf"
     _train(epochs=1, checkpoint=ckpt)
     assert _same(ref, _train(epochs=2, checkpoint=ckpt, resume=True))
+
+
+def _fit(epochs: int, schedule_kind: str, checkpoint=None, resume=False):
+    """FineTuner.fit (ggopt.opt.training's loop) with a schedule over 3 epochs' steps."""
+    net = tiny()
+    w, fp = windows(9), FinetuneParams(n_batch=2, n_ubatch=1, lr=1e-3, val_split=0.1)
+    steps = FineTuner.count_steps(w, fp)
+    schedule = warmup_cosine(1e-3, 3 * steps, 2) if schedule_kind == "cosine" else \
+        epoch_decay(1e-3, 1.0)
+    ft = FineTuner(net, w, fp, schedule)
+    seen = []
+    history = ft.fit(epochs, checkpoint, resume, lambda e, t, v: seen.append((e, t, v)))
+    ft.close()
+    return llama.get_weights(net), history, seen
+
+
+@pytest.mark.parametrize("schedule_kind", ["cosine", "decay"])
+def test_fit_with_a_schedule_resumes_bit_exact(tmp_path, schedule_kind):
+    ref, history, seen = _fit(3, schedule_kind)
+    assert [e for e, _, _ in seen] == [1, 2, 3] and len(history) == 3
+    assert history.val_loss == [v.loss for _, _, v in seen]
+    assert all(np.isfinite(history.train_loss))
+    ckpt = tmp_path / "state.gguf"
+    _fit(1, schedule_kind, ckpt)
+    again, resumed, seen = _fit(3, schedule_kind, ckpt, resume=True)
+    assert resumed.resumed_after == 1 and [e for e, _, _ in seen] == [2, 3]
+    assert _same(ref, again)
+    # the schedule matters: without it (a constant rate) the weights differ
+    net = tiny()
+    ft = FineTuner(net, windows(9), FinetuneParams(n_batch=2, n_ubatch=1, lr=1e-3,
+                                                   val_split=0.1))
+    ft.fit(3)
+    ft.close()
+    assert not _same(ref, llama.get_weights(net))
 
 
 def test_validation_loss_is_the_mean_over_trained_tokens():

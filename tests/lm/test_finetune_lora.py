@@ -8,10 +8,12 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from ggopt import backend as gb
+from ggopt.backend.profile import NodeTimes
 from ggopt.errors import GgoptError, InvalidValueError
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.models import llama
+from ggopt.tensor import Op
 from tests.support.finetune import CFG, loss_and_grads, tiny, windows
 from tests.support.finetune import logits as _logits
 
@@ -126,3 +128,66 @@ def test_bad_lora_options():
         lora.create(net, 0, 8.0)
     with pytest.raises(InvalidValueError, match="exceeds"):
         lora.create(net, CFG.n_embd + 1, 8.0)
+
+
+def _training_steps(net):
+    """The compiled steps of one training micro-batch (NodeTimes: the nodes of each)."""
+    ft = FineTuner(net, windows(4), FinetuneParams(val_split=0.0))
+    with NodeTimes() as rec:
+        ft.microbatch(0, True, 1.0)
+    ft.close()
+    return rec.steps
+
+
+def test_adapters_add_no_full_width_pass():
+    """The slow LoRA step (issue 23): the scale applies to the r-row A x, and W x + B (s A x)
+    is summed inside the B product's step; full-width scales and adds only as many as the
+    full fine-tune has."""
+    full_steps = _training_steps(tiny())
+    net = tiny()
+    ad = lora.create(net, 2, 8.0)
+    lora.attach(net, ad)
+    steps = _training_steps(net)
+    n_in = {t: t.ne[0] for t in ad.a.values()}
+
+    def full_width(steps, op):
+        return sum(1 for st in steps for n in st.nodes if n.op is op and n.ne[0] != 2)
+
+    assert full_width(steps, Op.SCALE) == full_width(full_steps, Op.SCALE)
+    assert all(n.ne[0] == 2 for st in steps for n in st.nodes
+               if n.op is Op.SCALE and n.src[0].op is Op.MUL_MAT and n.src[0].src[0] in n_in)
+    b = set(ad.b.values())
+    fused_sums = [st for st in steps if len(st.nodes) == 2 and st.nodes[0].op is Op.MUL_MAT
+                  and st.nodes[0].src[0] in b and st.nodes[1].op is Op.ADD]
+    assert len(fused_sums) == len(b)
+    unfused_adds = sum(1 for st in steps if [n.op for n in st.nodes] == [Op.ADD])
+    assert unfused_adds <= sum(1 for st in full_steps if [n.op for n in st.nodes] == [Op.ADD]) \
+        + len(b)
+
+
+def _train_lora(threads: int, static: bool) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    import ggopt
+
+    prev = ggopt.get_n_threads()
+    ggopt.set_n_threads(threads)
+    try:
+        net = tiny()
+        ad = lora.create(net, 8, 16.0, seed=3)
+        lora.attach(net, ad)
+        ft = FineTuner(net, windows(9), FinetuneParams(n_batch=2, n_ubatch=1, lr=1e-2,
+                                                       val_split=0.1, static=static))
+        ft.train_epoch()
+        ft.close()
+        return ad.arrays()
+    finally:
+        ggopt.set_n_threads(prev)
+
+
+def test_lora_bits_independent_of_threads_and_static():
+    """The adapter's products (one piece below the split size, or fused sums) give the same
+    bits on 1, 2 and 3 threads, dynamic or static graphs."""
+    ref = _train_lora(2, False)
+    assert any(np.any(b != 0) for _, b in ref.values())  # it trained
+    for threads, static in ((1, False), (3, False), (2, True)):
+        got = _train_lora(threads, static)
+        assert all(np.array_equal(ref[k][i], got[k][i]) for k in ref for i in (0, 1))

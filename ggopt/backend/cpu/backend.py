@@ -15,7 +15,8 @@ import numpy as np
 from ...tensor import VIEW_OPS, Tensor
 from ..base import Backend, Placement, Step
 from ..buffer import ALIGNMENT, Buffer
-from ..fusion import is_product_then_add
+from ..fusion import is_product_then_add, is_product_then_sum
+from ..profile import timed
 from . import threads as _threads
 from .blas import SerialBlas
 from .denormals import ComputeFloatMode
@@ -90,23 +91,26 @@ class CPUBackend(Backend):
 
     def compile_nodes(self, nodes: list[Tensor], srcs_of: Mapping[Tensor, tuple[Tensor, ...]],
                       mem: Placement, uses: Mapping[Tensor, int]) -> list[Step]:
-        """As the base class, but a product followed by the in-place add that sums it into a
-        gradient accumulator is one step (``backend/fusion.py``)."""
+        """As the base class, but a product followed by the add that sums it into a gradient
+        accumulator, or into a tensor whose memory the add's result took over, is one step
+        (``backend/fusion.py``). Each step is timed while a :class:`..profile.NodeTimes` is
+        active."""
         steps: list[Step] = []
         i = 0
         while i < len(nodes):
             node = nodes[i]
             nxt = nodes[i + 1] if i + 1 < len(nodes) else None
-            if nxt is not None and is_product_then_add(node, nxt, uses) \
-                    and srcs_of[nxt][0] is nxt.src[0] and node.nelements() > 0:
-                fused = product_then_add_step(self, node, srcs_of[node], mem, mem(nxt))
+            acc = None if nxt is None or node.nelements() == 0 else \
+                _sum_target(node, nxt, srcs_of[nxt], mem, uses)
+            if acc is not None:
+                fused = product_then_add_step(self, node, srcs_of[node], mem, acc)
                 if fused is not None:
-                    steps.append(fused)
+                    steps.append(timed(fused, (node, nodes[i + 1])))
                     i += 2
                     continue
             step = self.compile_node(node, srcs_of[node], mem)
             if step is not None:
-                steps.append(step)
+                steps.append(timed(step, (node,)))
             i += 1
         return steps
 
@@ -118,6 +122,25 @@ class CPUBackend(Backend):
             np.copyto(out, backend.tensor_get(src).reshape(out.shape))
 
         return step
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """``a`` and ``b`` are the same elements of the same memory."""
+    return a.shape == b.shape and a.strides == b.strides and \
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+def _sum_target(prod: Tensor, add: Tensor, add_srcs: tuple[Tensor, ...], mem: Placement,
+                uses: Mapping[Tensor, int]) -> np.ndarray | None:
+    """The array ``prod`` may be summed into as one step with ``add`` (``add``'s result, which
+    holds the other operand's values when the product runs), or None."""
+    if is_product_then_add(prod, add, uses):
+        return mem(add) if add_srcs[0] is add.src[0] else None
+    j = is_product_then_sum(prod, add, uses)
+    if j is None or add_srcs[j] is not add.src[j]:
+        return None
+    out = mem(add)
+    return out if _same_memory(out, mem(add.src[j])) else None
 
 
 def _check_n_threads(fn: str, n: object) -> int | None:
