@@ -175,6 +175,7 @@ class FineTuner:
         self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
         params.get_opt_pars = self.schedule
         if fp.static:
+            params.graph_size = GRAPH_SIZE
             params.ctx_compute = Context()
             params.inputs = self.inp.tokens
             params.outputs = self.loss_in.loss(params.ctx_compute,

@@ -36,6 +36,7 @@ class Spec:
     optimizer: OptimizerType
     opt_period: int
     static_graphs: bool
+    graph_size: int  # of the static forward graph
 
     @classmethod
     def of(cls, params: OptParams, fn: str) -> Spec:
@@ -58,13 +59,19 @@ class Spec:
             raise InvalidValueError(f"opt_period must be >= 1, got {opt_period} ({fn})")
         if not callable(params.get_opt_pars):
             raise DTypeError(f"get_opt_pars must be callable ({fn})")
+        graph_size = params.graph_size
+        if isinstance(graph_size, bool) or not isinstance(graph_size, (int, np.integer)):
+            raise DTypeError(f"graph_size must be an int, got {graph_size!r} ({fn})")
+        if graph_size < 1:
+            raise InvalidValueError(f"graph_size must be >= 1, got {graph_size} ({fn})")
         given = [x is not None for x in (params.ctx_compute, params.inputs, params.outputs)]
         if any(given) and not all(given):
             raise StateError(
                 "ctx_compute, inputs and outputs must all be set (static graphs) or all be "
                 f"None (dynamic graphs, see prepare_alloc) ({fn})"
             )
-        return cls(sched, loss_type, build_type, optimizer, int(opt_period), all(given))
+        return cls(sched, loss_type, build_type, optimizer, int(opt_period), all(given),
+                   int(graph_size))
 
 
 def check_graph_args(ctx_compute: object, inputs: object, outputs: object, fn: str) -> None:

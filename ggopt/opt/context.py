@@ -31,7 +31,7 @@ import numpy as np
 from .. import graph as _graph
 from ..backend import tensor_get, tensor_set
 from ..context import Context
-from ..errors import DTypeError, GgoptError, StateError
+from ..errors import DTypeError, GgoptError, ShapeError, StateError
 from ..graph import graph_rollback
 from ..io.staging import Staging
 from ..tensor import Tensor
@@ -143,10 +143,17 @@ class OptContext(Checkpointing, ContextViews):
         if self._spec.static_graphs:
             check_graph_args(params.ctx_compute, params.inputs, params.outputs, fn)
             assert params.ctx_compute is not None and params.outputs is not None  # just checked
-            gf = _graph.new_graph_custom(params.ctx_compute, _graph.GRAPH_DEFAULT_SIZE, True)
-            with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
-                _graph.build_forward_expand(gf, params.outputs)
-                self._build(gf, build_type)
+            gf = _graph.new_graph_custom(params.ctx_compute, spec.graph_size, True)
+            try:
+                with graph_rollback(gf, [params.ctx_compute], [params.inputs, params.outputs]):
+                    _graph.build_forward_expand(gf, params.outputs)
+                    self._build(gf, build_type)
+            except ShapeError as exc:
+                if "is full" not in str(exc):
+                    raise
+                raise ShapeError(f"{fn}: the static graphs (forward, backward and optimizer "
+                                 f"steps) need more than OptParams.graph_size={spec.graph_size} "
+                                 f"nodes; set it higher ({exc})") from None
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:

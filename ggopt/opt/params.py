@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import DTypeError
+from ..graph import GRAPH_DEFAULT_SIZE
 from ._checks import check_float32
 from .enums import BuildType, LossType, OptimizerType
 
@@ -179,6 +180,11 @@ class OptParams:
     comm : ggopt.distributed.Communicator or None
         Not in ggml. Several ranks: train data-parallel, ``opt_period`` counting the physical
         batches of all ranks (``docs/distributed.md``). None or one rank: a plain context.
+    graph_size : int
+        Not in ggml. Node capacity of the static graphs ``ggml_opt_init`` builds (the forward
+        graph, and its backward and optimizer copies, which keep its size; ggml: always
+        ``GGML_DEFAULT_GRAPH_SIZE`` = 2048, the default here). A larger model needs more
+        (SmolLM2 with LoRA: about 2200 forward nodes).
     """
 
     backend_sched: Scheduler
@@ -193,6 +199,7 @@ class OptParams:
     optimizer: OptimizerType = OptimizerType.ADAMW
     rng_seed: int = 5489
     comm: Communicator | None = None
+    graph_size: int = GRAPH_DEFAULT_SIZE
 
 
 #: the hyperparameter names of each optimizer's parameters, in order (checked every step)
