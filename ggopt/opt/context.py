@@ -127,7 +127,6 @@ class OptContext(Checkpointing, ContextViews):
         self._lock = threading.RLock()
         self._alloc_thread: int | None = None  # the thread whose alloc waits for its eval
         self._eval_failed = False  # the pending alloc's eval was tried and raised
-
         self._ctx_compute: Context | None = params.ctx_compute
         self._inputs: Tensor | None = params.inputs
         self._outputs: Tensor | None = params.outputs
@@ -151,9 +150,8 @@ class OptContext(Checkpointing, ContextViews):
             except ShapeError as exc:
                 if "is full" not in str(exc):
                     raise
-                raise ShapeError(f"{fn}: the static graphs (forward, backward and optimizer "
-                                 f"steps) need more than OptParams.graph_size={spec.graph_size} "
-                                 f"nodes; set it higher ({exc})") from None
+                raise ShapeError(f"{fn}: the static graphs need more than OptParams.graph_size="
+                                 f"{spec.graph_size} nodes ({exc})") from None
 
     # --- validation helpers ---------------------------------------------------------------
     def _check_open(self, fn: str) -> None:
