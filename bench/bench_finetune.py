@@ -246,20 +246,10 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
         def proj(name, W, x):
             return x @ W.T
         params = list(w.values())
-    opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    tokens = torch.tensor(windows.tokens.astype(np.int64))
-    labels = torch.tensor(windows.labels.astype(np.int64))
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        j = i % len(windows)
-        z = torch_logits(torch, cfg, w, tokens[j:j + 1], proj)
-        loss = torch.nn.functional.cross_entropy(z.reshape(-1, cfg.n_vocab), labels[j])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        times.append(time.perf_counter() - t0)
-    return times
+    from bench.finetune_hf import time_adamw_steps
+
+    return time_adamw_steps(torch, params, lambda tok: torch_logits(torch, cfg, w, tok, proj),
+                            windows, steps)
 
 
 def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[float]:

@@ -12,6 +12,7 @@ dependency of ggopt).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,14 @@ def run_hf(lora_rank: int, steps: int, windows: Any, cfg: Any, weights: dict[str
     model = build_model(torch, cfg, weights, lora_rank)
     weights.clear()
     params = [p for p in model.parameters() if p.requires_grad]
+    return time_adamw_steps(torch, params, lambda tok: model(input_ids=tok).logits, windows,
+                            steps)
+
+
+def time_adamw_steps(torch: Any, params: list[Any], logits_of: Callable[[Any], Any],
+                     windows: Any, steps: int) -> list[float]:
+    """Times of ``steps`` PyTorch AdamW steps (lr 1e-5, ggml's betas and eps, no decay), each
+    the mean cross-entropy of ``logits_of(tokens)`` over one window (cycling)."""
     opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     tokens = torch.tensor(windows.tokens.astype(np.int64))
     labels = torch.tensor(windows.labels.astype(np.int64))
@@ -98,8 +107,8 @@ def run_hf(lora_rank: int, steps: int, windows: Any, cfg: Any, weights: dict[str
     for i in range(steps):
         t0 = time.perf_counter()
         j = i % len(windows)
-        logits = model(input_ids=tokens[j:j + 1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.n_vocab), labels[j])
+        z = logits_of(tokens[j:j + 1])
+        loss = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), labels[j])
         loss.backward()
         opt.step()
         opt.zero_grad()
