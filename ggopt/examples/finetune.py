@@ -25,7 +25,9 @@ import argparse
 import os
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 import ggopt
 
@@ -36,7 +38,7 @@ from ..lm.export import OUT_TYPES, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.memory import memory_report
 from ..lm.windows import text_windows, tokenize_texts
-from ..models.llama import get_weights, load
+from ..models.llama import load, weight_map
 from ..models.llama.mapped import BASE_TYPES
 from ..opt import OptimizerParams
 from . import training_cli
@@ -175,13 +177,15 @@ def run(args: argparse.Namespace) -> None:
                                 f"{history.resumed_after} epochs; ask for more --epochs")
     if not rank0:
         return  # every rank holds the same weights; rank 0 writes them
-    weights = get_weights(net)
+    weights: Mapping[str, np.ndarray] = weight_map(net)  # one tensor at a time in F32
+    unchanged: set[str] = set()  # LoRA: the frozen base outside the adapted weights
     if adapter is not None:
+        unchanged = set(weights) - set(adapter.a)
         weights = lora.merged(weights, adapter)
         if args.adapter_out:
             lora.save(args.adapter_out, adapter)
             print(f"adapter written to {args.adapter_out}")
-    report = export(args.model, args.out, weights, args.out_type)
+    report = export(args.model, args.out, weights, args.out_type, unchanged)
     print(f"model written to {args.out} ({args.out_type}: {report.summary()})")
     if args.plot:
         plot_history(history, args.plot, title=f"fine-tune of {os.path.basename(args.model)}")

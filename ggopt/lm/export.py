@@ -12,17 +12,19 @@ type where ``gguf.quants`` can (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), e
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.quants import quantize
 
 from ..errors import InvalidValueError
 from ..io.atomic import atomic_path
 from ..models.llama.convert import copy_keys
-from ..models.llama.weights import iter_f32, open_reader, tensor_table
+from ..models.llama.weights import as_f32, check_finite, open_reader, tensor_table
 
 __all__ = ["OUT_TYPES", "ExportReport", "export"]
 
@@ -54,42 +56,66 @@ class ExportReport:
                 + (f" ({', '.join(self.as_f16[:3])}...)" if self.as_f16 else ""))
 
 
-def _encode(arr: np.ndarray, qtype: _Q) -> tuple[np.ndarray, _Q]:
+def _encode(arr: np.ndarray, qtype: _Q) -> np.ndarray:
+    """``arr`` (float32) as the bytes of ``qtype`` (one :func:`_out_qtype` chose for it)."""
     if qtype == _Q.F32:
-        return np.ascontiguousarray(arr, np.float32), qtype
+        return np.ascontiguousarray(arr, np.float32)
     if qtype == _Q.F16:
-        return arr.astype(np.float16), qtype
-    block = {_Q.Q8_0: 32, _Q.Q4_0: 32, _Q.Q4_1: 32, _Q.Q5_0: 32, _Q.Q5_1: 32}.get(qtype, 1)
-    if arr.shape[-1] % block:
-        return arr.astype(np.float16), _Q.F16
-    return quantize(np.ascontiguousarray(arr, np.float32), qtype), qtype
+        return arr.astype(np.float16)
+    return quantize(np.ascontiguousarray(arr, np.float32), qtype)
 
 
-def _plan(out_type: str, t: Any, old: np.ndarray, new: np.ndarray,
-          report: ExportReport) -> tuple[np.ndarray, _Q]:
-    """The bytes and type one tensor is written with."""
+def _out_qtype(qtype: _Q, shape: tuple[int, ...]) -> _Q:
+    """``qtype`` where the rows are whole blocks of it, else F16."""
+    return qtype if shape[-1] % GGML_QUANT_SIZES[qtype][0] == 0 else _Q.F16
+
+
+def _checked(weights: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...],
+             where: str) -> np.ndarray:
+    arr = weights[name]
+    if arr.shape != shape:
+        raise InvalidValueError(f"{where}: weight {name!r} expected shape {shape}, got "
+                                f"{arr.shape}")
+    return arr
+
+
+def _choose(out_type: str, t: Any, shape: tuple[int, ...], new: np.ndarray,
+            report: ExportReport, where: str) -> _Q | None:
+    """The type one tensor is written as; None: its original bytes (``keep``, unchanged)."""
     own = _Q(int(t.tensor_type))
     if out_type == "keep":
+        old = as_f32(t, shape)
+        check_finite(old, t.name, where)
         if np.array_equal(old, new):
             report.kept.append(t.name)
-            return np.asarray(t.data), own
+            return None
         if own in _REQUANTIZABLE:
             report.requantized.append(t.name)
-            return _encode(new, own)
+            return own
         report.as_f16.append(t.name)
-        return new.astype(np.float16), _Q.F16
+        return _Q.F16
     if new.ndim == 1:
-        return np.ascontiguousarray(new, np.float32), _Q.F32
-    data, qtype = _encode(new, _TARGET[out_type][0])
+        return _Q.F32
+    qtype = _out_qtype(_TARGET[out_type][0], shape)
     if qtype != _TARGET[out_type][0]:
         report.as_f16.append(t.name)
-    return data, qtype
+    return qtype
 
 
 def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
-           weights: dict[str, np.ndarray], out_type: str = "f32") -> ExportReport:
+           weights: Mapping[str, np.ndarray], out_type: str = "f32",
+           unchanged: Collection[str] = ()) -> ExportReport:
     """Write ``src``'s keys with ``weights`` (float32, NumPy order, llama.cpp names) to ``dst``
     as ``out_type`` (atomically; ``src`` is read again to compare and copy).
+
+    ``unchanged``: names the caller knows still hold ``src``'s values (a LoRA's frozen base
+    outside the adapted weights); with ``keep`` their bytes are copied without computing or
+    comparing them.
+
+    ``weights`` may compute its arrays on access (:func:`ggopt.models.llama.weight_map`,
+    :func:`ggopt.lm.lora.merged`): they are taken one at a time, twice (once to check and
+    choose each tensor's type, once to write it), so the export holds one tensor as float32 at
+    a time, not the model.
 
     Raises
     ------
@@ -103,12 +129,20 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     reader = open_reader(os.fspath(src), where)
     table = tensor_table(reader, where)
     shapes = {name: tuple(int(d) for d in t.shape)[::-1] for name, t in table.items()}
-    for name, shape in shapes.items():
-        if name not in weights or weights[name].shape != shape:
-            got = None if name not in weights else weights[name].shape
-            raise InvalidValueError(f"{where}: weight {name!r} expected shape {shape}, got {got}")
+    missing = [name for name in shapes if name not in weights]
+    if missing:
+        raise InvalidValueError(f"{where}: weight {missing[0]!r} expected shape "
+                                f"{shapes[missing[0]]}, got None")
     report = ExportReport()
-    originals = dict(iter_f32(table, shapes, where)) if out_type == "keep" else {}
+    keep = frozenset(unchanged) if out_type == "keep" else frozenset()
+    types: dict[str, _Q | None] = {}
+    for name, t in table.items():
+        if name in keep:
+            report.kept.append(name)
+            types[name] = None
+        else:
+            types[name] = _choose(out_type, t, shapes[name],
+                                  _checked(weights, name, shapes[name], where), report, where)
     ft_field = reader.fields.get("general.file_type")
     if out_type == "keep":
         report.file_type = int(ft_field.contents()) if ft_field is not None else -1
@@ -122,12 +156,24 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                 writer.add_key_value("general.file_type", report.file_type,
                                      GGUFValueType.UINT32)
             for name, t in table.items():
-                new = weights[name]
-                data, qtype = _plan(out_type, t, originals.get(name, new), new, report)
-                writer.add_tensor(name, data, raw_dtype=qtype)
+                qtype = types[name]
+                writer.add_tensor_info(
+                    name, shapes[name], np.dtype(np.float32),
+                    int(t.n_bytes) if qtype is None else _nbytes(shapes[name], qtype),
+                    raw_dtype=_Q(int(t.tensor_type)) if qtype is None else qtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
+            writer.write_ti_data_to_file()
+            for name, t in table.items():
+                qtype = types[name]
+                writer.write_tensor_data(
+                    np.asarray(t.data) if qtype is None
+                    else _encode(_checked(weights, name, shapes[name], where), qtype))
         finally:
             writer.close()
     return report
+
+
+def _nbytes(shape: tuple[int, ...], qtype: _Q) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    return math.prod(shape) // block * size

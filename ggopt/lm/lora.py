@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -148,14 +148,34 @@ def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
     net.projection = adapter.project
 
 
-def merged(weights: dict[str, np.ndarray], adapter: LoraAdapter) -> dict[str, np.ndarray]:
+class _Merged(Mapping[str, np.ndarray]):
+    def __init__(self, weights: Mapping[str, np.ndarray], adapter: LoraAdapter) -> None:
+        self.weights, self.adapter = weights, adapter
+        self.pairs = adapter.arrays()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        w = self.weights[name]
+        if name not in self.pairs:
+            return w
+        a, b = self.pairs[name]
+        delta = self.adapter.scale(name) * (b.astype(np.float64) @ a.astype(np.float64))
+        return (w.astype(np.float64) + delta).astype(np.float32)
+
+    def __contains__(self, name: object) -> bool:  # without computing the weight
+        return name in self.weights
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.weights)
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+
+def merged(weights: Mapping[str, np.ndarray], adapter: LoraAdapter) -> Mapping[str, np.ndarray]:
     """``W + scale B A`` for the adapted weights (float64 product, rounded to float32); the
-    others as given (the same arrays)."""
-    out = dict(weights)
-    for name, (a, b) in adapter.arrays().items():
-        delta = adapter.scale(name) * (b.astype(np.float64) @ a.astype(np.float64))
-        out[name] = (weights[name].astype(np.float64) + delta).astype(np.float32)
-    return out
+    others as given (the same arrays). Each merged weight is computed when it is looked up
+    (``dict(merged(...))`` for all of them at once)."""
+    return _Merged(weights, adapter)
 
 
 def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama") -> None:

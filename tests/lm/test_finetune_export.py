@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
@@ -84,3 +87,76 @@ def test_bad_export(tmp_path, src):
     with pytest.raises(InvalidValueError, match="ffn_up"):
         export(src, tmp_path / "o.gguf", w, "f32")
     assert not (tmp_path / "o.gguf").exists()
+
+
+class _Counting(Mapping):
+    """Weights computed on access, counting each look-up; ``refuse`` names raise."""
+
+    def __init__(self, weights, refuse=()):
+        self.weights, self.refuse = weights, set(refuse)
+        self.calls: dict[str, int] = {}
+
+    def __getitem__(self, name):
+        if name in self.refuse:
+            raise AssertionError(f"{name} was read")
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return self.weights[name].copy()
+
+    def __contains__(self, name):
+        return name in self.weights
+
+    def __iter__(self):
+        return iter(self.weights)
+
+    def __len__(self):
+        return len(self.weights)
+
+
+@pytest.mark.parametrize("out_type", ["f16", "keep"])
+def test_lazy_weights_write_the_same_bytes_one_tensor_at_a_time(tmp_path, src, out_type):
+    w = _changed(src)
+    export(src, tmp_path / "dict.gguf", w, out_type)
+    lazy = _Counting(w)
+    export(src, tmp_path / "lazy.gguf", lazy, out_type)
+    assert (tmp_path / "lazy.gguf").read_bytes() == (tmp_path / "dict.gguf").read_bytes()
+    assert set(lazy.calls) == set(w) and max(lazy.calls.values()) <= 2
+
+
+def test_unchanged_names_are_copied_without_reading_them(tmp_path, src):
+    w = _changed(src)
+    touched = {"blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.attn_norm.weight"}
+    rest = set(w) - touched
+    rep = export(src, tmp_path / "out.gguf", _Counting(w, refuse=rest), "keep", rest)
+    assert set(rep.kept) == rest
+    export(src, tmp_path / "ref.gguf", w, "keep")
+    assert (tmp_path / "out.gguf").read_bytes() == (tmp_path / "ref.gguf").read_bytes()
+
+
+def test_export_holds_one_tensor_not_the_model(tmp_path):
+    """A lazy source of 40 same-size weights: the export's peak allocation is a few tensors'
+    worth, not the model's (NumPy reports its buffers to tracemalloc)."""
+    cfg = llama.Config(n_ctx=64, n_embd=256, n_layer=8, n_head=4, n_head_kv=4, n_ff=256,
+                       n_vocab=256)
+    path = tmp_path / "in.gguf"
+    write(path, cfg)
+    _, w, _ = llama.read_weights(path)
+    w = {k: v + np.float32(0.5) for k, v in w.items()}
+    total = sum(v.nbytes for v in w.values())
+    largest = max(v.nbytes for v in w.values())
+    lazy = _Counting(w)
+    tracemalloc.start()
+    try:
+        export(path, tmp_path / "out.gguf", lazy, "f32")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < total / 4 and peak >= largest, (peak, total, largest)
+
+
+def test_weight_map_dequantizes_each_weight_on_access(src):
+    net = llama.load(src, progress=False, base_type="keep").net
+    _, want, _ = llama.read_weights(src)
+    lazy = llama.weight_map(net)
+    assert list(lazy) == list(llama.get_weights(net)) and len(lazy) == len(want)
+    for k in want:
+        np.testing.assert_array_equal(lazy[k], want[k])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
            "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
-           "build_graph", "set_weights", "get_weights", "is_read_only"]
+           "build_graph", "set_weights", "get_weights", "weight_map", "WeightMap", "is_read_only"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -276,7 +276,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     return Graph(logits, inp, writes)
 
 
-def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -> None:
+def set_weights(model: LlamaModel, weights: Mapping[str, np.ndarray], where: str) -> None:
     """Copy NumPy-order float32 weights in; names and shapes are all checked first.
 
     StateError for a model that keeps the file's weights (``base_type="keep"``: read-only).
@@ -287,6 +287,7 @@ def set_weights(model: LlamaModel, weights: dict[str, np.ndarray], where: str) -
                          f"{model.params[kept[0]].type.name}, read-only); load it with "
                          f"base_type='f32' to set weights")
     expected = param_shapes(model.cfg)
+    weights = dict(weights)  # each array made once (a mapping may compute them on access)
     missing = [n for n in expected if n not in weights]
     if missing:
         raise ShapeError(f"{where}: missing tensors {', '.join(missing)}")
@@ -307,12 +308,37 @@ def is_read_only(t: Tensor) -> bool:
     return isinstance(data, np.ndarray) and not data.flags.writeable
 
 
+class WeightMap(Mapping[str, np.ndarray]):
+    """A model's weights as host float32 arrays (quantized ones dequantized), NumPy order,
+    llama.cpp's names, each made when it is looked up and not kept: a reader (the GGUF export)
+    that takes one at a time holds one tensor's float32 copy, not the model's."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        self.model = model
+        self.shapes = param_shapes(model.cfg)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        t = self.model.params[name]
+        raw = tensor_get(t)
+        return (dequantize(raw, t.type) if t.type.is_quantized else raw).reshape(
+            self.shapes[name])
+
+    def __contains__(self, name: object) -> bool:  # without computing the weight
+        return name in self.shapes
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
+def weight_map(model: LlamaModel) -> WeightMap:
+    """:class:`WeightMap` of ``model``: its weights computed on access."""
+    return WeightMap(model)
+
+
 def get_weights(model: LlamaModel) -> dict[str, np.ndarray]:
     """Host float32 copies of the weights (quantized ones dequantized), NumPy order,
     llama.cpp's names."""
-    out = {}
-    for name, shape in param_shapes(model.cfg).items():
-        t = model.params[name]
-        raw = tensor_get(t)
-        out[name] = (dequantize(raw, t.type) if t.type.is_quantized else raw).reshape(shape)
-    return out
+    return dict(WeightMap(model))
