@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
-from ..errors import InvalidValueError
+from ..errors import DTypeError, InvalidValueError
 from ..io.atomic import atomic_path
 from ..models.llama.convert import copy_keys
-from ..models.llama.weights import iter_f32, open_reader, tensor_table
+from ..models.llama.mapped import check_blocks_finite
+from ..models.llama.weights import check_finite, iter_f32, open_reader, tensor_table
+from ..types import GGType
 
 __all__ = ["OUT_TYPES", "ExportReport", "export"]
 
@@ -52,6 +55,39 @@ class ExportReport:
         return (f"{len(self.kept)} tensors unchanged (original bytes), {len(self.requantized)} "
                 f"re-quantized to their own type, {len(self.as_f16)} written F16"
                 + (f" ({', '.join(self.as_f16[:3])}...)" if self.as_f16 else ""))
+
+
+def _check_weights(weights: Any, shapes: dict[str, tuple[int, ...]], where: str) -> None:
+    """Every tensor of the source has a finite float32 array of its shape in ``weights``."""
+    if not isinstance(weights, Mapping):
+        raise DTypeError(f"{where}: weights must be a mapping name -> float32 array, got "
+                         f"{type(weights).__name__}")
+    for name, shape in shapes.items():
+        arr = weights.get(name)
+        if not isinstance(arr, np.ndarray) or arr.shape != shape:
+            got = arr.shape if isinstance(arr, np.ndarray) else type(arr).__name__
+            raise InvalidValueError(f"{where}: weight {name!r} expected a float32 array of "
+                                    f"shape {shape}, got {got}")
+        if arr.dtype != np.float32:
+            raise DTypeError(f"{where}: weight {name!r} must be float32, got {arr.dtype}")
+        check_finite(arr, name, f"{where}: the weights (training diverged?)")
+
+
+def _check_encoded(data: np.ndarray, qtype: _Q, name: str, where: str) -> None:
+    """InvalidValueError when a finite weight became non-finite in its output type (F16 holds
+    at most 65504, a block's F16 scale max/127 or so): the file would not load."""
+    fix = "write it with --out-type f32 (or a type of wider range)"
+    if qtype == _Q.F16 or qtype == _Q.BF16:
+        values = np.asarray(data) if qtype == _Q.F16 else dequantize(data, qtype)
+        if not np.isfinite(values).all():
+            raise InvalidValueError(f"{where}: weight {name!r} exceeds {qtype.name}'s range "
+                                    f"(it would be stored as infinities); {fix}")
+    elif qtype != _Q.F32:
+        try:
+            check_blocks_finite(np.asarray(data), GGType(int(qtype)), name, where)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"{exc} (the values exceed {qtype.name}'s range); "
+                                    f"{fix}") from None
 
 
 def _encode(arr: np.ndarray, qtype: _Q) -> tuple[np.ndarray, _Q]:
@@ -94,7 +130,11 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     Raises
     ------
     InvalidValueError
-        An unknown ``out_type``, a weight missing or misshaped for ``src``'s tensors.
+        An unknown ``out_type``, a weight missing or misshaped for ``src``'s tensors, a
+        non-finite weight, a weight beyond the range of the type it would be written as
+        (the loader would refuse the file).
+    DTypeError
+        ``weights`` not a mapping of float32 arrays.
     """
     if out_type not in OUT_TYPES:
         raise InvalidValueError(f"export: --out-type must be one of {', '.join(OUT_TYPES)}, "
@@ -103,10 +143,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     reader = open_reader(os.fspath(src), where)
     table = tensor_table(reader, where)
     shapes = {name: tuple(int(d) for d in t.shape)[::-1] for name, t in table.items()}
-    for name, shape in shapes.items():
-        if name not in weights or weights[name].shape != shape:
-            got = None if name not in weights else weights[name].shape
-            raise InvalidValueError(f"{where}: weight {name!r} expected shape {shape}, got {got}")
+    _check_weights(weights, shapes, where)
     report = ExportReport()
     originals = dict(iter_f32(table, shapes, where)) if out_type == "keep" else {}
     ft_field = reader.fields.get("general.file_type")
@@ -123,7 +160,10 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                                      GGUFValueType.UINT32)
             for name, t in table.items():
                 new = weights[name]
-                data, qtype = _plan(out_type, t, originals.get(name, new), new, report)
+                with np.errstate(over="ignore"):  # an overflow is refused just below
+                    data, qtype = _plan(out_type, t, originals.get(name, new), new, report)
+                if name not in report.kept:
+                    _check_encoded(data, qtype, name, where)
                 writer.add_tensor(name, data, raw_dtype=qtype)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
