@@ -1,0 +1,34 @@
+"""A bad micro-batch call is refused before the optimization context is touched: the
+fine-tuner stays usable and its weights finite."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ggopt.errors import InvalidValueError, ShapeError
+from ggopt.lm.finetune import FinetuneParams, FineTuner
+from ggopt.models import llama
+from tests.support.finetune import tiny, windows
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("ibatch, weight, exc", [
+    (10**6, 1.0, ShapeError), (-1, 1.0, ShapeError), ("0", 1.0, ShapeError),
+    (0, math.nan, InvalidValueError), (0, -1.0, InvalidValueError),
+])
+def test_bad_microbatch_leaves_the_tuner_usable(static, ibatch, weight, exc):
+    """An out-of-range ibatch left a graph allocated and every later call a StateError; a NaN
+    weight trained every weight to NaN."""
+    net = tiny()
+    ft = FineTuner(net, windows(8), FinetuneParams(n_batch=2, lr=1e-3, val_split=0.25,
+                                                   static=static))
+    try:
+        with pytest.raises(exc):
+            ft.microbatch(ibatch, True, weight)
+        assert math.isfinite(ft.train_epoch().loss)
+        assert all(np.isfinite(w).all() for w in llama.get_weights(net).values())
+    finally:
+        ft.close()
