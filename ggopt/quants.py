@@ -11,6 +11,7 @@ has no quantizer for them.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
     if not 1 <= len(out_shape) <= 4 or min(out_shape) < 0:
         raise ShapeError(f"dequantize: shape must be 1-4 non-negative sizes, got {shape}")
     rb = row_size(t, out_shape[-1])
-    want = rb * int(np.prod(out_shape[:-1], dtype=np.int64))
+    want = rb * math.prod(out_shape[:-1])  # Python ints: no int64 wrap-around
     if arr.size != want:
         raise ShapeError(f"dequantize: {t.name} data of shape {out_shape} is {want} bytes, "
                          f"got {arr.size} (truncated or wrong shape)")
