@@ -108,7 +108,8 @@ def _plan(out_type: str, t: Any, old: np.ndarray, new: np.ndarray,
     if out_type == "keep":
         if np.array_equal(old, new):
             report.kept.append(t.name)
-            return np.asarray(t.data), own
+            data = np.asarray(t.data)  # F32/F16 of a big-endian file: to this file's order
+            return data.astype(data.dtype.newbyteorder("="), copy=False), own
         if own in _REQUANTIZABLE:
             report.requantized.append(t.name)
             return _encode(new, own)
