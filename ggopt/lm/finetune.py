@@ -33,7 +33,7 @@ import ggopt
 from .. import F32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
 from ..backend.buffer import buffer_of
-from ..errors import InvalidValueError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
@@ -65,6 +65,14 @@ class FinetuneParams:
     seed: int = 5489
 
     def check(self) -> None:
+        for name in ("n_batch", "n_ubatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise DTypeError(f"finetune: {name} must be an int, got {v!r}")
+        for name in ("lr", "wd", "val_split"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)):
+                raise DTypeError(f"finetune: {name} must be a real number, got {v!r}")
         if self.n_batch < 1 or self.n_ubatch < 1 or self.n_batch % self.n_ubatch:
             raise ShapeError(f"finetune: the micro-batch ({self.n_ubatch} windows) must divide "
                              f"the batch ({self.n_batch} windows)")

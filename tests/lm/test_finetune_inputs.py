@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ggopt.errors import InvalidValueError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.models import llama
 from tests.support.finetune import tiny, windows
@@ -32,3 +32,12 @@ def test_bad_microbatch_leaves_the_tuner_usable(static, ibatch, weight, exc):
         assert all(np.isfinite(w).all() for w in llama.get_weights(net).values())
     finally:
         ft.close()
+
+
+@pytest.mark.parametrize("kwargs", [{"n_batch": "2"}, {"n_batch": 4.0, "n_ubatch": 2.0},
+                                    {"n_batch": True}, {"lr": "1"}, {"val_split": "0.1"}])
+def test_params_of_the_wrong_type(kwargs):
+    """Strings were compared with ints (a raw TypeError); 4.0 / 2.0 windows passed the check
+    and failed later in make_inputs."""
+    with pytest.raises(DTypeError, match="finetune: "):
+        FineTuner(tiny(), windows(8), FinetuneParams(**kwargs))
