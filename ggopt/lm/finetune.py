@@ -167,6 +167,7 @@ class FineTuner:
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
+        windows.check_vocab(net.cfg.n_vocab, "finetune")
         self.net, self.fp, self.windows = net, fp, windows
         self.dataset = to_dataset(windows)
         self.n_train_mb, self.n_val_mb = self._split(windows, fp)
