@@ -150,7 +150,27 @@ def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TA
 
 def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
     """Freeze the base (clear every weight's PARAM flag) and route the projections through
-    ``adapter``."""
+    ``adapter``.
+
+    Raises
+    ------
+    DTypeError
+        ``adapter`` is not a :class:`LoraAdapter`.
+    ShapeError
+        An adapted weight that ``net`` lacks or whose shape does not fit (an adapter made for
+        another model), before ``net`` changes.
+    """
+    if not isinstance(adapter, LoraAdapter):
+        raise DTypeError(f"lora attach: expected a LoraAdapter, got {type(adapter).__name__}")
+    shapes = param_shapes(net.cfg)
+    for name, a in adapter.a.items():
+        b = adapter.b[name]
+        want = shapes.get(name)
+        if want is None or len(want) != 2 or a.ne[0] != want[1] or b.ne[1] != want[0]:
+            raise ShapeError(f"lora attach: the adapter's {name} (lora_a ggml "
+                             f"{list(a.ne[:2])}, lora_b {list(b.ne[:2])}) does not fit this "
+                             f"model's weight "
+                             f"{list(want[::-1]) if want else 'of that name (none)'}")
     for t in net.params.values():
         t.flags &= ~FLAG_PARAM
     net.projection = adapter.project

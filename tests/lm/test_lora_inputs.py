@@ -106,3 +106,15 @@ def test_save_refuses_a_diverged_adapter(tmp_path):
     with pytest.raises(InvalidValueError, match="diverged"):
         lora.save(out, ad)
     assert out.read_bytes() == b"old"
+
+
+def test_attach_an_adapter_of_another_model():
+    """The base was frozen first and the mismatch surfaced only in the graph's mul_mat."""
+    other = tiny(llama.Config(n_ctx=16, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=48,
+                              n_vocab=64, tied_output=True))
+    net = tiny()
+    with pytest.raises(ShapeError, match="does not fit this model's weight"):
+        lora.attach(net, lora.create(other, 2, 8.0))
+    assert net.projection is None and all(t.is_param for t in net.params.values())
+    with pytest.raises(DTypeError, match="LoraAdapter"):
+        lora.attach(net, "adapter.gguf")
