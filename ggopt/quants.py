@@ -11,6 +11,7 @@ has no quantizer for them.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,7 +84,7 @@ def dequantize(raw: npt.ArrayLike, qtype: GGType | int, shape: Sequence[int] | N
     if not 1 <= len(out_shape) <= 4 or min(out_shape) < 0:
         raise ShapeError(f"dequantize: shape must be 1-4 non-negative sizes, got {shape}")
     rb = row_size(t, out_shape[-1])
-    want = rb * int(np.prod(out_shape[:-1], dtype=np.int64))
+    want = rb * math.prod(out_shape[:-1])  # Python ints: no int64 wrap-around
     if arr.size != want:
         raise ShapeError(f"dequantize: {t.name} data of shape {out_shape} is {want} bytes, "
                          f"got {arr.size} (truncated or wrong shape)")
@@ -154,6 +155,9 @@ def _bytes_of(fn: str, name: str, data: Any) -> np.ndarray:
     if isinstance(data, np.ndarray):
         if data.dtype.hasobject:
             raise DTypeError(f"{fn}: tensor '{name}': data of Python objects are not bytes")
+        if not data.flags.c_contiguous:  # its memory could not be the tensor's (a copy would)
+            raise ShapeError(f"{fn}: tensor '{name}': the array must be C-contiguous (its "
+                             f"memory becomes the tensor's), got strides {data.strides}")
         return data.reshape(-1).view(np.uint8)
     try:
         return np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
@@ -169,7 +173,7 @@ def tensor_from_blocks(ctx: Context, qtype: GGType | int, ne: Sequence[int], dat
     bytes. Read-only data stays read-only: such a tensor can be read by ops, never written.
 
     The loader maps weights this way; any type works (F32 too). ShapeError, before anything is
-    created, when the size is not the tensor's.
+    created, when the size is not the tensor's or the array is not C-contiguous.
     """
     fn = "tensor_from_blocks"
     if not isinstance(ctx, Context):

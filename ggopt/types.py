@@ -127,8 +127,11 @@ FLAG_COMPUTE = int(TensorFlag.COMPUTE)
 
 
 def as_type(t: GGType | int) -> GGType:
-    """Return ``t`` as a :class:`GGType`, raising :class:`DTypeError` for unknown types."""
+    """Return ``t`` as a :class:`GGType`, raising :class:`DTypeError` for unknown types (and
+    for a bool or float, which ``GGType`` would take as an int)."""
     try:
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise ValueError(t)
         return GGType(t)
     except ValueError:
         raise DTypeError(

@@ -31,7 +31,7 @@ import numpy as np
 
 import ggopt
 
-from ..errors import GgoptError, InvalidValueError
+from ..errors import GgoptError, InvalidValueError, ShapeError
 from ..lm import lora
 from ..lm.chat import chat_windows, read_conversations
 from ..lm.export import OUT_TYPES, export
@@ -102,10 +102,12 @@ def _line(name: str, s: EpochStats) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    inputs = [("--model", args.model), *(("--text", path) for path in args.text or ()),
+              ("--chat", args.chat), ("--adapter", args.adapter)]
     training_cli.check_output_paths(
         [("--out", args.out), ("--adapter-out", args.adapter_out),
          ("--checkpoint", args.checkpoint), ("--plot", args.plot)],
-        [("--model", args.model)])
+        [(option, path) for option, path in inputs if path is not None])
     if args.plot:
         require_matplotlib()  # fail before training, not after
     if args.threads is not None:
@@ -120,17 +122,19 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
     model = load(args.model, base_type=args.base_type, progress=rank0)
     tok = model.require_tokenizer()
-    if args.text:
-        texts = []
-        for path in args.text:
-            try:
-                with open(path, encoding="utf-8") as f:
-                    texts.append(f.read())
-            except (OSError, UnicodeDecodeError) as exc:
-                raise InvalidValueError(f"--text {path!r}: cannot read: {exc}") from None
-        windows = text_windows(tokenize_texts(tok, texts), args.ctx)
-    else:
-        windows = chat_windows(tok, read_conversations(args.chat), args.ctx)
+    texts = []
+    for path in args.text or ():
+        try:
+            with open(path, encoding="utf-8") as f:
+                texts.append(f.read())
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidValueError(f"--text {path!r}: cannot read: {exc}") from None
+    conversations = read_conversations(args.chat) if args.chat else []
+    if args.ctx > model.cfg.n_ctx:  # before any window is built (a huge --ctx would not fit)
+        raise ShapeError(f"--ctx {args.ctx}: windows longer than the model's context of "
+                         f"{model.cfg.n_ctx} tokens")
+    windows = text_windows(tokenize_texts(tok, texts), args.ctx) if args.text else \
+        chat_windows(tok, conversations, args.ctx)
     net = model.net
     adapter = None
     if args.lora is not None:
@@ -182,11 +186,12 @@ def run(args: argparse.Namespace) -> None:
     if adapter is not None:
         unchanged = set(weights) - set(adapter.a)
         weights = lora.merged(weights, adapter)
-        if args.adapter_out:
-            lora.save(args.adapter_out, adapter)
-            print(f"adapter written to {args.adapter_out}")
+    # the model first: export refuses non-finite weights (a diverged run) before writing
     report = export(args.model, args.out, weights, args.out_type, unchanged)
     print(f"model written to {args.out} ({args.out_type}: {report.summary()})")
+    if adapter is not None and args.adapter_out:
+        lora.save(args.adapter_out, adapter)
+        print(f"adapter written to {args.adapter_out}")
     if args.plot:
         plot_history(history, args.plot, title=f"fine-tune of {os.path.basename(args.model)}")
         print(f"plot written to {args.plot}")

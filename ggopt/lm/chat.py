@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import InvalidValueError, ShapeError, StateError
+from ..errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ..models.llama.vocab import Tokenizer
 from .windows import MASKED, Windows
 
@@ -48,7 +48,7 @@ def read_conversations(path: str | os.PathLike[str]) -> list[list[Message]]:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # also too long an int, too deep a nest
             raise InvalidValueError(f"{where}: line {lineno} is not JSON: {exc}") from None
         msgs = obj.get("messages") if isinstance(obj, dict) else None
         if not isinstance(msgs, list) or not msgs:
@@ -122,16 +122,29 @@ def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]
     Raises
     ------
     ShapeError
-        A conversation longer than ``n_ctx + 1`` tokens (say how long; raise ``--ctx``).
+        ``n_ctx`` not an int >= 1, a conversation longer than ``n_ctx + 1`` tokens (say how
+        long; raise ``--ctx``) or shorter than 2 (nothing to predict).
+    OutOfMemoryError
+        No memory for the windows.
     """
-    pad = tokenizer.eos if tokenizer.eos is not None else 0
-    tokens = np.full((len(conversations), n_ctx), pad, np.int32)
-    labels = np.full((len(conversations), n_ctx), MASKED, np.int32)
-    for i, msgs in enumerate(conversations):
-        ids, trained = conversation_ids(tokenizer, msgs)
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
+        raise ShapeError(f"chat windows: the context must be an int >= 1, got {n_ctx!r}")
+    rendered = [conversation_ids(tokenizer, msgs) for msgs in conversations]
+    for i, (ids, _) in enumerate(rendered):
         if len(ids) > n_ctx + 1:
             raise ShapeError(f"chat data: conversation {i + 1} has {len(ids)} tokens; a window "
                              f"of --ctx {n_ctx} holds {n_ctx + 1} (raise --ctx)")
+        if len(ids) < 2:
+            raise ShapeError(f"chat data: conversation {i + 1} renders to {len(ids)} token(s); "
+                             f"a window needs at least 2 (one to predict)")
+    pad = tokenizer.eos if tokenizer.eos is not None else 0
+    try:
+        tokens = np.full((len(conversations), n_ctx), pad, np.int32)
+        labels = np.full((len(conversations), n_ctx), MASKED, np.int32)
+    except (MemoryError, ValueError):  # ValueError: beyond NumPy's largest array
+        raise OutOfMemoryError(f"chat windows: no memory for {len(conversations)} windows of "
+                               f"{n_ctx} tokens (a smaller --ctx)") from None
+    for i, (ids, trained) in enumerate(rendered):
         n = len(ids) - 1
         tokens[i, :n] = ids[:-1]
         target = np.asarray(ids[1:], np.int32)

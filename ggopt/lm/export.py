@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
-from ..errors import InvalidValueError
+from ..errors import DTypeError, InvalidValueError
 from ..io.atomic import atomic_path
 from ..models.llama.convert import copy_keys
+from ..models.llama.mapped import check_blocks_finite
 from ..models.llama.weights import as_f32, check_finite, open_reader, tensor_table
+from ..types import GGType
 
 __all__ = ["OUT_TYPES", "ExportReport", "export"]
 
@@ -72,11 +74,39 @@ def _out_qtype(qtype: _Q, shape: tuple[int, ...]) -> _Q:
 
 def _checked(weights: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...],
              where: str) -> np.ndarray:
+    """``weights[name]``: a finite float32 array of ``shape``, else an error."""
     arr = weights[name]
-    if arr.shape != shape:
-        raise InvalidValueError(f"{where}: weight {name!r} expected shape {shape}, got "
-                                f"{arr.shape}")
+    if not isinstance(arr, np.ndarray) or arr.shape != shape:
+        got = arr.shape if isinstance(arr, np.ndarray) else type(arr).__name__
+        raise InvalidValueError(f"{where}: weight {name!r} expected a float32 array of "
+                                f"shape {shape}, got {got}")
+    if arr.dtype != np.float32:
+        raise DTypeError(f"{where}: weight {name!r} must be float32, got {arr.dtype}")
+    check_finite(arr, name, f"{where}: the weights (training diverged?)")
     return arr
+
+
+def _check_encoded(data: np.ndarray, qtype: _Q, name: str, where: str) -> None:
+    """InvalidValueError when a finite weight became non-finite in its output type (F16 holds
+    at most 65504, a block's F16 scale max/127 or so): the file would not load."""
+    fix = "write it with --out-type f32 (or a type of wider range)"
+    if qtype == _Q.F16 or qtype == _Q.BF16:
+        values = np.asarray(data) if qtype == _Q.F16 else dequantize(data, qtype)
+        if not np.isfinite(values).all():
+            raise InvalidValueError(f"{where}: weight {name!r} exceeds {qtype.name}'s range "
+                                    f"(it would be stored as infinities); {fix}")
+    elif qtype != _Q.F32:
+        try:
+            check_blocks_finite(np.asarray(data), GGType(int(qtype)), name, where)
+        except InvalidValueError as exc:
+            raise InvalidValueError(f"{exc} (the values exceed {qtype.name}'s range); "
+                                    f"{fix}") from None
+
+
+def _original(t: Any) -> np.ndarray:
+    """A source tensor's bytes as stored (F32/F16 of a big-endian file: in this file's order)."""
+    data = np.asarray(t.data)
+    return data.astype(data.dtype.newbyteorder("="), copy=False)
 
 
 def _choose(out_type: str, t: Any, shape: tuple[int, ...], new: np.ndarray,
@@ -120,7 +150,11 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     Raises
     ------
     InvalidValueError
-        An unknown ``out_type``, a weight missing or misshaped for ``src``'s tensors.
+        An unknown ``out_type``, a weight missing or misshaped for ``src``'s tensors, a
+        non-finite weight, a weight beyond the range of the type it would be written as
+        (the loader would refuse the file); the output is then not replaced.
+    DTypeError
+        ``weights`` not a mapping of float32 arrays.
     """
     if out_type not in OUT_TYPES:
         raise InvalidValueError(f"export: --out-type must be one of {', '.join(OUT_TYPES)}, "
@@ -129,10 +163,13 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     reader = open_reader(os.fspath(src), where)
     table = tensor_table(reader, where)
     shapes = {name: tuple(int(d) for d in t.shape)[::-1] for name, t in table.items()}
+    if not isinstance(weights, Mapping):
+        raise DTypeError(f"{where}: weights must be a mapping name -> float32 array, got "
+                         f"{type(weights).__name__}")
     missing = [name for name in shapes if name not in weights]
     if missing:
-        raise InvalidValueError(f"{where}: weight {missing[0]!r} expected shape "
-                                f"{shapes[missing[0]]}, got None")
+        raise InvalidValueError(f"{where}: weight {missing[0]!r} expected a float32 array of "
+                                f"shape {shapes[missing[0]]}, got None")
     report = ExportReport()
     keep = frozenset(unchanged) if out_type == "keep" else frozenset()
     types: dict[str, _Q | None] = {}
@@ -166,9 +203,13 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
             writer.write_ti_data_to_file()
             for name, t in table.items():
                 qtype = types[name]
-                writer.write_tensor_data(
-                    np.asarray(t.data) if qtype is None
-                    else _encode(_checked(weights, name, shapes[name], where), qtype))
+                if qtype is None:
+                    writer.write_tensor_data(_original(t))
+                    continue
+                with np.errstate(over="ignore"):  # an overflow is refused just below
+                    data = _encode(_checked(weights, name, shapes[name], where), qtype)
+                _check_encoded(data, qtype, name, where)
+                writer.write_tensor_data(data)
         finally:
             writer.close()
     return report

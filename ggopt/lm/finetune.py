@@ -33,7 +33,7 @@ import ggopt
 from .. import F32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
 from ..backend.buffer import buffer_of
-from ..errors import ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
@@ -65,6 +65,14 @@ class FinetuneParams:
     seed: int = 5489
 
     def check(self) -> None:
+        for name in ("n_batch", "n_ubatch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise DTypeError(f"finetune: {name} must be an int, got {v!r}")
+        for name in ("lr", "wd", "val_split"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)):
+                raise DTypeError(f"finetune: {name} must be a real number, got {v!r}")
         if self.n_batch < 1 or self.n_ubatch < 1 or self.n_batch % self.n_ubatch:
             raise ShapeError(f"finetune: the micro-batch ({self.n_ubatch} windows) must divide "
                              f"the batch ({self.n_batch} windows)")
@@ -159,6 +167,7 @@ class FineTuner:
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
+        windows.check_vocab(net.cfg.n_vocab, "finetune")
         self.net, self.fp, self.windows = net, fp, windows
         self.dataset = to_dataset(windows)
         self.n_train_mb, self.n_val_mb = self._split(windows, fp)
@@ -222,7 +231,11 @@ class FineTuner:
 
     def microbatch(self, ibatch: int, train: bool, weight: float) -> tuple[float, int]:
         """Train on (or evaluate) micro-batch ``ibatch`` of the current order; returns the
-        summed cross-entropy over its trained tokens and their count."""
+        summed cross-entropy over its trained tokens and their count.
+
+        ShapeError / InvalidValueError, before the context is touched, for an ``ibatch`` that
+        is not one of the micro-batches or a ``weight`` that is not finite and >= 0."""
+        self._check_microbatch(ibatch, weight)
         if not self.fp.static:
             ctx = Context()
             loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp))
@@ -238,6 +251,17 @@ class FineTuner:
         n = int(np.count_nonzero(self._labels != MASKED))
         value = result.loss()[0]
         return (value * self._labels.size / weight if weight else 0.0), n
+
+    def _check_microbatch(self, ibatch: int, weight: float) -> None:
+        n = len(self.windows) // self.fp.n_ubatch
+        if isinstance(ibatch, bool) or not isinstance(ibatch, (int, np.integer)) or \
+                not 0 <= ibatch < n:
+            raise ShapeError(f"finetune: micro-batch {ibatch!r} is not one of the {n} "
+                             f"micro-batches (0 to {n - 1})")
+        if not (isinstance(weight, (int, float, np.floating)) and math.isfinite(weight)
+                and weight >= 0):
+            raise InvalidValueError(f"finetune: the loss weight must be finite and >= 0, got "
+                                    f"{weight!r}")
 
     def _run(self, ids: list[int], train: bool, progress: TextIO | None = None) -> EpochStats:
         """Micro-batches ``ids`` through :func:`ggopt.opt.training.run_batches` (the one

@@ -30,7 +30,8 @@ from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..io.atomic import atomic_path
 from ..models.llama import LlamaModel, param_shapes
-from ..models.llama.weights import open_reader, tensor_table
+from ..models.llama.weights import check_finite, open_reader, tensor_table
+from ..opt._checks import check_float32
 from ..types import FLAG_PARAM
 
 __all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "save", "load",
@@ -51,8 +52,9 @@ class LoraAdapter:
     b: dict[str, Tensor]
 
     def scale(self, name: str) -> float:
-        """``alpha / r`` of one weight (llama.cpp takes r from ``lora_b``)."""
-        return self.alpha / self.b[name].ne[0]
+        """``alpha / r`` of one weight (llama.cpp takes r from ``lora_b``); 1 when alpha is 0,
+        as llama.cpp reads an adapter file without an alpha."""
+        return self.alpha / self.b[name].ne[0] if self.alpha else 1.0
 
     def project(self, ctx: Context, name: str, w: Tensor, x: Tensor) -> Tensor:
         """``W x + B (scale (A x))`` (``W x`` alone for a weight without an adapter).
@@ -86,7 +88,11 @@ def parse_targets(spec: str | Sequence[str]) -> tuple[str, ...]:
     InvalidValueError
         An empty list, an unknown or repeated name.
     """
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    items = spec.split(",") if isinstance(spec, str) else spec
+    if not isinstance(items, Sequence) or not all(isinstance(n, str) for n in items):
+        raise DTypeError(f"lora targets: expected a comma-separated str or a sequence of str, "
+                         f"got {spec!r}")
+    names = [n.strip() for n in items]
     bad = [n for n in names if n not in TARGETS]
     if not names or bad or len(set(names)) != len(names):
         raise InvalidValueError(f"lora targets: expected distinct names from {','.join(TARGETS)}"
@@ -114,13 +120,15 @@ def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TA
     Raises
     ------
     InvalidValueError
-        A rank below 1 or above a target's smaller side, a non-finite or non-positive alpha.
+        A rank below 1 or above a target's smaller side, an alpha that is not > 0 and finite
+        in float32 (the file's type), a negative seed.
     """
     targets = parse_targets(targets)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise InvalidValueError(f"lora: the rank must be a positive int, got {rank!r}")
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise InvalidValueError(f"lora: alpha must be finite and > 0, got {alpha}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InvalidValueError(f"lora: the seed must be an int >= 0, got {seed!r}")
+    alpha = check_float32(alpha, "lora: alpha", "", low=0.0, low_open=True)
     all_shapes = param_shapes(net.cfg)
     shapes = {}
     for i in range(net.cfg.n_layer):
@@ -142,7 +150,27 @@ def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TA
 
 def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
     """Freeze the base (clear every weight's PARAM flag) and route the projections through
-    ``adapter``."""
+    ``adapter``.
+
+    Raises
+    ------
+    DTypeError
+        ``adapter`` is not a :class:`LoraAdapter`.
+    ShapeError
+        An adapted weight that ``net`` lacks or whose shape does not fit (an adapter made for
+        another model), before ``net`` changes.
+    """
+    if not isinstance(adapter, LoraAdapter):
+        raise DTypeError(f"lora attach: expected a LoraAdapter, got {type(adapter).__name__}")
+    shapes = param_shapes(net.cfg)
+    for name, a in adapter.a.items():
+        b = adapter.b[name]
+        want = shapes.get(name)
+        if want is None or len(want) != 2 or a.ne[0] != want[1] or b.ne[1] != want[0]:
+            raise ShapeError(f"lora attach: the adapter's {name} (lora_a ggml "
+                             f"{list(a.ne[:2])}, lora_b {list(b.ne[:2])}) does not fit this "
+                             f"model's weight "
+                             f"{list(want[::-1]) if want else 'of that name (none)'}")
     for t in net.params.values():
         t.flags &= ~FLAG_PARAM
     net.projection = adapter.project
@@ -158,6 +186,10 @@ class _Merged(Mapping[str, np.ndarray]):
         if name not in self.pairs:
             return w
         a, b = self.pairs[name]
+        if not isinstance(w, np.ndarray) or w.shape != (b.shape[0], a.shape[1]):
+            got = w.shape if isinstance(w, np.ndarray) else type(w).__name__
+            raise ShapeError(f"lora merged: weight {name!r}: expected an array of shape "
+                             f"{(b.shape[0], a.shape[1])} (the adapter's), got {got}")
         delta = self.adapter.scale(name) * (b.astype(np.float64) @ a.astype(np.float64))
         return (w.astype(np.float64) + delta).astype(np.float32)
 
@@ -174,19 +206,35 @@ class _Merged(Mapping[str, np.ndarray]):
 def merged(weights: Mapping[str, np.ndarray], adapter: LoraAdapter) -> Mapping[str, np.ndarray]:
     """``W + scale B A`` for the adapted weights (float64 product, rounded to float32); the
     others as given (the same arrays). Each merged weight is computed when it is looked up
-    (``dict(merged(...))`` for all of them at once)."""
+    (``dict(merged(...))`` for all of them at once). ShapeError when an adapted weight is
+    missing (here) or of another shape than the adapter's (when it is looked up)."""
+    missing = [name for name in adapter.a if name not in weights]
+    if missing:
+        raise ShapeError(f"lora merged: weight {missing[0]!r}: expected an array of the "
+                         f"adapter's shape, got none")
     return _Merged(weights, adapter)
 
 
 def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama") -> None:
-    """Write llama.cpp's LoRA adapter GGUF (atomically)."""
+    """Write llama.cpp's LoRA adapter GGUF (atomically).
+
+    Raises
+    ------
+    InvalidValueError
+        A NaN or infinite value in the adapter (training diverged), before anything is
+        written.
+    """
+    arrays = adapter.arrays()
+    for name, (a, b) in arrays.items():
+        check_finite(a, name + ".lora_a", "lora save (training diverged?)")
+        check_finite(b, name + ".lora_b", "lora save (training diverged?)")
     with atomic_path(os.fspath(path)) as tmp:
         writer = GGUFWriter(tmp, arch)
         try:
             writer.add_key_value("general.type", "adapter", GGUFValueType.STRING)
             writer.add_key_value("adapter.type", "lora", GGUFValueType.STRING)
             writer.add_key_value("adapter.lora.alpha", adapter.alpha, GGUFValueType.FLOAT32)
-            for name, (a, b) in adapter.arrays().items():
+            for name, (a, b) in arrays.items():
                 writer.add_tensor(name + ".lora_a", a)
                 writer.add_tensor(name + ".lora_b", b)
             writer.write_header_to_file()
@@ -210,8 +258,12 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
     Raises
     ------
     GgoptError
-        Not an adapter file, alpha not FLOAT32, a tensor for no weight of this model, a missing
-        half of a pair, shapes that do not fit the weight, another tensor type.
+        Not an adapter file, alpha not a finite FLOAT32, no tensors, a tensor for no block
+        projection of this model (ggopt applies adapters to :data:`TARGETS` only), a missing
+        half of a pair, shapes that do not fit the weight or a rank of 0, another tensor type,
+        a NaN or infinite value.
+
+    An alpha of 0 means a scale of 1, as llama.cpp applies it.
     """
     where = f"lora adapter {os.fspath(path)!r}"
     reader = open_reader(os.fspath(path), where)
@@ -225,20 +277,28 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
     if alpha_field is None or list(alpha_field.types) != [GGUFValueType.FLOAT32]:
         raise DTypeError(f"{where}: adapter.lora.alpha must be a FLOAT32 (llama.cpp asserts)")
     alpha = float(alpha_field.contents())
+    if not math.isfinite(alpha):
+        raise InvalidValueError(f"{where}: adapter.lora.alpha is {alpha}; expected a finite "
+                                f"number")
     table = tensor_table(reader, where)
+    if not table:
+        raise ShapeError(f"{where}: the adapter holds no tensors (nothing to apply or train)")
     shapes_all = param_shapes(net.cfg)
+    adaptable = {f"blk.{i}.{t}.weight" for i in range(net.cfg.n_layer) for t in TARGETS}
     arrays: dict[str, dict[str, np.ndarray]] = {}
     for tname, t in table.items():
         base, _, half = tname.rpartition(".")
-        if half not in ("lora_a", "lora_b") or base not in shapes_all or \
-                len(shapes_all[base]) != 2:
-            raise ShapeError(f"{where}: tensor {tname!r} adapts no weight of this model")
+        if half not in ("lora_a", "lora_b") or base not in adaptable:
+            raise ShapeError(f"{where}: tensor {tname!r} adapts no weight ggopt adapts (the "
+                             f"blocks' {', '.join(TARGETS)} of this model's {net.cfg.n_layer} "
+                             f"layers)")
         qtype = GGMLQuantizationType(int(t.tensor_type))
         if qtype not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             raise DTypeError(f"{where}: tensor {tname!r} has type {qtype.name}; expected F32 "
                              f"or F16")
         ne = [int(d) for d in t.shape]
         arrays.setdefault(base, {})[half] = np.asarray(t.data, np.float32).reshape(ne[::-1])
+        check_finite(arrays[base][half], tname, where)
     shapes = {}
     for base, pair in arrays.items():
         if len(pair) != 2:
@@ -246,10 +306,10 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
         n_out, n_in = shapes_all[base]
         a, b = pair["lora_a"], pair["lora_b"]
         if a.ndim != 2 or b.ndim != 2 or a.shape[1] != n_in or b.shape[0] != n_out or \
-                a.shape[0] != b.shape[1]:
+                a.shape[0] != b.shape[1] or a.shape[0] < 1:
             raise ShapeError(f"{where}: {base}: lora_a ggml {list(a.shape[::-1])} and lora_b "
                              f"{list(b.shape[::-1])} do not fit a [{n_in}, {n_out}] weight "
-                             f"(expected [{n_in}, r] and [r, {n_out}])")
+                             f"(expected [{n_in}, r] and [r, {n_out}], r >= 1)")
         shapes[base] = (a.shape, b.shape)
     ad = _alloc(net, shapes, alpha)
     for base, pair in arrays.items():

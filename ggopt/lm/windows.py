@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..models.llama.vocab import Tokenizer
 from ..opt import Dataset
 from ..types import I32
@@ -31,6 +31,28 @@ class Windows:
 
     tokens: np.ndarray
     labels: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "labels"):
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
+                raise DTypeError(f"windows: {name} must be an integer NumPy array, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)}")
+        if self.tokens.ndim != 2 or self.tokens.shape != self.labels.shape:
+            raise ShapeError(f"windows: tokens and labels must both be (n, n_ctx), got "
+                             f"{self.tokens.shape} and {self.labels.shape}")
+
+    def check_vocab(self, n_vocab: int, where: str) -> None:
+        """ShapeError unless every token and every unmasked label is an id below ``n_vocab``
+        (a label of -5 picked the fifth-last id, one of ``n_vocab`` an IndexError)."""
+        for name, ids, allowed in (("token", self.tokens, None), ("label", self.labels, MASKED)):
+            bad = (ids < 0) | (ids >= n_vocab)
+            if allowed is not None:
+                bad &= ids != allowed
+            if bad.any():
+                raise ShapeError(f"{where}: {name} id {int(ids[bad][0])} is not in the "
+                                 f"vocabulary of {n_vocab}" + (f" (nor {MASKED}, masked)"
+                                                               if allowed is not None else ""))
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

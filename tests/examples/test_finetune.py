@@ -141,3 +141,48 @@ def test_bad_input(tmp_path, files, capsys):
     rc, _, err = _run(capsys, "--model", model, "--out", model, "--text", text)
     assert rc == 2 and "overwrite" in err
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_outputs_never_overwrite_the_inputs(tmp_path, files, capsys):
+    """--out over the --text file replaced the training text with the model (and --checkpoint
+    over --adapter the adapter with a checkpoint); every input is now refused as an output."""
+    model, text = files
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "a"}, '
+                    '{"role": "assistant", "content": "b"}]}\n')
+    ad = tmp_path / "ad.gguf"
+    ad.write_bytes(b"adapter")
+    cases = [("--out", text, ["--text", text]), ("--plot", text, ["--text", text]),
+             ("--out", chat, ["--chat", chat]),
+             ("--checkpoint", ad, ["--text", text, "--adapter", ad]),
+             ("--adapter-out", ad, ["--text", text, "--adapter", ad])]
+    for option, path, data in cases:
+        argv = ["--model", model, "--out", tmp_path / "o.gguf", *data, option, path]
+        before = path.read_bytes()
+        rc, _, err = _run(capsys, *argv)
+        assert rc == 1 and "would destroy that file" in err, (option, err)
+        assert path.read_bytes() == before
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_diverged_run_writes_nothing(tmp_path, files, capsys):
+    """--lr 1e30 trains the weights to NaN; the run wrote them (exit 0) as a model that
+    llama.load refuses, and the adapter beside it."""
+    model, text = files
+    out, ad = tmp_path / "o.gguf", tmp_path / "ad.gguf"
+    rc, _, err = _run(capsys, "--model", model, "--out", out, "--text", text, "--ctx", 16,
+                      "--lr", 1e30, "--lora", 2, "--lora-alpha", 1e30, "--adapter-out", ad,
+                      "--no-progress")
+    assert rc == 1 and "training diverged" in err
+    assert not out.exists() and not ad.exists()
+
+
+def test_huge_ctx_with_chat_data(tmp_path, files, capsys):
+    """--chat with --ctx 10**12 allocated the windows first: a raw MemoryError."""
+    model, _ = files
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "a"}, '
+                    '{"role": "assistant", "content": "b"}]}\n')
+    rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "o.gguf", "--chat", chat,
+                      "--ctx", 10**12)
+    assert rc == 1 and "the model's context of 64 tokens" in err

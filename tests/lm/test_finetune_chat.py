@@ -12,7 +12,7 @@ import gguf
 import pytest
 
 import ggopt.tokenizers as tk
-from ggopt.errors import InvalidValueError, ShapeError, StateError
+from ggopt.errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ggopt.lm.chat import chat_windows, conversation_ids, read_conversations
 from ggopt.lm.windows import MASKED
 from ggopt.tokenizers import Tokenizer
@@ -112,3 +112,26 @@ def test_smollm2_chatml():
     answer = [i for i, t in zip(ids, trained, strict=True) if t]
     assert tok.decode(answer) == b"hello<|im_end|>\n4<|im_end|>\n"
     assert answer.count(tok.eos) == 2
+
+
+@pytest.mark.parametrize("line", ['{"messages": 1' + "0" * 5000 + "}", "[" * 100000 + "]" * 100000],
+                         ids=["long int", "deep nest"])
+def test_json_beyond_the_parser_limits(tmp_path, line):
+    """An int of more than 4300 digits (ValueError) or a deep nest (RecursionError) escaped
+    as raw exceptions."""
+    with pytest.raises(InvalidValueError, match="line 2 is not JSON"):
+        read_conversations(_write(tmp_path, [{"messages": CONV}, line]))
+
+
+@pytest.mark.parametrize("n_ctx, exc, match", [
+    (0, ShapeError, "int >= 1"), (-1, ShapeError, "int >= 1"), ("32", ShapeError, "int >= 1"),
+    (2**62, OutOfMemoryError, "no memory"),
+])
+def test_chat_windows_bad_context(n_ctx, exc, match):
+    with pytest.raises(exc, match=match):
+        chat_windows(_Tok(), [CONV], n_ctx)
+
+
+def test_conversation_of_no_tokens():
+    with pytest.raises(ShapeError, match="renders to 0 token"):
+        chat_windows(_Tok("{% for m in messages %}{% endfor %}"), [CONV], 32)

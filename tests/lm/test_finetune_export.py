@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, LlamaFileType
 
-from ggopt.errors import InvalidValueError
+from ggopt.errors import DTypeError, InvalidValueError
 from ggopt.lm.export import export
 from ggopt.models import llama
 from tests.support.llama_files import write
@@ -160,3 +160,33 @@ def test_weight_map_dequantizes_each_weight_on_access(src):
     assert list(lazy) == list(llama.get_weights(net)) and len(lazy) == len(want)
     for k in want:
         np.testing.assert_array_equal(lazy[k], want[k])
+
+
+@pytest.mark.parametrize("out_type, scale, match", [
+    ("f32", np.nan, "training diverged"), ("f16", 1e6, "exceeds F16's range"),
+    ("q8_0", 1e9, "exceed Q8_0's range"),
+])
+def test_non_finite_output_is_refused(tmp_path, src, out_type, scale, match):
+    """A diverged run (NaN) or values beyond the output type's range were written as a file
+    that llama.load refuses; now an error, and an existing output is left as it was."""
+    _, w, _ = llama.read_weights(src)
+    name = "blk.1.ffn_up.weight"
+    w = {**w, name: w[name] * np.float32(scale) if np.isfinite(scale) else
+         np.full_like(w[name], scale)}
+    dst = tmp_path / "o.gguf"
+    dst.write_bytes(b"old")
+    with pytest.raises(InvalidValueError, match=match):
+        export(src, dst, w, out_type)
+    assert dst.read_bytes() == b"old"
+
+
+def test_weights_of_the_wrong_type(tmp_path, src):
+    _, w, _ = llama.read_weights(src)
+    name = "output_norm.weight"
+    with pytest.raises(DTypeError, match="mapping"):
+        export(src, tmp_path / "o.gguf", list(w.values()))
+    with pytest.raises(InvalidValueError, match="got list"):
+        export(src, tmp_path / "o.gguf", {**w, name: list(w[name])})
+    with pytest.raises(DTypeError, match="must be float32, got complex64"):
+        export(src, tmp_path / "o.gguf", {**w, name: w[name].astype(np.complex64)})
+    assert not (tmp_path / "o.gguf").exists()

@@ -13,6 +13,7 @@ from gguf.constants import GGMLQuantizationType as GQT
 
 import ggopt
 from ggopt import backend as gb
+from ggopt import quants
 from ggopt.backend.array.backend import numpy_backend
 from ggopt.errors import DTypeError, GgoptError, ShapeError
 from ggopt.quants import tensor_from_blocks
@@ -226,3 +227,23 @@ def test_a_tensor_over_read_only_bytes_is_not_copied_and_computes(tmp_path):
     sched.alloc_graph(gf)
     sched.graph_compute(gf)
     np.testing.assert_allclose(y.numpy(), x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_tensor_from_blocks_refuses_strided_arrays_and_non_int_types():
+    """A strided uint8 array was silently copied (the tensor no longer its memory), a strided
+    F32 one a raw NumPy ValueError; a float or bool type id was taken as an int."""
+    raw, _ = _blocks(GGType.Q8_0, 8, 64)
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        tensor_from_blocks(ggopt.Context(), GGType.Q8_0, (64, 4), raw[::2], "strided")
+    with pytest.raises(ShapeError, match="C-contiguous"):
+        tensor_from_blocks(ggopt.Context(), F32, (2, 4), np.zeros((4, 4), np.float32)[:, ::2])
+    for bad in (float(GGType.Q8_0), True):
+        with pytest.raises(DTypeError, match="unknown tensor type"):
+            tensor_from_blocks(ggopt.Context(), bad, (64, 8), raw, "typed")
+
+
+def test_dequantize_shape_whose_size_wraps_int64():
+    """The expected size was an int64 product: 2**62 x 4 rows wrapped to 0 bytes, passed the
+    size check for empty data and failed in NumPy's reshape (a raw ValueError)."""
+    with pytest.raises(ShapeError, match="332041393326771929088 bytes, got 0"):
+        quants.dequantize(np.zeros(0, np.uint8), GGType.Q4_0, (2**62, 4, 32))

@@ -28,7 +28,8 @@ from .config import Config
 from .graph import LlamaModel, is_read_only, param_shapes
 from .weights import ProgressBar, as_f32, check_finite
 
-__all__ = ["BASE_TYPES", "MAPPABLE_TYPES", "map_model", "base_bytes", "check_trainable"]
+__all__ = ["BASE_TYPES", "MAPPABLE_TYPES", "map_model", "base_bytes", "check_trainable",
+           "check_blocks_finite"]
 
 #: ``load``'s ``base_type``: dequantize every weight to F32 (trainable) or keep the file's.
 BASE_TYPES = ("f32", "keep")
@@ -47,7 +48,9 @@ def _mapped_type(t: Any, ndim: int) -> GGType | None:
     return GGType(code)
 
 
-def _check_blocks_finite(raw: np.ndarray, qtype: GGType, name: str, where: str) -> None:
+def check_blocks_finite(raw: np.ndarray, qtype: GGType, name: str, where: str) -> None:
+    """InvalidValueError when the F32 or block-type tensor ``raw`` (its bytes) holds a
+    non-finite value (for a block type: a NaN or infinite F16 scale)."""
     if qtype == GGType.F32:
         check_finite(np.asarray(raw).view(np.float32), name, where)
         return
@@ -88,7 +91,7 @@ def map_model(cfg: Config, sched: Scheduler, table: dict[str, Any], where: str,
             owned[name] = as_f32(table[name], shape)
             check_finite(owned[name], name, where)
         else:
-            _check_blocks_finite(table[name].data, qtype, name, where)
+            check_blocks_finite(table[name].data, qtype, name, where)
         if bar is not None:
             bar.update(i + 1, int(table[name].n_bytes))
     mapped_ctx, owned_ctx = Context(), Context()

@@ -80,11 +80,12 @@ def check_tensors(table: dict[str, Any], shapes: dict[str, tuple[int, ...]],
 
 
 def as_f32(t: Any, shape: tuple[int, ...]) -> np.ndarray:
-    """A file tensor's values as float32, NumPy order (dequantized with ``gguf.quants``)."""
+    """A file tensor's values as native float32 (a big-endian file's too), NumPy order
+    (dequantized with ``gguf.quants``)."""
     qtype = _Q(int(t.tensor_type))
     raw = np.asarray(t.data)
     if qtype == _Q.F32:
-        out = raw.reshape(shape)
+        out = raw.reshape(shape).astype(np.float32, copy=False)  # native order (no copy)
     elif qtype == _Q.F16:
         out = raw.reshape(shape).astype(np.float32)
     else:
