@@ -39,7 +39,7 @@ def _ce_graph(logits: np.ndarray, labels: np.ndarray, weight: float):
         cfg = llama.Config(n_vocab=V)
         sched = gb.Scheduler([gb.cpu_init()])
 
-    loss_in = _LossInputs(_Net(), n, bool((labels == MASKED).any()))  # type: ignore[arg-type]
+    loss_in = _LossInputs(_Net(), n)  # type: ignore[arg-type]
     ctx = ggopt.Context()
     x = ctx.new_tensor_2d(ggopt.F32, V, n)
     ggopt.set_param(x)
@@ -93,6 +93,20 @@ def test_masked_tokens_change_no_gradient():
     for k in g2:
         assert np.array_equal(g2[k], g3[k]), k
     assert any(not np.array_equal(g1[k], g2[k]) for k in g1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_loss_on_ids_equals_the_one_hot_loss(masked):
+    """The cross-entropy on label ids gives the loss and every gradient of the one-hot
+    formulation it replaced (``w * cross_entropy_loss(logits * m, one_hot)``), exactly."""
+    net = tiny()
+    w = windows(2, masked=masked)
+    loss, grads = loss_and_grads(net, w.tokens, w.labels, 0.75)
+    want_loss, want = loss_and_grads(net, w.tokens, w.labels, 0.75, one_hot=True)
+    assert loss == want_loss
+    assert grads.keys() == want.keys() and grads
+    for k in grads:
+        np.testing.assert_array_equal(grads[k], want[k], err_msg=k)
 
 
 def test_tied_output_gets_both_gradients():
