@@ -90,6 +90,21 @@ class EpochStats:
         return math.exp(self.loss) if math.isfinite(self.loss) else math.nan
 
 
+def _check_vocab(windows: Windows, n_vocab: int) -> None:
+    """InvalidValueError unless every token and every label (but MASKED) is a token id."""
+    for what, ids, allowed in (("token", windows.tokens, None), ("label", windows.labels,
+                                                                  MASKED)):
+        bad = (ids < 0) | (ids >= n_vocab)
+        if allowed is not None:
+            bad &= ids != allowed
+        if bad.any():
+            w, i = (int(k) for k in np.argwhere(bad)[0])
+            raise InvalidValueError(f"finetune: {what} {int(ids[w, i])} at position {i} of "
+                                    f"window {w} is outside the model's vocabulary of "
+                                    f"{n_vocab} tokens" + ("" if allowed is None else
+                                                           f" (and not MASKED, {MASKED})"))
+
+
 class _LossInputs:
     """The loss's own inputs: the label ids ``[N]`` (I32, :data:`MASKED` where a position is
     not trained) and the weight ``w`` (one value)."""
@@ -143,6 +158,7 @@ class FineTuner:
         if windows.n_ctx > net.cfg.n_ctx:
             raise ShapeError(f"finetune: windows of {windows.n_ctx} tokens exceed the model's "
                              f"context of {net.cfg.n_ctx}")
+        _check_vocab(windows, net.cfg.n_vocab)
         self.net, self.fp, self.windows = net, fp, windows
         self.dataset = to_dataset(windows)
         self.n_train_mb, self.n_val_mb = self._split(windows, fp)

@@ -9,7 +9,7 @@ import torch
 
 import ggopt
 from ggopt import backend as gb
-from ggopt.errors import ShapeError
+from ggopt.errors import InvalidValueError, ShapeError
 from ggopt.lm.finetune import FinetuneParams, FineTuner, _LossInputs
 from ggopt.lm.windows import MASKED, split_point, text_windows
 from ggopt.models import llama
@@ -107,6 +107,20 @@ def test_the_loss_on_ids_equals_the_one_hot_loss(masked):
     assert grads.keys() == want.keys() and grads
     for k in grads:
         np.testing.assert_array_equal(grads[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("field,bad", [("labels", 64), ("labels", -5), ("tokens", 64),
+                                       ("tokens", MASKED)])
+def test_ids_outside_the_vocabulary_are_refused_before_anything_is_built(field, bad):
+    """Regression: a label >= n_vocab was a raw IndexError at the first step, a negative one
+    other than MASKED trained silently on the wrong one-hot row."""
+    net = tiny()
+    w = windows(4)
+    getattr(w, field)[2, 5] = bad
+    with pytest.raises(InvalidValueError, match=rf"{field[:-1]} {bad} at position 5 of window "
+                                                r"2 is outside.*64 tokens"):
+        FineTuner(net, w, FinetuneParams(val_split=0.0))
+    assert net.sched.held_buffer_bytes() == 0
 
 
 def test_tied_output_gets_both_gradients():
