@@ -83,8 +83,8 @@ def _category(nodes, n_vocab: int, rank: int) -> str:
     if n.op in (Op.GET_ROWS, Op.GET_ROWS_BACK):
         return "other compute"
     shapes = [t.ne for t in (n, *n.src) if t is not None]
-    if n.op in (Op.CROSS_ENTROPY_LOSS, Op.CROSS_ENTROPY_LOSS_BACK) or \
-            any(n_vocab in ne[:2] for ne in shapes):
+    if n.op in (Op.CROSS_ENTROPY_LOSS, Op.CROSS_ENTROPY_LOSS_BACK, Op.CROSS_ENTROPY_LOSS_IDS,
+                Op.CROSS_ENTROPY_LOSS_IDS_BACK) or any(n_vocab in ne[:2] for ne in shapes):
         return "output + cross-entropy"
     if n.op in (Op.SOFT_MAX, Op.SOFT_MAX_BACK):
         return "attention"

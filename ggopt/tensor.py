@@ -69,6 +69,8 @@ class Op(enum.Enum):
     UNARY_BACK = "unary_back"
     CROSS_ENTROPY_LOSS = "cross_entropy_loss"
     CROSS_ENTROPY_LOSS_BACK = "cross_entropy_loss_back"
+    CROSS_ENTROPY_LOSS_IDS = "cross_entropy_loss_ids"  # ggopt's own: labels as class ids
+    CROSS_ENTROPY_LOSS_IDS_BACK = "cross_entropy_loss_ids_back"
     OPT_STEP_ADAMW = "opt_step_adamw"
     OPT_STEP_SGD = "opt_step_sgd"
     ADD1 = "add1"

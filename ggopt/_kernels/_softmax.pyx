@@ -24,55 +24,11 @@ from ggopt._kernels._common cimport (
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import ShapeError
 
+cdef extern from "_softmax_rows.h" nogil:
+    pass
+
 cdef extern from *:
     """
-    /* max_i s*x[i] over a contiguous row (-inf when n == 0). */
-    GGOPT_ROW_INLINE float ggopt_row_max(const float *x, Py_ssize_t n, float s) {
-        float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY,
-                      -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        Py_ssize_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int k = 0; k < 8; k++) {
-                float v = s * x[i + k];
-                m[k] = m[k] > v ? m[k] : v;
-            }
-        for (; i < n; i++) {
-            float v = s * x[i];
-            m[0] = m[0] > v ? m[0] : v;
-        }
-        for (int k = 1; k < 8; k++) m[0] = m[0] > m[k] ? m[0] : m[k];
-        return m[0];
-    }
-
-    /* Sum of a contiguous row in double, with independent partial sums. */
-    GGOPT_ROW_INLINE double ggopt_row_sum_d(const float *x, Py_ssize_t n) {
-        double a[4] = {0, 0, 0, 0};
-        Py_ssize_t i = 0;
-        for (; i + 4 <= n; i += 4)
-            for (int k = 0; k < 4; k++) a[k] += (double)x[i + k];
-        for (; i < n; i++) a[0] += (double)x[i];
-        return (a[0] + a[1]) + (a[2] + a[3]);
-    }
-
-    /* d[i] = exp(s*x[i] - m) over a contiguous row (d may be x); returns sum(d) in double. */
-    GGOPT_ROW_INLINE double ggopt_row_exp(float *d, const float *x, Py_ssize_t n, float s,
-                                          float m) {
-        for (Py_ssize_t i = 0; i < n; i++) d[i] = ggopt_expf(s * x[i] - m);
-        return ggopt_row_sum_d(d, n);
-    }
-
-    /* sum_i exp(s*x[i] - m) in double over a contiguous row, without storing the exps. */
-    GGOPT_ROW_INLINE double ggopt_row_expsum(const float *x, Py_ssize_t n, float s, float m) {
-        float buf[256];
-        double acc = 0;
-        for (Py_ssize_t start = 0; start < n; start += 256) {
-            Py_ssize_t k = n - start < 256 ? n - start : 256;
-            for (Py_ssize_t i = 0; i < k; i++) buf[i] = ggopt_expf(s * x[start + i] - m);
-            acc += ggopt_row_sum_d(buf, k);
-        }
-        return acc;
-    }
-
     /* sum_i y[i] * ((x[i] - m) - lsum) in double over contiguous rows: a row's contribution to
        the cross-entropy sum, log-softmax computed in float32 like ggml. */
     GGOPT_ROW_INLINE double ggopt_row_ce(const float *x, const float *y, Py_ssize_t n,

@@ -22,6 +22,8 @@ __all__ = ["FreeList", "plan_memory", "INPLACE_OPS", "MemoryPlan"]
 INPLACE_OPS = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SCALE, Op.SQR, Op.SQRT, Op.LOG, Op.UNARY,
     Op.UNARY_BACK, Op.SOFT_MAX, Op.SOFT_MAX_BACK,
+    # the logits' gradient over the logits (a language model's largest tensor)
+    Op.CROSS_ENTROPY_LOSS_BACK, Op.CROSS_ENTROPY_LOSS_IDS_BACK,
 })
 
 

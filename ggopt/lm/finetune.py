@@ -7,13 +7,14 @@ graph up front instead (the same bits). Whatever is a PARAM trains: every weight
 fine-tune (``token_embd`` included; a tied output sums both uses' gradients), only the
 adapter with :func:`ggopt.lm.lora.attach`.
 
-The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss(logits * m, one_hot)``.
-``m`` is 1 for trained positions and 0 for masked ones (labels :data:`MASKED`); a masked row's
-labels are all zero, so it adds nothing to the loss, and its logits' gradient is multiplied by
-0, exactly zero. ``w = n_rows / n_trained`` over the optimizer step's micro-batches, which makes
-the step's loss and gradient exactly those of the mean over its trained tokens (PyTorch's
-``ignore_index``). Without masked tokens ``m`` is left out and ``w = 1/opt_period``: ggml's
-cross-entropy scaled as ggml scales it.
+The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss_ids(logits, labels,
+MASKED)``, ggml's cross-entropy with one-hot labels (the same bits) read from the label ids, so
+no ``[n_vocab, N]`` one-hot tensor exists; a masked position (label :data:`MASKED`) adds
+nothing to the loss and its logits' gradient is exactly zero. ``w = n_rows / n_trained`` over
+the optimizer step's micro-batches, which makes the step's loss and gradient exactly those of
+the mean over its trained tokens (PyTorch's ``ignore_index``). Without masked tokens ``w =
+1/opt_period``: ggml's cross-entropy scaled as ggml scales it. The logits are not an output, so
+their gradient takes their memory.
 """
 
 from __future__ import annotations
@@ -30,9 +31,8 @@ import numpy as np
 
 import ggopt
 
-from .. import F32, Context, Tensor
+from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
-from ..backend.buffer import buffer_of
 from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
@@ -99,48 +99,32 @@ class EpochStats:
 
 
 class _LossInputs:
-    """The loss's own inputs: one-hot labels ``[n_vocab, N]``, the row mask ``[1, N]`` and
-    the weight ``w`` (one value)."""
+    """The loss's own inputs: the label ids ``[N]`` (I32, :data:`MASKED` where a position is
+    not trained) and the weight ``w`` (one value)."""
 
-    def __init__(self, net: LlamaModel, n_rows: int, masked: bool) -> None:
+    def __init__(self, net: LlamaModel, n_rows: int) -> None:
         self.ctx = Context()
-        c, V = self.ctx, net.cfg.n_vocab
-        self.labels = ggopt.set_name(c.new_tensor_2d(F32, V, n_rows), "labels")
-        self.mask = ggopt.set_name(c.new_tensor_2d(F32, 1, n_rows), "label_mask") if masked \
-            else None
-        self.weight = ggopt.set_name(c.new_tensor_1d(F32, 1), "loss_weight")
-        for t in (self.labels, self.weight, *([self.mask] if self.mask is not None else [])):
+        self.n_vocab = net.cfg.n_vocab
+        self.labels = ggopt.set_name(self.ctx.new_tensor_1d(I32, n_rows), "labels")
+        self.weight = ggopt.set_name(self.ctx.new_tensor_1d(F32, 1), "loss_weight")
+        for t in (self.labels, self.weight):
             ggopt.set_input(t)
-        alloc_ctx_tensors(c, net.sched.get_backend(0))
-        buf = buffer_of(self.labels)
-        # On a host backend the one-hot rows are written in place (no second copy of the
-        # n_rows x n_vocab floats: 50 MB for SmolLM2's 256 tokens), clearing only the ones
-        # the previous batch set; elsewhere a host array is staged and copied.
-        self._in_place = buf.is_host
-        self._one_hot = buf.view(self.labels).reshape(n_rows, V) if self._in_place \
-            else np.zeros((n_rows, V), np.float32)
-        self._one_hot[:] = 0.0
-        self._hot: tuple[np.ndarray, np.ndarray] | None = None
+        alloc_ctx_tensors(self.ctx, net.sched.get_backend(0))
 
     def loss(self, ctx: Context, logits: Tensor) -> Tensor:
-        g = ggopt
-        if self.mask is not None:
-            logits = g.mul(ctx, logits, self.mask)
-        ce = g.cross_entropy_loss(ctx, logits, self.labels)
-        return g.set_name(g.mul(ctx, ce, self.weight), "finetune_loss")
+        ce = ggopt.cross_entropy_loss_ids(ctx, logits, self.labels, MASKED)
+        return ggopt.set_name(ggopt.mul(ctx, ce, self.weight), "finetune_loss")
 
     def set(self, labels: np.ndarray, weight: float) -> None:
-        """One-hot rows of ``labels`` (zero rows where masked) and the weight."""
+        """The label ids (InvalidValueError for one outside the vocabulary) and the weight."""
         flat = labels.reshape(-1)
-        keep = flat != MASKED
-        if self._hot is not None:
-            self._one_hot[self._hot] = 0.0
-        self._hot = (np.flatnonzero(keep), flat[keep])
-        self._one_hot[self._hot] = 1.0
-        if not self._in_place:
-            tensor_set(self.labels, self._one_hot)
-        if self.mask is not None:
-            tensor_set(self.mask, keep.astype(np.float32))
+        bad = (flat != MASKED) & ((flat < 0) | (flat >= self.n_vocab))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidValueError(f"finetune: label {int(flat[i])} at position {i} of the "
+                                    f"batch is outside the vocabulary of {self.n_vocab} tokens "
+                                    f"(and not MASKED, {MASKED})")
+        tensor_set(self.labels, flat.astype(np.int32, copy=False))
         tensor_set(self.weight, np.array([weight], np.float32))
 
 
@@ -173,8 +157,7 @@ class FineTuner:
         self.n_train_mb, self.n_val_mb = self._split(windows, fp)
         T = windows.n_ctx
         self.inp: Inputs = make_inputs(net, fp.n_ubatch, T)
-        masked = bool((windows.labels == MASKED).any())
-        self.loss_in = _LossInputs(net, fp.n_ubatch * T, masked)
+        self.loss_in = _LossInputs(net, fp.n_ubatch * T)
         params = default_params(net.sched, LossType.SUM)
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
@@ -188,7 +171,8 @@ class FineTuner:
             params.ctx_compute = Context()
             params.inputs = self.inp.tokens
             params.outputs = self.loss_in.loss(params.ctx_compute,
-                                               build_logits(params.ctx_compute, net, self.inp))
+                                               build_logits(params.ctx_compute, net, self.inp,
+                                                            output=False))
         self.opt_ctx = OptContext(params)
         self._tokens = np.empty((fp.n_ubatch, T), np.int32)
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
@@ -238,7 +222,7 @@ class FineTuner:
         self._check_microbatch(ibatch, weight)
         if not self.fp.static:
             ctx = Context()
-            loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp))
+            loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp, output=False))
             gf = ggopt.new_graph_custom(ctx, GRAPH_SIZE, True)
             ggopt.build_forward_expand(gf, loss)
             self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, loss)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..models.llama.vocab import Tokenizer
 from ..opt import Dataset
 from ..types import I32
@@ -43,16 +43,18 @@ class Windows:
                              f"{self.tokens.shape} and {self.labels.shape}")
 
     def check_vocab(self, n_vocab: int, where: str) -> None:
-        """ShapeError unless every token and every unmasked label is an id below ``n_vocab``
-        (a label of -5 picked the fifth-last id, one of ``n_vocab`` an IndexError)."""
-        for name, ids, allowed in (("token", self.tokens, None), ("label", self.labels, MASKED)):
+        """InvalidValueError unless every token and every label (but MASKED) is an id below
+        ``n_vocab`` (a label of -5 picked the fifth-last id, one of ``n_vocab`` an IndexError)."""
+        for what, ids, allowed in (("token", self.tokens, None), ("label", self.labels, MASKED)):
             bad = (ids < 0) | (ids >= n_vocab)
             if allowed is not None:
                 bad &= ids != allowed
             if bad.any():
-                raise ShapeError(f"{where}: {name} id {int(ids[bad][0])} is not in the "
-                                 f"vocabulary of {n_vocab}" + (f" (nor {MASKED}, masked)"
-                                                               if allowed is not None else ""))
+                w, i = (int(k) for k in np.argwhere(bad)[0])
+                raise InvalidValueError(
+                    f"{where}: {what} {int(ids[w, i])} at position {i} of window {w} is "
+                    f"outside the model's vocabulary of {n_vocab} tokens"
+                    + ("" if allowed is None else f" (and not MASKED, {MASKED})"))
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])

@@ -70,9 +70,12 @@ from .reduce import argmax, count_equal, mean, repeat, repeat_back, sum, sum_row
 from .rope import ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, RopeParams, rope, rope_ext, rope_ext_back
 from .rows import get_rows, get_rows_back
 from .softmax import (
+    CrossEntropyIdsParams,
     SoftMaxParams,
     cross_entropy_loss,
     cross_entropy_loss_back,
+    cross_entropy_loss_ids,
+    cross_entropy_loss_ids_back,
     soft_max,
     soft_max_ext,
     soft_max_ext_back,
@@ -104,7 +107,8 @@ __all__ = [
     "add", "add_inplace", "sub", "mul", "div", "scale", "scale_inplace", "sqr", "sqrt", "log",
     "neg", "exp", "abs", "sum", "sum_rows", "mean", "repeat", "repeat_back", "acc", "relu",
     "gelu", "silu", "tanh", "sigmoid", "step", "soft_max", "soft_max_ext", "mul_mat", "out_prod",
-    "cross_entropy_loss", "cross_entropy_loss_back", "argmax", "count_equal", "get_rows",
+    "cross_entropy_loss", "cross_entropy_loss_back", "cross_entropy_loss_ids",
+    "cross_entropy_loss_ids_back", "argmax", "count_equal", "get_rows",
     "get_rows_back", "im2col", "im2col_back", "conv_2d", "conv_2d_direct",
     "conv_2d_back_input", "conv_2d_back_kernel", "pool_2d", "pool_2d_back",
     "opt_step_adamw", "opt_step_sgd", "view_1d", "view_2d", "view_3d", "view_4d", "reshape",
@@ -121,4 +125,4 @@ __all__ = [
 #: The typed parameters of the ops that have some (``Tensor.op_params``).
 OP_PARAMS = (ScaleParams, SoftMaxParams, Im2ColParams, Conv2DParams, PoolParams, ViewParams,
              PermuteParams, AccParams, NormParams, RopeParams, DiagMaskParams, GluParams,
-             ConcatParams)
+             ConcatParams, CrossEntropyIdsParams)

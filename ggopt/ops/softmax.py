@@ -1,8 +1,8 @@
 """Softmax (with scale, mask and ALiBi: ggml_soft_max_ext) and cross-entropy loss, forward and
-backward.
+backward; the cross-entropy on class ids (ggopt's own op).
 
-Kernels: :mod:`ggopt._kernels._softmax` (no mask), :mod:`ggopt._kernels._attention` (a mask);
-compilers: ``backend/*_ops/softmax.py``.
+Kernels: :mod:`ggopt._kernels._softmax` (no mask), :mod:`ggopt._kernels._attention` (a mask),
+:mod:`ggopt._kernels._ce_ids` (class ids); compilers: ``backend/*_ops/softmax.py``.
 """
 
 from __future__ import annotations
@@ -10,23 +10,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..context import Context
-from ..errors import ShapeError
+from ..errors import InvalidValueError, ShapeError
 from ..tensor import Op, Tensor
-from ..types import F32
+from ..types import F32, I32
 from ._base import (
     GradSink,
+    as_int,
     as_scalar,
     backward,
     check_ctx,
     check_f32,
     check_tensor,
     check_type,
+    ignore_sources,
     ne_str,
     params_of,
 )
 
-__all__ = ["SoftMaxParams", "soft_max", "soft_max_ext", "soft_max_ext_back",
-           "cross_entropy_loss", "cross_entropy_loss_back"]
+__all__ = ["SoftMaxParams", "CrossEntropyIdsParams", "soft_max", "soft_max_ext",
+           "soft_max_ext_back", "cross_entropy_loss", "cross_entropy_loss_back",
+           "cross_entropy_loss_ids", "cross_entropy_loss_ids_back"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,3 +138,68 @@ def _ce_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
                          "the labels must not depend on a parameter")
     if sink.needs(0):
         sink.add(0, cross_entropy_loss_back(ctx, g, a, b))
+
+
+@dataclass(frozen=True, slots=True)
+class CrossEntropyIdsParams:
+    """``Op.CROSS_ENTROPY_LOSS_IDS(_BACK)``: rows labelled ``ignore_id`` take no part."""
+
+    ignore_id: int
+
+
+def _check_ids(fn: str, a: Tensor, ids: Tensor, ignore_id: object) -> CrossEntropyIdsParams:
+    check_tensor(fn, "ids", ids)
+    check_type(fn, "ids", ids, I32)
+    want = (*a.ne[1:], 1)
+    if ids.ne != want:
+        raise ShapeError(f"{fn}: logits {ne_str(a)} need one class id per row, ids of ne "
+                         f"{list(want)}; got {ne_str(ids)}")
+    if a.nelements() == 0:
+        raise ShapeError(f"{fn}: logits {ne_str(a)} need at least one class and one row (the "
+                         "loss is a mean over rows)")
+    v = as_int(fn, "ignore_id", ignore_id)
+    if not -2**31 <= v < 2**31:
+        raise InvalidValueError(f"{fn}: ignore_id must be an int32, got {v}")
+    return CrossEntropyIdsParams(v)
+
+
+def cross_entropy_loss_ids(ctx: Context, a: Tensor, ids: Tensor,
+                           ignore_id: int = -100) -> Tensor:
+    """:func:`cross_entropy_loss` of the logits ``a`` against one-hot rows of the class
+    ``ids``, without the one-hot tensor (ggopt's own op, not in ggml): a scalar,
+    ``-(1/nrows) * sum_r log_softmax(a)[r, ids[r]]`` over every row that is not labelled
+    ``ignore_id``, still divided by all ``nrows`` rows. Such a row adds 0 and gets a zero
+    gradient (PyTorch's ``ignore_index``, up to the mean's divisor). ``a``: F32 ``[nclasses,
+    n1, n2, n3]``; ``ids``: I32 ``[n1, n2, n3]``, each in ``[0, nclasses)`` or ``ignore_id``
+    (InvalidValueError when the graph runs, before the op writes anything). The loss and
+    the gradient equal the one-hot op's bit for bit."""
+    fn = "cross_entropy_loss_ids"
+    check_ctx(fn, ctx)
+    check_f32(fn, a=a)
+    prm = _check_ids(fn, a, ids, ignore_id)
+    return ctx.new_op(F32, (1, 1, 1, 1), Op.CROSS_ENTROPY_LOSS_IDS, (a, ids), prm)
+
+
+def cross_entropy_loss_ids_back(ctx: Context, g: Tensor, a: Tensor, ids: Tensor,
+                                ignore_id: int = -100) -> Tensor:
+    """The gradient of :func:`cross_entropy_loss_ids` w.r.t. the logits ``a`` given the scalar
+    output gradient ``g``: ``(softmax(a) - one_hot(ids)) * g / nrows``, rows labelled
+    ``ignore_id`` zero."""
+    fn = "cross_entropy_loss_ids_back"
+    check_ctx(fn, ctx)
+    check_f32(fn, g=g, a=a)
+    if not g.is_scalar():
+        raise ShapeError(f"{fn}: the gradient must be a scalar, got {ne_str(g)}")
+    prm = _check_ids(fn, a, ids, ignore_id)
+    return ctx.new_op(F32, a.ne, Op.CROSS_ENTROPY_LOSS_IDS_BACK, (g, a, ids), prm)
+
+
+@backward(Op.CROSS_ENTROPY_LOSS_IDS)
+def _ce_ids_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
+    if sink.needs(0):
+        a, ids = node.src
+        prm = params_of(node, CrossEntropyIdsParams)
+        sink.add(0, cross_entropy_loss_ids_back(ctx, g, a, ids, prm.ignore_id))
+
+
+ignore_sources(Op.CROSS_ENTROPY_LOSS_IDS, 1)

@@ -120,3 +120,41 @@ def test_an_add_takes_the_non_product_operand_s_memory():
         ggopt.build_forward_expand(g, summed)
         plan = plan_memory(g.nodes, g.leafs)
         assert plan.offsets[summed] == plan.offsets[other] != plan.offsets[prod]
+
+
+def _loss_backward(ids_labels: bool, logits_output: bool):
+    """``cross_entropy_loss(_ids)(W x, labels)`` and its backward to ``W``: (graph, logits,
+    the logits' gradient)."""
+    ctx = ggopt.Context()
+    w, x = ctx.new_tensor_2d(ggopt.F32, 8, 300), ctx.new_tensor_2d(ggopt.F32, 8, 5)
+    labels = ctx.new_tensor_1d(ggopt.I32, 5) if ids_labels else \
+        ctx.new_tensor_2d(ggopt.F32, 300, 5)
+    ggopt.set_param(w)
+    for t in (x, labels):
+        ggopt.set_input(t)
+    logits = ggopt.mul_mat(ctx, w, x)
+    if logits_output:
+        ggopt.set_output(logits)
+    loss = (ggopt.cross_entropy_loss_ids if ids_labels else ggopt.cross_entropy_loss)(
+        ctx, logits, labels)
+    ggopt.set_loss(loss)
+    ggopt.set_output(loss)
+    gf = ggopt.new_graph_custom(ctx, 64, True)
+    ggopt.build_forward_expand(gf, loss)
+    gb = ggopt.graph_dup(ctx, gf)
+    ggopt.build_backward_expand(ctx, gb)
+    back = next(n for n in gb.nodes if n.op.name.startswith("CROSS_ENTROPY_LOSS")
+                and n.op.name.endswith("_BACK"))
+    return gb, logits, back
+
+
+def test_the_logits_gradient_takes_the_logits_memory():
+    """The cross-entropy's backward writes over its logits when they die there (the largest
+    tensor of a language model's step); not when the logits are an output."""
+    for ids in (False, True):
+        g, logits, back = _loss_backward(ids, logits_output=False)
+        plan = plan_memory(g.nodes, g.leafs)
+        assert plan.offsets[back] == plan.offsets[logits]
+        g, logits, back = _loss_backward(ids, logits_output=True)
+        plan = plan_memory(g.nodes, g.leafs)
+        assert plan.offsets[back] != plan.offsets[logits]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import ggopt
+from ggopt._kernels import _ce_ids, _copy, _gemm, _get_rows
 from ggopt._kernels import _conv as C
-from ggopt._kernels import _copy, _gemm, _get_rows
 from ggopt._kernels import _elementwise as E
 from ggopt._kernels import _gather as G
 from ggopt._kernels import _optim as O
@@ -108,6 +108,11 @@ KERNEL_CASES.update({
     "copy_permuted": lambda n: _copy.copy(_f32(5, 7, 33, 65).transpose(1, 2, 0, 3),
                                           _dst((7, 33, 5, 65)), n),
     "gemm_one_token": lambda n: _one_token_product(200_000, 16, n),  # 98 blocks of 2048
+    # tests/kernels/test_ce_ids's tall and wide cases
+    "cross_entropy_loss_ids": lambda n: _ce_ids.cross_entropy_loss_ids(
+        _f32(257, 10), _idx(10, 257), -100, n),
+    "cross_entropy_loss_ids_back": lambda n: _ce_ids.cross_entropy_loss_ids_back(
+        1.0, _f32(5, 4099), _idx(4099, 5), _dst((5, 4099)), -100, n),
 })
 
 

@@ -9,7 +9,7 @@ import torch
 
 import ggopt
 from ggopt import backend as gb
-from ggopt.errors import ShapeError
+from ggopt.errors import InvalidValueError, ShapeError
 from ggopt.lm.finetune import FinetuneParams, FineTuner, _LossInputs
 from ggopt.lm.windows import MASKED, split_point, text_windows
 from ggopt.models import llama
@@ -39,7 +39,7 @@ def _ce_graph(logits: np.ndarray, labels: np.ndarray, weight: float):
         cfg = llama.Config(n_vocab=V)
         sched = gb.Scheduler([gb.cpu_init()])
 
-    loss_in = _LossInputs(_Net(), n, bool((labels == MASKED).any()))  # type: ignore[arg-type]
+    loss_in = _LossInputs(_Net(), n)  # type: ignore[arg-type]
     ctx = ggopt.Context()
     x = ctx.new_tensor_2d(ggopt.F32, V, n)
     ggopt.set_param(x)
@@ -93,6 +93,34 @@ def test_masked_tokens_change_no_gradient():
     for k in g2:
         assert np.array_equal(g2[k], g3[k]), k
     assert any(not np.array_equal(g1[k], g2[k]) for k in g1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_loss_on_ids_equals_the_one_hot_loss(masked):
+    """The cross-entropy on label ids gives the loss and every gradient of the one-hot
+    formulation it replaced (``w * cross_entropy_loss(logits * m, one_hot)``), exactly."""
+    net = tiny()
+    w = windows(2, masked=masked)
+    loss, grads = loss_and_grads(net, w.tokens, w.labels, 0.75)
+    want_loss, want = loss_and_grads(net, w.tokens, w.labels, 0.75, one_hot=True)
+    assert loss == want_loss
+    assert grads.keys() == want.keys() and grads
+    for k in grads:
+        np.testing.assert_array_equal(grads[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("field,bad", [("labels", 64), ("labels", -5), ("tokens", 64),
+                                       ("tokens", MASKED)])
+def test_ids_outside_the_vocabulary_are_refused_before_anything_is_built(field, bad):
+    """Regression: a label >= n_vocab was a raw IndexError at the first step, a negative one
+    other than MASKED trained silently on the wrong one-hot row."""
+    net = tiny()
+    w = windows(4)
+    getattr(w, field)[2, 5] = bad
+    with pytest.raises(InvalidValueError, match=rf"{field[:-1]} {bad} at position 5 of window "
+                                                r"2 is outside.*64 tokens"):
+        FineTuner(net, w, FinetuneParams(val_split=0.0))
+    assert net.sched.held_buffer_bytes() == 0
 
 
 def test_tied_output_gets_both_gradients():

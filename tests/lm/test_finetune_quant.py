@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from ggopt.errors import StateError
+import ggopt
+from ggopt.errors import InvalidValueError, StateError
 from ggopt.examples.finetune import main
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
@@ -66,7 +67,8 @@ def test_memory_report_separates_base_params_optimizer_and_activations(q4_1):
     assert rep.n_params == ad.n_params() and rep.param_bytes == 4 * ad.n_params()
     assert rep.optimizer_bytes == 3 * rep.param_bytes  # gradient + AdamW's two moments
     assert rep.activation_bytes == ft.net.sched.held_buffer_bytes() > 0
-    assert rep.input_bytes >= 4 * 32 * 256  # the one-hot labels of a 32-token window
+    # tokens, positions, the KQ mask and 32 label ids: no one-hot [n_vocab=256, 32] labels
+    assert 32 * 4 < rep.input_bytes < 4 * 32 * 256
     assert rep.peak_rss_bytes > rep.weights_bytes + rep.activation_bytes
     assert [line.split(":")[0] for line in rep.lines()] == ["memory"] * 4
     ft.close()
@@ -120,21 +122,24 @@ def test_full_fine_tune_of_a_kept_model_is_refused_before_anything_is_built(q4_1
     assert kept.net.sched.held_buffer_bytes() == 0
 
 
-def test_one_hot_labels_are_written_in_place_and_cleared_between_batches():
+def test_labels_are_class_ids_and_bad_ones_are_refused_before_anything_changes():
+    """The loss reads one I32 id per position (no [n_vocab, N] one-hot tensor); a label
+    outside the vocabulary is an InvalidValueError that leaves the inputs as they were."""
     from ggopt.backend import tensor_get
     from ggopt.lm.finetune import _LossInputs
     from ggopt.lm.windows import MASKED
     from tests.support.finetune import tiny
 
     net = tiny()
-    loss_in = _LossInputs(net, 6, masked=True)
-    assert np.shares_memory(loss_in._one_hot, loss_in.labels.numpy())  # no host copy
-    V = net.cfg.n_vocab
-    for labels in (np.array([[1, 5, MASKED], [63, 0, 5]]), np.array([[2, MASKED, 2],
-                                                                       [7, 7, MASKED]])):
-        loss_in.set(labels.astype(np.int32), 0.5)
-        want = np.zeros((6, V), np.float32)
-        for i, lab in enumerate(labels.reshape(-1)):
-            if lab != MASKED:
-                want[i, lab] = 1.0
-        np.testing.assert_array_equal(tensor_get(loss_in.labels).reshape(6, V), want)
+    loss_in = _LossInputs(net, 6)
+    assert loss_in.labels.type is ggopt.I32 and loss_in.labels.ne == (6, 1, 1, 1)
+    labels = np.array([[1, 5, MASKED], [63, 0, 5]], np.int32)
+    loss_in.set(labels, 0.5)
+    np.testing.assert_array_equal(tensor_get(loss_in.labels), labels.reshape(-1))
+    for bad in (64, -1):
+        wrong = labels.copy()
+        wrong[1, 2] = bad
+        with pytest.raises(InvalidValueError, match=rf"label {bad} at position 5.*64 tokens"):
+            loss_in.set(wrong, 0.25)
+        np.testing.assert_array_equal(tensor_get(loss_in.labels), labels.reshape(-1))
+        assert tensor_get(loss_in.weight)[0] == 0.5

@@ -1,7 +1,8 @@
 """The softmax op family (soft_max, soft_max_ext (scale, mask, ALiBi) and its backward,
-cross_entropy_loss) through graphs: forward values against NumPy (1 and 2 threads, odd sizes,
-views), every refusal of its constructors (with nothing changed), and finite-difference
-gradients of its backward rules (CASES).
+cross_entropy_loss, cross_entropy_loss_ids) through graphs: forward values against NumPy (1 and
+2 threads, odd sizes, views), the ids op against the one-hot op, every refusal of its
+constructors (with nothing changed), and finite-difference gradients of its backward rules
+(CASES).
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ import numpy as np
 import pytest
 
 import ggopt
-from ggopt import DTypeError, ShapeError
+from ggopt import DTypeError, InvalidValueError, ShapeError
+from ggopt import backend as gb
 from tests.support.arrays import (
     LAYOUTS,
     f32,
     layout_input,
 )
 from tests.support.grad_inputs import backward_rules_of, case_ops, probs, u32
-from tests.support.helpers import assert_close, check_grads, run, run1
+from tests.support.helpers import GradProblem, assert_close, check_grads, run, run1
 from tests.support.sizes import LARGE_CE
 from tests.support.state import assert_unchanged as _unchanged
+from tests.support.state import observable_state
 from tests.support.tfm_ref import soft_max_ext_ref
 
 
@@ -127,6 +130,91 @@ def test_cross_entropy_loss_shape_mismatch(ctx):
                r"ggml_cross_entropy_loss.*\[10, 4, 1, 1\].*\[10, 5, 1, 1\]")
 
 
+def _one_hot(ids: np.ndarray, ncls: int) -> np.ndarray:
+    y = np.zeros((*ids.shape, ncls), np.float32)
+    keep = ids != -100
+    y[keep, ids[keep]] = 1.0
+    return y
+
+
+@pytest.mark.usefixtures("n_threads")
+@pytest.mark.parametrize("shape", [(7, 10), (2, 3, 5), (33, 301), LARGE_CE], ids=str)
+def test_cross_entropy_loss_ids_equals_the_one_hot_op(rng, shape):
+    """Loss and gradient bits of the one-hot op's; ignored rows add 0 and get exactly 0."""
+    x = f32(rng, *shape, lo=-4, hi=4)
+    ids = rng.integers(0, shape[-1], shape[:-1]).astype(np.int32)
+    ids.reshape(-1)[::3] = -100
+    y = _one_hot(ids, shape[-1])
+    gr = np.array([0.7], np.float32)
+    loss, back = run(lambda c, tx, ti, tg: [ggopt.cross_entropy_loss_ids(c, tx, ti),
+                                            ggopt.cross_entropy_loss_ids_back(c, tg, tx, ti)],
+                     x, ids, gr)
+    want_loss, want_back = run(lambda c, tx, ty, tg: [
+        ggopt.cross_entropy_loss(c, tx, ty), ggopt.cross_entropy_loss_back(c, tg, tx, ty)],
+        x, y, gr)
+    kept = ids != -100
+    np.testing.assert_array_equal(loss.view(np.int32), want_loss.view(np.int32))
+    np.testing.assert_array_equal(back[kept].view(np.int32), want_back[kept].view(np.int32))
+    np.testing.assert_array_equal(back[~kept].view(np.int32), 0)
+    assert_close(loss, ce_ref(x, y), rtol=1e-5)
+
+
+def test_cross_entropy_loss_ids_gradient_through_a_graph_skips_ignored_rows(rng):
+    """The backward rule: the logits' gradient is the ids op's, ignored rows exactly 0."""
+    x, ids = f32(rng, 9, 6, lo=-3, hi=3), np.array([0, 5, -100, 2, -100, 1, 1, 3, 4], np.int32)
+    prob = GradProblem(g.cross_entropy_loss_ids, [x, ids], weighted=False)
+    (grad,) = prob.analytic()
+    want = softmax_ref(x) - _one_hot(ids, 6)
+    want[ids == -100] = 0
+    assert_close(grad, want / 9, rtol=1e-5, atol=1e-8)
+    assert (grad[ids == -100] == 0).all()
+
+
+def test_cross_entropy_loss_ids_validation(ctx):
+    a = ctx.new_tensor_3d(ggopt.F32, 10, 4, 3)
+    ids = ctx.new_tensor_2d(ggopt.I32, 4, 3)
+    f_ids, i_logits = ctx.new_tensor_2d(ggopt.F32, 4, 3), ctx.new_tensor_2d(ggopt.I32, 10, 4)
+    wrong = [ctx.new_tensor(ggopt.I32, ne) for ne in [(4,), (3, 4), (4, 3, 2), (10, 4, 3)]]
+    empty, ids4 = ctx.new_tensor_2d(ggopt.F32, 0, 4), ctx.new_tensor_1d(ggopt.I32, 4)
+    ce = ggopt.cross_entropy_loss_ids
+    _unchanged(ctx, lambda: ce(ctx, a, f_ids), DTypeError, "ids must be I32")
+    for w in wrong:
+        _unchanged(ctx, lambda w=w: ce(ctx, a, w), ShapeError,
+                   r"one class id per row, ids of ne \[4, 3, 1, 1\]")
+    _unchanged(ctx, lambda: ce(ctx, i_logits, ids), DTypeError, "F32")
+    _unchanged(ctx, lambda: ce(ctx, a, ids, 1.5), DTypeError, "ignore_id must be an int")
+    _unchanged(ctx, lambda: ce(ctx, a, ids, True), DTypeError, "ignore_id must be an int")
+    _unchanged(ctx, lambda: ce(ctx, a, ids, 2**31), InvalidValueError, "int32")
+    _unchanged(ctx, lambda: ce(ctx, empty, ids4), ShapeError, "at least one")
+    _unchanged(ctx, lambda: ggopt.cross_entropy_loss_ids_back(ctx, a, a, ids), ShapeError,
+               "must be a scalar")
+
+
+@pytest.mark.parametrize("bad", [10, -1])
+def test_cross_entropy_loss_ids_out_of_range_at_compute(bad):
+    """A bad id raises InvalidValueError before the op writes anything; fixed ids then run."""
+    ctx, cctx = ggopt.Context(), ggopt.Context()
+    a, ids = ctx.new_tensor_2d(ggopt.F32, 10, 3), ctx.new_tensor_1d(ggopt.I32, 3)
+    loss = ggopt.cross_entropy_loss_ids(cctx, a, ids)
+    ggopt.set_output(loss)
+    gf = ggopt.new_graph(cctx)
+    ggopt.build_forward_expand(gf, loss)
+    cpu = gb.cpu_init()
+    gb.alloc_ctx_tensors(ctx, cpu)
+    gb.tensor_set(a, np.zeros((3, 10), np.float32))
+    gb.tensor_set(ids, np.array([0, bad, -100], np.int32))
+    sched = gb.Scheduler([cpu])
+    sched.alloc_graph(gf)
+    loss.numpy()[...] = -5
+    before = observable_state(ctx, cctx, gf, sched)
+    with pytest.raises(InvalidValueError, match=rf"row 1 is {bad}, out of range.*\[0, 10\)"):
+        sched.graph_compute(gf)
+    assert observable_state(ctx, cctx, gf, sched) == before
+    gb.tensor_set(ids, np.array([0, 9, -100], np.int32))
+    sched.graph_compute(gf)
+    assert_close(loss.numpy().reshape(-1), [2 * np.log(10) / 3], rtol=1e-6)
+
+
 g = ggopt  # short alias for the case table
 
 
@@ -146,6 +234,9 @@ CASES = {
     "soft_max_ext": (lambda c, a: g.soft_max_ext(c, a, None, 0.7, 0.0), [u32(2, 2, 5)], (0,)),
     "cross_entropy_loss": (g.cross_entropy_loss, [u32(6, 5, lo=-3, hi=3), probs(6, 5, seed=1)],
                            (0,)),
+    "cross_entropy_loss_ids": (g.cross_entropy_loss_ids,
+                               [u32(6, 5, lo=-3, hi=3), np.array([0, 4, -100, 2, 2, 1], np.int32)],
+                               (0,)),
     "soft_max_ext_mask_alibi": (lambda c, a, m: g.soft_max_ext(c, a, m, 0.6, 4.0),
                                 [u32(1, 4, 3, 5), CAUSAL_4x5], (0,)),
     "soft_max_ext_mask_tiled": (lambda c, a, m: g.soft_max_ext(c, a, m, 1.3, 0.0),

@@ -190,7 +190,18 @@ def _softmax_cases() -> list[OpCase]:
                lambda r: [_u(r, 2, 4, 10, lo=-5, hi=5), _probs(r, 2, 4, 10)]),
         OpCase("cross_entropy_loss_back", ggopt.cross_entropy_loss_back,
                lambda r: [np.array([1.7], F32), _u(r, 8, 10, lo=-5, hi=5), _probs(r, 8, 10)]),
+        OpCase("cross_entropy_loss_ids", ggopt.cross_entropy_loss_ids,
+               lambda r: [_u(r, 2, 4, 10, lo=-5, hi=5), _ids(r, 10, 2, 4)]),
+        OpCase("cross_entropy_loss_ids_back", ggopt.cross_entropy_loss_ids_back,
+               lambda r: [np.array([1.7], F32), _u(r, 8, 10, lo=-5, hi=5), _ids(r, 10, 8)]),
     ]
+
+
+def _ids(r: np.random.Generator, ncls: int, *shape: int) -> np.ndarray:
+    """Class ids, about a quarter of them -100 (ignored)."""
+    ids = r.integers(0, ncls, shape).astype(np.int32)
+    ids[r.random(shape) < 0.25] = -100
+    return ids
 
 
 def _matmul_cases() -> list[OpCase]:

@@ -34,15 +34,43 @@ def windows(n: int, n_ctx: int = 16, n_vocab: int = 64, seed: int = 0,
     return Windows(tokens, labels)
 
 
+class OneHotLoss:
+    """The fine-tune loss from ggml's own ops, as ggopt built it before the cross-entropy on
+    ids: ``w * cross_entropy_loss(logits * m, one_hot)`` (``m`` 0 at masked positions, whose
+    one-hot rows are all zero), with ``_LossInputs``' interface."""
+
+    def __init__(self, net: llama.LlamaModel, n_rows: int) -> None:
+        self.ctx, V = ggopt.Context(), net.cfg.n_vocab
+        self.labels = self.ctx.new_tensor_2d(ggopt.F32, V, n_rows)
+        self.mask = self.ctx.new_tensor_2d(ggopt.F32, 1, n_rows)
+        self.weight = self.ctx.new_tensor_1d(ggopt.F32, 1)
+        gb.alloc_ctx_tensors(self.ctx, net.sched.get_backend(0))
+        self.shape = (n_rows, V)
+
+    def loss(self, ctx: ggopt.Context, logits: ggopt.Tensor) -> ggopt.Tensor:
+        ce = ggopt.cross_entropy_loss(ctx, ggopt.mul(ctx, logits, self.mask), self.labels)
+        return ggopt.mul(ctx, ce, self.weight)
+
+    def set(self, labels: np.ndarray, weight: float) -> None:
+        flat = labels.reshape(-1)
+        keep = np.flatnonzero(flat != MASKED)
+        one_hot = np.zeros(self.shape, np.float32)
+        one_hot[keep, flat[keep]] = 1.0
+        gb.tensor_set(self.labels, one_hot)
+        gb.tensor_set(self.mask, (flat != MASKED).astype(np.float32))
+        gb.tensor_set(self.weight, np.array([weight], np.float32))
+
+
 def loss_and_grads(net: llama.LlamaModel, tokens: np.ndarray, labels: np.ndarray,
-                   weight: float = 1.0) -> tuple[float, dict[str, np.ndarray]]:
-    """The fine-tune loss of one micro-batch and the gradient of every PARAM by name."""
+                   weight: float = 1.0, one_hot: bool = False
+                   ) -> tuple[float, dict[str, np.ndarray]]:
+    """The fine-tune loss of one micro-batch and the gradient of every PARAM by name
+    (``one_hot``: through :class:`OneHotLoss` instead of the fine-tune's own loss)."""
     B, T = tokens.shape
     inp = llama.make_inputs(net, B, T)
-    masked = bool((labels == MASKED).any())
-    loss_in = _LossInputs(net, B * T, masked)
+    loss_in = OneHotLoss(net, B * T) if one_hot else _LossInputs(net, B * T)
     cctx = ggopt.Context()
-    loss = loss_in.loss(cctx, llama.build_logits(cctx, net, inp))
+    loss = loss_in.loss(cctx, llama.build_logits(cctx, net, inp, output=False))
     ggopt.set_output(loss)
     ggopt.set_loss(loss)
     gf = ggopt.new_graph_custom(cctx, 16384, True)

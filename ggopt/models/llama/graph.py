@@ -216,15 +216,17 @@ def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,
     return k_all, v_all
 
 
-def build_logits(ctx: Context, model: LlamaModel, inp: Inputs) -> Tensor:
-    """The logits ``[n_vocab, n_tokens*n_seq]`` of :func:`build_graph` without a cache."""
-    return build_graph(ctx, model, inp).logits
+def build_logits(ctx: Context, model: LlamaModel, inp: Inputs, output: bool = True) -> Tensor:
+    """The logits ``[n_vocab, n_tokens*n_seq]`` of :func:`build_graph` without a cache;
+    ``output=False`` for a loss over them (the logits then die at their gradient)."""
+    return build_graph(ctx, model, inp, output=output).logits
 
 
 def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | None = None,
-                last_only: bool = False) -> Graph:
+                last_only: bool = False, output: bool = True) -> Graph:
     """llama.cpp's graph in ``ctx``: logits ``[n_vocab, n_tokens*n_seq]`` (only the last
-    token's with ``last_only``), flagged as output."""
+    token's with ``last_only``), flagged as output unless ``output=False`` (an output is
+    never freed nor overwritten: the planner keeps the logits to the end of the graph)."""
     cfg, p, c, g = model.cfg, model.params, ctx, ggopt
     T, B, hd = inp.n_tokens, inp.n_seq, cfg.head_dim
     N = T * B
@@ -272,7 +274,9 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
     out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]
     logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
-    g.set_output(g.set_name(logits, "logits"))
+    g.set_name(logits, "logits")
+    if output:
+        g.set_output(logits)
     return Graph(logits, inp, writes)
 
 

@@ -1,4 +1,5 @@
-"""Softmax (scale, mask tiled by modulo, ALiBi slopes) and cross-entropy array compilers."""
+"""Softmax (scale, mask tiled by modulo, ALiBi slopes) and cross-entropy array compilers (the
+cross-entropy on class ids: the one-hot formula on the picked elements)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ....errors import InvalidValueError
 from ....ops._base import params_of
-from ....ops.softmax import SoftMaxParams
+from ....ops.softmax import CrossEntropyIdsParams, SoftMaxParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, F32, Srcs, split_axes, tile_split
@@ -107,5 +109,57 @@ def _ce_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step
         e = xp.exp(x - x.max(axis=1, keepdims=True))
         inv = (1.0 / xp.sum(e, axis=1, keepdims=True, dtype=xp.float64)).astype(xp.float32)
         d[...] = (e * inv - y) * (g4[0, 0, 0, 0] / nrows)
+
+    return step
+
+
+def _ids_of(xp: Any, fn: str, ids4: Any, ncls: int, ignore: int) -> tuple[Any, Any, Any]:
+    """(ids, rows kept, their ids), InvalidValueError for an id out of range."""
+    t = ids4.reshape(-1)
+    keep = t != ignore
+    bad = keep & ((t < 0) | (t >= ncls))
+    if bool(bad.any()):
+        r = int(xp.argmax(bad))
+        raise InvalidValueError(f"{fn}: the label id of row {r} is {int(t[r])}, out of range: "
+                                f"expected a class in [0, {ncls}) or the ignore id {ignore}")
+    rows = xp.flatnonzero(keep)
+    return t, rows, t[rows]
+
+
+@COMPILERS.register(Op.CROSS_ENTROPY_LOSS_IDS)
+def _ce_ids(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    xp = be.xp
+    ignore = params_of(node, CrossEntropyIdsParams).ignore_id
+    a4, i4, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+    shape = ce_rows(srcs[0])
+
+    def step() -> None:
+        _, rows, cls = _ids_of(xp, "cross_entropy_loss_ids", i4, shape[1], ignore)
+        x = a4.reshape(shape)[rows]
+        sh = x - x.max(axis=1, keepdims=True)
+        lse = xp.log(xp.sum(xp.exp(sh), axis=1, dtype=xp.float64))
+        d[...] = -xp.sum(sh[xp.arange(len(rows)), cls] - lse) / shape[0]
+
+    return step
+
+
+@COMPILERS.register(Op.CROSS_ENTROPY_LOSS_IDS_BACK)
+def _ce_ids_back(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    xp = be.xp
+    ignore = params_of(node, CrossEntropyIdsParams).ignore_id
+    g4, a4, i4 = (mem(s) for s in srcs)
+    shape = ce_rows(srcs[1])
+    d = mem(node).reshape(shape)
+    nrows = F32(shape[0])
+
+    def step() -> None:
+        t, rows, cls = _ids_of(xp, "cross_entropy_loss_ids_back", i4, shape[1], ignore)
+        x = a4.reshape(shape)
+        e = xp.exp(x - x.max(axis=1, keepdims=True))
+        p = e * (1.0 / xp.sum(e, axis=1, keepdims=True, dtype=xp.float64)).astype(xp.float32)
+        p[rows, cls] -= F32(1)
+        p *= g4[0, 0, 0, 0] / nrows
+        p[t == ignore] = 0
+        d[...] = p
 
     return step

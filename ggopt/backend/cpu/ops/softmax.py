@@ -1,5 +1,5 @@
 """Softmax and cross-entropy compilers (kernels: ``_kernels/_softmax.pyx``; a masked softmax
-``_kernels/_attention.pyx``)."""
+``_kernels/_attention.pyx``; the cross-entropy on class ids ``_kernels/_ce_ids.pyx``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import ggopt._kernels._attention as _attn
+import ggopt._kernels._ce_ids as _ce_ids
 import ggopt._kernels._softmax as _softmax
 
 from ....ops._base import params_of
-from ....ops.softmax import SoftMaxParams
+from ....ops.softmax import CrossEntropyIdsParams, SoftMaxParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs
@@ -60,5 +61,30 @@ def _ce_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     def step() -> None:
         _softmax.cross_entropy_loss_back(float(g[0, 0, 0, 0]), _rows(a4), _rows(b4), d,
                                          be.n_threads)
+
+    return step
+
+
+@COMPILERS.register(Op.CROSS_ENTROPY_LOSS_IDS)
+def _ce_ids_loss(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    ignore = params_of(node, CrossEntropyIdsParams).ignore_id
+    a4, ids, d = mem(srcs[0]), mem(srcs[1]), mem(node)
+
+    def step() -> None:
+        d[0, 0, 0, 0] = _ce_ids.cross_entropy_loss_ids(_rows(a4), ids.reshape(-1), ignore,
+                                                        be.n_threads)
+
+    return step
+
+
+@COMPILERS.register(Op.CROSS_ENTROPY_LOSS_IDS_BACK)
+def _ce_ids_back(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    ignore = params_of(node, CrossEntropyIdsParams).ignore_id
+    g, a4, ids = (mem(s) for s in srcs)
+    d = _rows(mem(node))
+
+    def step() -> None:
+        _ce_ids.cross_entropy_loss_ids_back(float(g[0, 0, 0, 0]), _rows(a4), ids.reshape(-1),
+                                            d, ignore, be.n_threads)
 
     return step
