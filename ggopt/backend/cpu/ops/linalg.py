@@ -1,7 +1,7 @@
 """Matrix-product compilers: BLAS on one thread per call, over slices whose bounds depend only
 on the shapes, spread over ``n_threads`` threads (bit-identical for any count).
 
-Thin products (a side of at most 16: LoRA's adapters and their gradients) run as one
+Thin products (a side of at most 8: LoRA's adapters and their gradients) run as one
 :class:`~ggopt._kernels._thin.ThinPlan`, ggopt's own kernels. The others run as one
 :class:`~ggopt._kernels._gemm.GemmPlan` (SciPy's ``sgemm`` called from an OpenMP team, no
 Python per product); operands BLAS cannot read in place (no unit stride) take NumPy's
@@ -47,10 +47,13 @@ _SPLIT_MIN_DIM = 128
 _SPLIT_INNER_RATIO = 4
 
 
-#: A product with a side of at most this many that ThinPlan leaves to BLAS (one token's
-#: products against a weight, on GemmPlan's dot kernel; operands ThinPlan cannot read) stays
-#: one piece below ``_THIN_MAX_MACS`` multiply-adds: a parallel region costs about 1 ms when
-#: the machine's cores are shared. MNIST's fc2 (a side of 10) is cut.
+#: Products with a side of at most this many (a rank-8 LoRA adapter's ``A x``, ``B h`` with
+#: K = 8, their gradients) run on ThinPlan, whose tiles hold 8 rows and reduce 8 at a time
+#: (it takes sides up to 16, but from 9 on makes two passes, and MNIST's fc2, a side of 10, ran
+#: faster cut in two on BLAS). Those ThinPlan leaves to BLAS (one token's products against a
+#: weight, on GemmPlan's dot kernel; operands neither form reads) stay one piece below
+#: ``_THIN_MAX_MACS`` multiply-adds: a parallel region costs about 1 ms when the machine's
+#: cores are shared.
 _THIN_SIDE = 8
 _THIN_MAX_MACS = 4 << 20
 
@@ -123,13 +126,13 @@ def _gemm_plan(pieces: list[Piece], sums: list[Sum]) -> Any:
 
 
 def _thin_plan(products: list[Product], accs: list[np.ndarray | None]) -> Any:
-    """The products as one ThinPlan when every one is thin (a side of at most 16) and fits
-    one of its forms (``_kernels/_thin.pyx``); else None."""
+    """The products as one ThinPlan when every one has a side of at most ``_THIN_SIDE`` and
+    fits one of its forms (``_kernels/_thin.pyx``); else None."""
     from ...._kernels._thin import ThinPlan
 
     plan = ThinPlan()
     for (x, y, out), acc in zip(products, accs, strict=True):
-        if not plan.add(x, y, out, acc):
+        if min(x.shape[0], x.shape[1], y.shape[1]) > _THIN_SIDE or not plan.add(x, y, out, acc):
             return None
     return plan
 
