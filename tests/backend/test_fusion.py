@@ -65,6 +65,21 @@ def test_fused_sum_equals_product_then_add_bit_for_bit(op, n_threads):
 
 
 @pytest.mark.parametrize("op", ["mul_mat", "out_prod"])
+@pytest.mark.parametrize("k, m, n", [(8, 257, 45), (300, 8, 45), (300, 45, 5)], ids=str)
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_fused_thin_product_equals_product_then_add_bit_for_bit(op, k, m, n, n_threads):
+    """LoRA's ``W x + B h`` and gradient sums: a thin product (ThinPlan) adds each output's
+    sum into the accumulator once, the same bits as the product node alone plus the add."""
+    got, acc0, alone, n_steps = _setup(op, k=k, m=m, n=n, n_threads=n_threads)
+    assert n_steps == 1
+    np.testing.assert_array_equal(got, acc0 + alone)
+    a, b = _rand((m, k) if op == "mul_mat" else (k, m), 1), _rand((n, k) if op == "mul_mat"
+                                                                  else (k, n), 2)
+    ref = b.astype(np.float64) @ a.T if op == "mul_mat" else b.T.astype(np.float64) @ a
+    np.testing.assert_allclose(alone, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["mul_mat", "out_prod"])
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_fused_split_reduction_equals_product_then_add_bit_for_bit(op, n_threads):
     """A weight gradient's long reduction (k >= 4x the output's sides) is cut in two halves,

@@ -66,6 +66,58 @@ def test_mul_mat_non_contiguous(rng):
     assert_close(run1(build, a, b), mul_mat_ref(a[1::2], b.T), rtol=1e-5, atol=1e-5)
 
 
+# Thin products (a side of at most 16: ``_kernels/_thin.pyx``), shaped as LoRA's: (A, B) NumPy
+# shapes for mul_mat, then how B is given ("t": a transposed view of a contiguous tensor)
+THIN = [
+    ((8, 37), (45, 37), "c"),                  # A x, r = 8
+    ((53, 8), (45, 8), "c"),                   # B h, K = 8
+    ((53, 8), (8, 45), "t"),                   # B (dh), the transposed view of the backward
+    ((2, 3, 5, 19), (4, 3, 33, 19), "c"),      # broadcast over dims 2 and 3
+    ((1, 2, 300, 3), (2, 4, 17, 3), "c"),      # K = 3, a broadcast over both
+    ((16, 70), (1, 70), "c"),                  # one row: the dots form
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, how", THIN, ids=str)
+def test_thin_mul_mat_same_bits_for_1_2_3_threads(rng, a_shape, b_shape, how):
+    a, b = f32(rng, *a_shape), f32(rng, *b_shape)
+
+    def build(c, ta, tb):
+        return ggopt.mul_mat(c, ta, ggopt.transpose(c, tb) if how == "t" else tb)
+
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            ggopt.set_n_threads(n)
+            outs.append(run1(build, a, b))
+    finally:
+        ggopt.set_n_threads(None)
+    assert_close(outs[0], mul_mat_ref(a, b.T if how == "t" else b), rtol=1e-5, atol=1e-5)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [((37, 8), (37, 45)), ((37, 45), (37, 8)),
+                                              ((2, 29, 8), (4, 29, 21))], ids=str)
+def test_thin_out_prod_same_bits_for_1_2_3_threads(rng, a_shape, b_shape):
+    """The adapters' gradients: out_prod(x, dh) (dA), out_prod(h, dy) (dB), and ggml's
+    out_prod(A, transpose(dh)) for an input's gradient."""
+    a, b = f32(rng, *a_shape), f32(rng, *b_shape)
+    bt = np.ascontiguousarray(b.swapaxes(-1, -2))
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            ggopt.set_n_threads(n)
+            outs.append(run1(lambda c, ta, tb: ggopt.out_prod(c, ta, tb), a, b))
+            outs.append(run1(lambda c, ta, tb: ggopt.out_prod(c, ta, ggopt.transpose(c, tb)),
+                             a, bt))
+    finally:
+        ggopt.set_n_threads(None)
+    assert_close(outs[0], out_prod_ref(a, b), rtol=1e-5, atol=1e-5)
+    assert all(np.array_equal(outs[0], o) for o in outs[2::2])
+    assert_close(outs[1], out_prod_ref(a, b), rtol=1e-5, atol=1e-5)
+    assert all(np.array_equal(outs[1], o) for o in outs[3::2])
+
+
 def out_prod_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """ggml_out_prod: R[i3,i2] = B[i3,i2].T @ A[i3 // r3, i2 // r2]."""
     a4 = a.reshape((1,) * (4 - a.ndim) + a.shape).astype(np.float64)
@@ -132,6 +184,9 @@ CASES = {
                              [u32(4, 5), u32(5, 3, seed=1)], (0, 1)),
     "out_prod": (g.out_prod, [u32(5, 4), u32(5, 3, seed=1)], (0, 1)),
     "out_prod_broadcast": (g.out_prod, [u32(1, 2, 5, 4), u32(2, 4, 5, 3, seed=1)], (0, 1)),
+    # LoRA-like: a side of 2 (ThinPlan) against sides of 17 and 19
+    "mul_mat_thin": (g.mul_mat, [u32(2, 19), u32(17, 19, seed=1)], (0, 1)),
+    "out_prod_thin": (g.out_prod, [u32(17, 2), u32(17, 19, seed=1)], (0, 1)),
 }
 
 

@@ -1,9 +1,11 @@
 """Matrix-product compilers: BLAS on one thread per call, over slices whose bounds depend only
 on the shapes, spread over ``n_threads`` threads (bit-identical for any count).
 
-The slices run as one :class:`~ggopt._kernels._gemm.GemmPlan` (SciPy's ``sgemm`` called from an
-OpenMP team, no Python per product); operands BLAS cannot read in place (no unit stride) take
-NumPy's ``matmul`` on Python worker threads instead.
+Thin products (a side of at most 8: LoRA's adapters and their gradients) run as one
+:class:`~ggopt._kernels._thin.ThinPlan`, ggopt's own kernels. The others run as one
+:class:`~ggopt._kernels._gemm.GemmPlan` (SciPy's ``sgemm`` called from an OpenMP team, no
+Python per product); operands BLAS cannot read in place (no unit stride) take NumPy's
+``matmul`` on Python worker threads instead.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ _SPLIT_MIN_DIM = 128
 _SPLIT_INNER_RATIO = 4
 
 
-#: A product with a side of at most this many (a rank-8 LoRA adapter's ``A x``, ``B h`` with
-#: K = 8, their gradients) stays one piece below ``_THIN_MAX_MACS`` multiply-adds: it takes
-#: 40-150 us on one thread, and a parallel region costs about 1 ms when the machine's cores
-#: are shared (an oversubscribed 2-core machine; LoRA's SmolLM2 step has ~1000 such products:
-#: 9.3 -> 7.0 s per step, interleaved runs of one process). MNIST's fc2 (a side of 10) is cut.
+#: Products with a side of at most this many (a rank-8 LoRA adapter's ``A x``, ``B h`` with
+#: K = 8, their gradients) run on ThinPlan, whose tiles hold 8 rows and reduce 8 at a time
+#: (it takes sides up to 16, but from 9 on makes two passes, and MNIST's fc2, a side of 10, ran
+#: faster cut in two on BLAS). Those ThinPlan leaves to BLAS (one token's products against a
+#: weight, on GemmPlan's dot kernel; operands neither form reads) stay one piece below
+#: ``_THIN_MAX_MACS`` multiply-adds: a parallel region costs about 1 ms when the machine's
+#: cores are shared.
 _THIN_SIDE = 8
 _THIN_MAX_MACS = 4 << 20
 
@@ -121,6 +125,18 @@ def _gemm_plan(pieces: list[Piece], sums: list[Sum]) -> Any:
     return plan
 
 
+def _thin_plan(products: list[Product], accs: list[np.ndarray | None]) -> Any:
+    """The products as one ThinPlan when every one has a side of at most ``_THIN_SIDE`` and
+    fits one of its forms (``_kernels/_thin.pyx``); else None."""
+    from ...._kernels._thin import ThinPlan
+
+    plan = ThinPlan()
+    for (x, y, out), acc in zip(products, accs, strict=True):
+        if min(x.shape[0], x.shape[1], y.shape[1]) > _THIN_SIDE or not plan.add(x, y, out, acc):
+            return None
+    return plan
+
+
 def _matmul_step(be: CPUBackend, products: list[Product]) -> Step:
     """``out = x @ y`` per (x, y, out) slice, on single-threaded BLAS.
 
@@ -128,6 +144,9 @@ def _matmul_step(be: CPUBackend, products: list[Product]) -> Step:
     ``be.n_threads`` threads; since each piece is always the same one-thread BLAS call, the
     result does not depend on the thread count.
     """
+    thin = _thin_plan(products, [None] * len(products))
+    if thin is not None:
+        return lambda: thin.run(be.n_threads)
     pieces: list[Piece] = []
     sums: list[Sum] = []
     for x, y, out in products:
@@ -206,10 +225,13 @@ def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placeme
         return None
     out4 = mem(node)
     accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]
+    products = _products(node.op, mem(srcs[0]), mem(srcs[1]), out4)
+    thin = _thin_plan(products, list(accs))
+    if thin is not None:
+        return lambda: thin.run(be.n_threads)
     pieces: list[Piece] = []
     sums: list[Sum] = []
-    for (x, y, out), acc2 in zip(_products(node.op, mem(srcs[0]), mem(srcs[1]), out4), accs,
-                                 strict=True):
+    for (x, y, out), acc2 in zip(products, accs, strict=True):
         p, s = _pieces(x, y, out, acc2)
         pieces += p
         sums += s
