@@ -37,6 +37,7 @@ from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
+from ..opt._checks import check_int
 from ..opt.dataset import Dataset
 from ..opt.progress import progress_bar_line, time_us
 from ..opt.schedule import Schedule
@@ -326,6 +327,9 @@ class FineTuner:
         training state is saved to ``checkpoint`` after every epoch. ``report(epoch, train,
         validation)`` after each epoch (the validation's loss is NaN without held-out
         windows). The history's losses are the means over the trained tokens."""
+        n_epochs = check_int(n_epochs, "n_epochs", "finetune fit")
+        if n_epochs < 0:
+            raise InvalidValueError(f"finetune fit: n_epochs must be >= 0, got {n_epochs}")
         stats: dict[int, EpochStats] = {}
 
         def run_epoch(iepoch: int, result_train: Result, result_val: Result) -> None:
