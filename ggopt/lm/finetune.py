@@ -33,7 +33,7 @@ import ggopt
 
 from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
-from ..errors import DTypeError, InvalidValueError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
@@ -175,6 +175,7 @@ class FineTuner:
                                                build_logits(params.ctx_compute, net, self.inp,
                                                             output=False))
         self.opt_ctx = OptContext(params)
+        self._projection = net.projection  # what the static graphs were built with
         self._tokens = np.empty((fp.n_ubatch, T), np.int32)
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
         self.train_seconds = 0.0
@@ -238,6 +239,10 @@ class FineTuner:
         return (value * self._labels.size / weight if weight else 0.0), n
 
     def _check_microbatch(self, ibatch: int, weight: float) -> None:
+        if self.fp.static and self.net.projection is not self._projection:
+            raise StateError("finetune: the model's projections changed (lora.attach) after "
+                             "this static FineTuner built its graphs; make the FineTuner after "
+                             "attaching the adapter")
         n = len(self.windows) // self.fp.n_ubatch
         if isinstance(ibatch, bool) or not isinstance(ibatch, (int, np.integer)) or \
                 not 0 <= ibatch < n:
