@@ -15,12 +15,14 @@ from collections.abc import Iterable
 
 from ..errors import DTypeError, InvalidValueError
 
-__all__ = ["PathLike", "check_output_path", "same_file"]
+__all__ = ["PathLike", "check_output_path", "same_file", "text_path"]
 
 PathLike = str | os.PathLike[str]
 
 
-def _fspath(path: object, option: str) -> str:
+def text_path(path: object, option: str) -> str:
+    """``path`` as a non-empty str; DTypeError unless it is a str or a text os.PathLike,
+    InvalidValueError when empty (``option`` names the argument in the message)."""
     if not isinstance(path, (str, os.PathLike)):
         raise DTypeError(f"{option}: expected a path (str or os.PathLike), got "
                          f"{type(path).__name__}")
@@ -60,7 +62,7 @@ def check_output_path(path: object, option: str,
         directory or not writable; the same file as one of ``others``. The message starts
         with ``option``.
     """
-    text = _fspath(path, option)
+    text = text_path(path, option)
     final = os.path.realpath(text)
     try:
         st = os.stat(final)
@@ -79,7 +81,7 @@ def check_output_path(path: object, option: str,
     if not os.access(directory, os.W_OK | os.X_OK):
         raise InvalidValueError(f"{option} {text!r}: directory {directory!r} is not writable")
     for other_option, other in others:
-        if same_file(final, _fspath(other, other_option)):
+        if same_file(final, text_path(other, other_option)):
             raise InvalidValueError(f"{option} {text!r} is the same file as {other_option} "
                                     f"{os.fspath(other)!r}; writing it would destroy that file")
     return final

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
+from ..io.paths import text_path
 from ..models.llama.vocab import Tokenizer
 from .windows import MASKED, Windows
 
@@ -36,7 +37,7 @@ def read_conversations(path: str | os.PathLike[str]) -> list[list[Message]]:
         Unreadable file, a line that is not JSON, not ``{"messages": [...]}``, a message
         without string ``role``/``content``, a conversation without an assistant message.
     """
-    where = f"chat data {os.fspath(path)!r}"
+    where = f"chat data {text_path(path, 'chat data')!r}"
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()

@@ -23,6 +23,7 @@ from gguf.quants import dequantize, quantize
 
 from ..errors import DTypeError, InvalidValueError
 from ..io.atomic import atomic_path
+from ..io.paths import text_path
 from ..models.llama.convert import copy_keys
 from ..models.llama.mapped import check_blocks_finite
 from ..models.llama.weights import as_f32, check_finite, open_reader, tensor_table
@@ -159,7 +160,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     if out_type not in OUT_TYPES:
         raise InvalidValueError(f"export: --out-type must be one of {', '.join(OUT_TYPES)}, "
                                 f"got {out_type!r}")
-    where = f"export {os.fspath(src)!r}"
+    where = f"export {text_path(src, 'export: src')!r}"
     reader = open_reader(os.fspath(src), where)
     table = tensor_table(reader, where)
     shapes = {name: tuple(int(d) for d in t.shape)[::-1] for name, t in table.items()}
@@ -185,7 +186,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         report.file_type = int(ft_field.contents()) if ft_field is not None else -1
     else:
         report.file_type = int(_TARGET[out_type][1])
-    with atomic_path(os.fspath(dst)) as tmp:
+    with atomic_path(text_path(dst, "export: dst")) as tmp:
         writer = GGUFWriter(tmp, "llama")
         try:
             copy_keys(reader, writer)

@@ -33,10 +33,11 @@ import ggopt
 
 from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
-from ..errors import DTypeError, InvalidValueError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
+from ..opt._checks import check_int
 from ..opt.dataset import Dataset
 from ..opt.progress import progress_bar_line, time_us
 from ..opt.schedule import Schedule
@@ -174,6 +175,7 @@ class FineTuner:
                                                build_logits(params.ctx_compute, net, self.inp,
                                                             output=False))
         self.opt_ctx = OptContext(params)
+        self._projection = net.projection  # what the static graphs were built with
         self._tokens = np.empty((fp.n_ubatch, T), np.int32)
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
         self.train_seconds = 0.0
@@ -237,6 +239,10 @@ class FineTuner:
         return (value * self._labels.size / weight if weight else 0.0), n
 
     def _check_microbatch(self, ibatch: int, weight: float) -> None:
+        if self.fp.static and self.net.projection is not self._projection:
+            raise StateError("finetune: the model's projections changed (lora.attach) after "
+                             "this static FineTuner built its graphs; make the FineTuner after "
+                             "attaching the adapter")
         n = len(self.windows) // self.fp.n_ubatch
         if isinstance(ibatch, bool) or not isinstance(ibatch, (int, np.integer)) or \
                 not 0 <= ibatch < n:
@@ -326,6 +332,9 @@ class FineTuner:
         training state is saved to ``checkpoint`` after every epoch. ``report(epoch, train,
         validation)`` after each epoch (the validation's loss is NaN without held-out
         windows). The history's losses are the means over the trained tokens."""
+        n_epochs = check_int(n_epochs, "n_epochs", "finetune fit")
+        if n_epochs < 0:
+            raise InvalidValueError(f"finetune fit: n_epochs must be >= 0, got {n_epochs}")
         stats: dict[int, EpochStats] = {}
 
         def run_epoch(iepoch: int, result_train: Result, result_val: Result) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import ggopt
 
 from ..backend import tensor_get, tensor_set
-from ..errors import InvalidValueError, ShapeError
+from ..errors import InvalidValueError, ShapeError, StateError
 from ..models.llama.graph import Graph, LlamaModel, build_graph, make_cache, make_inputs
 from ..models.llama.loader import Model
 from ..models.llama.run import GRAPH_SIZE, check_fits, check_ids, forward_bytes
@@ -64,12 +64,20 @@ class Generator:
         self.n_past = 0
         self._steps: dict[int, _Step] = {}
         self._current: _Step | None = None
+        self._projection = self.net.projection  # what the cached graphs apply
 
     @property
     def n_ctx(self) -> int:
         return self.cache.n_kv
 
     def _step(self, n: int) -> _Step:
+        if self.net.projection is not self._projection:  # lora.attach since the graphs
+            if self.n_past:
+                raise StateError(f"generate: the model's projections changed (lora.attach) "
+                                 f"after {self.n_past} tokens were fed; make a new Generator")
+            self._steps.clear()
+            self._current = None
+            self._projection = self.net.projection
         step = self._steps.get(n)
         if step is None:
             step = self._steps[n] = _Step(self, n)

@@ -29,6 +29,7 @@ from .. import F32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_get, tensor_set
 from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..io.atomic import atomic_path
+from ..io.paths import text_path
 from ..models.llama import LlamaModel, param_shapes
 from ..models.llama.weights import check_finite, open_reader, tensor_table
 from ..opt._checks import check_float32
@@ -228,7 +229,7 @@ def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama"
     for name, (a, b) in arrays.items():
         check_finite(a, name + ".lora_a", "lora save (training diverged?)")
         check_finite(b, name + ".lora_b", "lora save (training diverged?)")
-    with atomic_path(os.fspath(path)) as tmp:
+    with atomic_path(text_path(path, "lora save")) as tmp:
         writer = GGUFWriter(tmp, arch)
         try:
             writer.add_key_value("general.type", "adapter", GGUFValueType.STRING)
@@ -265,7 +266,7 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
 
     An alpha of 0 means a scale of 1, as llama.cpp applies it.
     """
-    where = f"lora adapter {os.fspath(path)!r}"
+    where = f"lora adapter {text_path(path, 'lora load')!r}"
     reader = open_reader(os.fspath(path), where)
     fields = dict(reader.fields)
     for key, want in (("general.type", "adapter"), ("adapter.type", "lora"),

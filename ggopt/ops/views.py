@@ -189,8 +189,9 @@ def _reshape_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None
 
 def _check_not_quantized(fn: str, a: Tensor) -> None:
     if a.type.is_quantized:
-        raise DTypeError(f"ggml_{fn}: tensor '{a.name}' is {a.type.name}: its blocks run along "
-                         "ne0, which must stay dimension 0 (dequantize it with cpy first)")
+        raise DTypeError(f"ggml_{fn}: tensor '{a.name}' is {a.type.name}: ggopt's quantized "
+                         f"kernels read whole rows of blocks in place, so a quantized tensor is "
+                         f"never {fn}d (dequantize it with cpy first)")
 
 
 def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:

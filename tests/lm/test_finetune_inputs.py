@@ -54,3 +54,16 @@ def test_malformed_windows(tokens, labels, exc):
     """Were a broadcast ValueError, IndexError or AttributeError inside to_dataset."""
     with pytest.raises(exc, match="windows: "):
         Windows(tokens, labels)
+
+
+@pytest.mark.parametrize("n_epochs, exc", [(-1, InvalidValueError), (1.5, DTypeError),
+                                           ("2", DTypeError)])
+def test_fit_refuses_a_bad_epoch_count(n_epochs, exc):
+    """fit(-1) returned an empty history as if it had trained."""
+    ft = FineTuner(tiny(), windows(8), FinetuneParams(val_split=0.25))
+    try:
+        with pytest.raises(exc, match="n_epochs"):
+            ft.fit(n_epochs)
+        assert len(ft.fit(1).train_loss) == 1  # still usable
+    finally:
+        ft.close()

@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 from ggopt import backend as gb
 from ggopt.backend.profile import NodeTimes
-from ggopt.errors import GgoptError, InvalidValueError
+from ggopt.errors import GgoptError, InvalidValueError, StateError
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.models import llama
@@ -191,3 +191,38 @@ def test_lora_bits_independent_of_threads_and_static():
     for threads, static in ((1, False), (3, False), (2, True)):
         got = _train_lora(threads, static)
         assert all(np.array_equal(ref[k][i], got[k][i]) for k in ref for i in (0, 1))
+
+
+def _nonzero_adapter(net):
+    ad = lora.create(net, 2, 8.0, ["attn_q", "ffn_up"], seed=3)
+    for b in ad.b.values():
+        gb.tensor_set(b, np.full(b.nelements(), 0.05, np.float32))
+    return ad
+
+
+def test_generator_made_before_attach_applies_the_adapter():
+    """A Generator built before lora.attach kept its graphs and ignored the adapter."""
+    from ggopt.lm import Generator
+
+    net = tiny()
+    gen = Generator(net, 8)
+    ad = _nonzero_adapter(net)
+    lora.attach(net, ad)
+    got = gen.feed([1, 2, 3])
+    fresh = Generator(net, 8).feed([1, 2, 3])
+    np.testing.assert_array_equal(got, fresh)
+    lora.attach(net, lora.create(net, 2, 8.0, ["attn_v"]))  # another change, tokens fed
+    with pytest.raises(StateError, match="make a new Generator"):
+        gen.feed([4])
+
+
+def test_static_tuner_made_before_attach_is_refused():
+    """A static FineTuner built before lora.attach trained the base's old graphs silently."""
+    net = tiny()
+    ft = FineTuner(net, windows(4), FinetuneParams(val_split=0.0, static=True))
+    try:
+        lora.attach(net, _nonzero_adapter(net))
+        with pytest.raises(StateError, match="after attaching"):
+            ft.microbatch(0, True, 1.0)
+    finally:
+        ft.close()

@@ -118,3 +118,13 @@ def test_attach_an_adapter_of_another_model():
     assert net.projection is None and all(t.is_param for t in net.params.values())
     with pytest.raises(DTypeError, match="LoraAdapter"):
         lora.attach(net, "adapter.gguf")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: lora.load(5, tiny()), lambda: lora.save(b"ad.gguf", lora.create(tiny(), 2, 8.0)),
+    lambda: llama.load(3.0), lambda: llama.read_weights(None),
+])
+def test_paths_of_the_wrong_type(call):
+    """A path that is not a str or os.PathLike was a raw TypeError from os.fspath."""
+    with pytest.raises(DTypeError, match="expected a path"):
+        call()

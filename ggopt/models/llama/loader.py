@@ -18,6 +18,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from ...backend import Scheduler, cpu_init, tensor_set
 from ...errors import DTypeError, GgoptError, InvalidValueError
+from ...io.paths import text_path
 from .byte_gguf import byte_tokens
 from .config import Config, config_from_fields, field_value
 from .graph import LlamaModel, build_model, param_shapes
@@ -78,7 +79,7 @@ def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]
 def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.ndarray],
                                                          GGUFReader]:
     """Every tensor of a llama GGUF as F32 NumPy arrays (NumPy order), with its config."""
-    spath = os.fspath(path)
+    spath = text_path(path, "llm load")
     where = f"llm load {spath!r}"
     reader = open_reader(spath, where)
     cfg, table = read_config(reader, where)
@@ -109,7 +110,7 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
         raise InvalidValueError(f"llm load: base_type must be one of {', '.join(BASE_TYPES)}, "
                                 f"got {base_type!r}")
     t0 = time.perf_counter()
-    spath = os.fspath(path)
+    spath = text_path(path, "llm load")
     where = f"llm load {spath!r}"
     reader = open_reader(spath, where)
     cfg, table = read_config(reader, where)
