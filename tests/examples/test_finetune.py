@@ -75,18 +75,25 @@ def test_lora_adapter_out_and_back(tmp_path, files, capsys):
     assert "4 adapted weights" in stdout
 
 
+def _one_epoch_then_resume(capsys, args, tmp_path, ckpt, epochs: int) -> str:
+    """One epoch to ``ckpt`` (writing b1.gguf), then ``--resume`` up to ``epochs`` (b.gguf);
+    the resumed run's stdout."""
+    assert _run(capsys, *args, "--out", tmp_path / "b1.gguf", "--epochs", 1,
+                "--checkpoint", ckpt)[0] == 0
+    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--epochs", epochs,
+                           "--checkpoint", ckpt, "--resume")
+    assert rc == 0, err
+    assert "resumed after epoch 1" in stdout
+    return stdout
+
+
 def test_checkpoint_resume(tmp_path, files, capsys):
     model, text = files
     args = ["--model", model, "--text", text, "--ctx", 32, "--lr", 1e-3, "--val-split", 0.1]
     rc, _, err = _run(capsys, *args, "--out", tmp_path / "a.gguf", "--epochs", 2)
     assert rc == 0, err
     ckpt = tmp_path / "state.gguf"
-    assert _run(capsys, *args, "--out", tmp_path / "b1.gguf", "--epochs", 1,
-                "--checkpoint", ckpt)[0] == 0
-    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--epochs", 2,
-                           "--checkpoint", ckpt, "--resume")
-    assert rc == 0, err
-    assert "resumed after epoch 1" in stdout
+    _one_epoch_then_resume(capsys, args, tmp_path, ckpt, 2)
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
 
 
@@ -105,12 +112,7 @@ def test_schedule_resume_and_plot(tmp_path, files, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "optimizer steps of 2 window(s) per epoch" in stdout
     ckpt = tmp_path / "state.gguf"
-    assert _run(capsys, *args, "--out", tmp_path / "b1.gguf", "--epochs", 1,
-                "--checkpoint", ckpt)[0] == 0
-    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--epochs", 3,
-                           "--checkpoint", ckpt, "--resume")
-    assert rc == 0, err
-    assert "resumed after epoch 1" in stdout
+    stdout = _one_epoch_then_resume(capsys, args, tmp_path, ckpt, 3)
     assert [line.split(":")[0] for line in stdout.splitlines() if line.startswith("epoch")] \
         == ["epoch 2", "epoch 3"]
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
