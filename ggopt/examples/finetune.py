@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -36,7 +35,7 @@ from ..lm import lora
 from ..lm.chat import chat_windows, read_conversations
 from ..lm.export import OUT_TYPES, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
-from ..lm.memory import memory_report
+from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import load, weight_map
 from ..models.llama.mapped import BASE_TYPES
@@ -197,7 +196,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"plot written to {args.plot}")
     rate = ft.train_tokens / ft.train_seconds if ft.train_seconds else 0.0
     print(f"trained {ft.train_tokens} tokens in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_bytes() / 1e6
     print(f"peak memory: {peak:.0f} MB (max RSS, the export included)")
 
 

@@ -105,7 +105,6 @@ class _LossInputs:
 
     def __init__(self, net: LlamaModel, n_rows: int) -> None:
         self.ctx = Context()
-        self.n_vocab = net.cfg.n_vocab
         self.labels = ggopt.set_name(self.ctx.new_tensor_1d(I32, n_rows), "labels")
         self.weight = ggopt.set_name(self.ctx.new_tensor_1d(F32, 1), "loss_weight")
         for t in (self.labels, self.weight):
@@ -117,14 +116,9 @@ class _LossInputs:
         return ggopt.set_name(ggopt.mul(ctx, ce, self.weight), "finetune_loss")
 
     def set(self, labels: np.ndarray, weight: float) -> None:
-        """The label ids (InvalidValueError for one outside the vocabulary) and the weight."""
+        """The label ids (checked against the vocabulary once, by ``Windows.check_vocab`` when
+        the FineTuner is made) and the weight."""
         flat = labels.reshape(-1)
-        bad = (flat != MASKED) & ((flat < 0) | (flat >= self.n_vocab))
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise InvalidValueError(f"finetune: label {int(flat[i])} at position {i} of the "
-                                    f"batch is outside the vocabulary of {self.n_vocab} tokens "
-                                    f"(and not MASKED, {MASKED})")
         tensor_set(self.labels, flat.astype(np.int32, copy=False))
         tensor_set(self.weight, np.array([weight], np.float32))
 

@@ -165,7 +165,11 @@ def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
         raise DTypeError(f"lora attach: expected a LoraAdapter, got {type(adapter).__name__}")
     shapes = param_shapes(net.cfg)
     for name, a in adapter.a.items():
-        b = adapter.b[name]
+        b = adapter.b.get(name)
+        if b is None or a.ne[1] != b.ne[0]:
+            raise ShapeError(f"lora attach: the adapter's {name}: lora_a ggml {list(a.ne[:2])} "
+                             f"needs a lora_b of rank {a.ne[1]}, got "
+                             f"{list(b.ne[:2]) if b is not None else 'none'}")
         want = shapes.get(name)
         if want is None or len(want) != 2 or a.ne[0] != want[1] or b.ne[1] != want[0]:
             raise ShapeError(f"lora attach: the adapter's {name} (lora_a ggml "

@@ -34,7 +34,7 @@ class MemoryReport:
     n_params: int
     optimizer_bytes: int  # gradient accumulators + AdamW moments
     activation_bytes: int  # compute buffers
-    input_bytes: int  # tokens, positions, mask, labels
+    input_bytes: int  # tokens, label ids, the loss weight
     peak_rss_bytes: int
     weights_trained: bool
 
@@ -52,7 +52,7 @@ class MemoryReport:
             f"({self.n_params} values), optimizer state {self.optimizer_bytes / mb:.1f} MB "
             f"(gradient accumulators + AdamW moments)",
             f"memory: activations {self.activation_bytes / mb:.1f} MB (compute buffers), "
-            f"inputs {self.input_bytes / mb:.1f} MB (tokens, labels, mask)",
+            f"inputs {self.input_bytes / mb:.1f} MB (tokens, label ids, loss weight)",
             f"memory: peak RSS {self.peak_rss_bytes / mb:.0f} MB",
         ]
 

@@ -148,7 +148,7 @@ class OptContext(Checkpointing, ContextViews):
                     _graph.build_forward_expand(gf, params.outputs)
                     self._build(gf, build_type)
             except ShapeError as exc:
-                if "is full" not in str(exc):
+                if "graph of size" not in str(exc):  # not the compute context's memory
                     raise
                 raise ShapeError(f"{fn}: the static graphs need more than OptParams.graph_size="
                                  f"{spec.graph_size} nodes ({exc})") from None

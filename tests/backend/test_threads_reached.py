@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import ggopt
-from ggopt._kernels import _ce_ids, _copy, _gemm, _get_rows
+from ggopt._kernels import _ce_ids, _copy, _gemm, _get_rows, _thin
 from ggopt._kernels import _conv as C
 from ggopt._kernels import _elementwise as E
 from ggopt._kernels import _gather as G
@@ -108,6 +108,7 @@ KERNEL_CASES.update({
     "copy_permuted": lambda n: _copy.copy(_f32(5, 7, 33, 65).transpose(1, 2, 0, 3),
                                           _dst((7, 33, 5, 65)), n),
     "gemm_one_token": lambda n: _one_token_product(200_000, 16, n),  # 98 blocks of 2048
+    "thin_product": lambda n: _thin_product(8, 4096, 1024, n),  # 64 blocks: any fresh team
     # tests/kernels/test_ce_ids's tall and wide cases
     "cross_entropy_loss_ids": lambda n: _ce_ids.cross_entropy_loss_ids(
         _f32(257, 10), _idx(10, 257), -100, n),
@@ -121,6 +122,13 @@ def _one_token_product(c: int, k: int, n: int) -> None:
     plan = _gemm.GemmPlan()
     assert plan.add(_f32(1, k), _f32(c, k).T, _dst((1, c)))
     assert plan.n_dot == 1
+    plan.run(n)
+
+
+def _thin_product(r: int, k: int, c: int, n: int) -> None:
+    """A rank-``r`` product on ThinPlan (LoRA's ``A x`` shape), above its parallel threshold."""
+    plan = _thin.ThinPlan()
+    assert plan.add(_f32(r, k), _f32(k, c), _dst((r, c)))
     plan.run(n)
 
 

@@ -128,3 +128,21 @@ def test_paths_of_the_wrong_type(call):
     """A path that is not a str or os.PathLike was a raw TypeError from os.fspath."""
     with pytest.raises(DTypeError, match="expected a path"):
         call()
+
+
+def test_attach_an_adapter_whose_halves_disagree():
+    """A lora_b missing or of another rank than its lora_a was a KeyError or a late mul_mat
+    error after the base was frozen."""
+    net = tiny()
+    ad = lora.create(net, 2, 8.0, ["attn_q"])
+    other = lora.create(net, 3, 8.0, ["attn_q"])
+    right = dict(ad.b)
+    for wrong in ({}, {Q: other.b[Q]}):
+        ad.b.clear()
+        ad.b.update(wrong)
+        with pytest.raises(ShapeError, match="needs a lora_b of rank 2"):
+            lora.attach(net, ad)
+        assert net.projection is None and all(t.is_param for t in net.params.values())
+    ad.b.update(right)
+    lora.attach(net, ad)
+    assert net.projection is not None
