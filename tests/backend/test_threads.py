@@ -28,7 +28,9 @@ def restore_default():
 
 
 def blas_threads() -> list[int]:
-    return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
+    """The threaded BLAS libraries' counts (not oneMKL's sequential layer: one thread always)."""
+    return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+            if i["user_api"] == "blas" and i.get("threading_layer") != "sequential"]
 
 
 def test_default_is_cpu_count_capped_by_openmp():

@@ -3,6 +3,8 @@ BLAS reads in place, NumPy's matmul as the reference."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from ggopt._kernels._gemm import GemmPlan
@@ -13,41 +15,58 @@ from ggopt.backend.cpu.blas import SerialBlas
 from ggopt.errors import InvalidValueError, ShapeError
 
 
-@pytest.fixture(params=["chosen", "scipy"], autouse=True)
+@pytest.fixture(params=["mkl", "openblas", "scipy"], autouse=True)
 def which_sgemm(request):
-    """Every test runs on the sgemm ggopt chose (NumPy's ILP64 OpenBLAS in NumPy's wheels)
-    and on SciPy's."""
+    """Every test runs on each sgemm ggopt can choose that is installed here: oneMKL's,
+    NumPy's ILP64 OpenBLAS, SciPy's; the chosen one is restored after."""
     blas.products_blas()
-    if request.param == "chosen":
-        yield
-        return
-    ilp64 = _gemm.ilp64_sgemm_in_use()
-    if not ilp64:
-        pytest.skip("SciPy's sgemm is the chosen one")
-    address = _numpy_sgemm_address()
-    _gemm.use_ilp64_sgemm(0)
+    chosen = _chosen_address()
+    address = 0 if request.param == "scipy" else blas.sgemm_address(request.param)
+    if address is None:
+        pytest.skip(f"{request.param} is not installed here")
+    _gemm.use_ilp64_sgemm(address)
     try:
-        yield
+        yield request.param
+    finally:
+        _gemm.use_ilp64_sgemm(chosen)
+
+
+def _chosen_address():
+    name = blas.products_blas()
+    for which, prefix in (("mkl", "oneMKL"), ("openblas", "NumPy")):
+        if name.startswith(prefix):
+            return blas.sgemm_address(which)
+    return 0
+
+
+def test_the_choice_is_named_and_stable(request):
+    if request.node.callspec.params["which_sgemm"] != "mkl":
+        pytest.skip("checks the choice itself, once")
+    name = blas.products_blas()
+    assert name == blas.products_blas()
+    assert ("SciPy" not in name) == _gemm.ilp64_sgemm_in_use()
+    if blas.sgemm_address("mkl") is not None and "GGOPT_BLAS" not in os.environ:
+        assert name.startswith("oneMKL")  # preferred whenever installed
+
+
+@pytest.mark.parametrize("which", ["mkl", "openblas", "scipy"])
+def test_ggopt_blas_names_the_library(which, monkeypatch):
+    if which != "scipy" and blas.sgemm_address(which) is None:
+        pytest.skip(f"{which} is not installed here")
+    address = _chosen_address()
+    monkeypatch.setenv("GGOPT_BLAS", which)
+    try:
+        name = blas._choose(which)
+        assert name.startswith({"mkl": "oneMKL", "openblas": "NumPy", "scipy": "SciPy"}[which])
     finally:
         _gemm.use_ilp64_sgemm(address)
 
 
-def _numpy_sgemm_address():
-    import ctypes
-
-    name = blas.products_blas().split("(")[1].rstrip(")")
-    for lib in __import__("threadpoolctl").threadpool_info():
-        if "numpy" in lib["filepath"]:
-            return ctypes.cast(getattr(ctypes.CDLL(lib["filepath"]), name), ctypes.c_void_p).value
-    raise AssertionError("NumPy's BLAS not found")
-
-
-def test_the_choice_is_named_and_stable(request):
-    if request.node.callspec.params["which_sgemm"] == "scipy":
-        pytest.skip("checks the choice itself")
-    name = blas.products_blas()
-    assert name == blas.products_blas()
-    assert ("NumPy" in name) == _gemm.ilp64_sgemm_in_use()
+def test_ggopt_blas_refuses_an_unknown_name():
+    with pytest.raises(InvalidValueError, match="GGOPT_BLAS='atlas': expected one of mkl"):
+        blas._choose("atlas")
+    with pytest.raises(InvalidValueError, match="which must be"):
+        blas.sgemm_address("atlas")
 
 
 def _rand(shape, seed):
