@@ -153,6 +153,7 @@ class Trainer:
             params.outputs = build_logits(params.ctx_compute, model, self.inp)
         self.opt_ctx = OptContext(params)
         self.timing = Timing()
+        self._step_ctx: ggopt.Context | None = None  # the last dynamic graph's context
         self._tokens = np.empty((tp.n_ubatch, model.cfg.n_ctx), np.int32)
         self._labels = np.empty((tp.n_ubatch, model.cfg.n_ctx), np.int32)
 
@@ -177,6 +178,9 @@ class Trainer:
             gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, True)
             ggopt.build_forward_expand(gf, logits)
             opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, logits)
+            if self._step_ctx is not None:
+                self._step_ctx.free()  # the last step's graph goes now, not in a GC pause
+            self._step_ctx = ctx
         opt_ctx.alloc(train)
         t1 = time.perf_counter()
         dataset.get_batch_host(self._tokens, self._labels, ibatch)

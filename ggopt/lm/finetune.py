@@ -169,6 +169,7 @@ class FineTuner:
                                                build_logits(params.ctx_compute, net, self.inp,
                                                             output=False))
         self.opt_ctx = OptContext(params)
+        self._step_ctx: Context | None = None  # the dynamic graph's context of the last step
         self._projection = net.projection  # what the static graphs were built with
         self._tokens = np.empty((fp.n_ubatch, T), np.int32)
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
@@ -222,6 +223,9 @@ class FineTuner:
             gf = ggopt.new_graph_custom(ctx, GRAPH_SIZE, True)
             ggopt.build_forward_expand(gf, loss)
             self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, loss)
+            if self._step_ctx is not None:
+                self._step_ctx.free()  # the last step's graph, freed now, not by a GC pause
+            self._step_ctx = ctx
         self.opt_ctx.alloc(train)
         self.dataset.get_batch_host(self._tokens, self._labels, ibatch)
         tensor_set(self.inp.tokens, self._tokens.reshape(-1))
