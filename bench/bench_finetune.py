@@ -142,7 +142,7 @@ def sgemm_peak(threads: int, n: int = 2048, reps: int = 5) -> dict[str, float]:
 
 
 def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
-              profile: dict | None = None, static: bool = False,
+              profile: dict | None = None, static: bool = True,
               quantized: bool = False) -> list[float]:
     """Step times; with ``profile`` (a dict), also fills it with the seconds per category
     over the steps after ``warm`` and the weight products' flops."""
@@ -366,14 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     p = bench_parser(__doc__, CONFIGS)
     p.add_argument("--profile", action="store_true",
                    help="where ggopt's step time goes (see the module docstring)")
-    p.add_argument("--static", action="store_true",
-                   help="ggopt on one static graph (the same bits, no graph built per step)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="ggopt on a fresh graph per step, as llama-finetune (default: one "
+                        "static graph, the same bits)")
     p.add_argument("--llama-finetune", default=os.environ.get("LLAMA_FINETUNE"),
                    help="llama.cpp's llama-finetune binary (default $LLAMA_FINETUNE)")
     args = p.parse_args(argv)
     if args.child:
         child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
-              args.profile, args.static, args.llama_finetune)
+              args.profile, not args.dynamic, args.llama_finetune)
         return 0
     model_path()
     results: dict[str, list[float]] = {}
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--steps", str(args.steps), "--warm", str(args.warm), "--threads",
                    str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx),
                    *(["--profile"] if args.profile else []),
-                   *(["--static"] if args.static else []),
+                   *(["--dynamic"] if args.dynamic else []),
                    *(["--llama-finetune", args.llama_finetune] if args.llama_finetune else [])]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rec = json.loads(out.strip().splitlines()[-1])

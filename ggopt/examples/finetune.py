@@ -74,7 +74,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "full fine-tune, which trains them); keep: LoRA on the weights as the "
                         "file stores them (quantized, mapped, frozen)")
     p.add_argument("--out-type", choices=OUT_TYPES, default="f32")
-    p.add_argument("--static", action="store_true", help="one static graph (same bits)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="a fresh graph per micro-batch, as llama-finetune builds them (the same "
+                        "bits; default: one static graph, ~0.1 s less per SmolLM2 step)")
     p.add_argument("--plot", metavar="PNG", help="also write the losses per epoch as PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     training_cli.add_training_args(p, default_lr=1e-5)
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"lora: {len(adapter.a)} adapted weights, {adapter.n_params()} trainable "
               f"parameters (base frozen)")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
-                        val_split=args.val_split, static=args.static, seed=args.seed)
+                        val_split=args.val_split, static=not args.dynamic, seed=args.seed)
     base = OptimizerParams()
     base.adamw.wd = fp.wd
     n_steps = FineTuner.count_steps(windows, fp)

@@ -32,7 +32,7 @@ class MemoryReport:
     weight_types: dict[str, int]  # type name -> tensor count
     param_bytes: int  # trainable parameters (PARAM tensors)
     n_params: int
-    optimizer_bytes: int  # gradient accumulators + AdamW moments
+    optimizer_bytes: int  # AdamW moments + gradient accumulators (if any, see lines())
     activation_bytes: int  # compute buffers
     input_bytes: int  # tokens, label ids, the loss weight
     peak_rss_bytes: int
@@ -50,8 +50,10 @@ class MemoryReport:
             f"mapped from the file)",
             f"memory: trainable parameters {self.param_bytes / mb:.1f} MB "
             f"({self.n_params} values), optimizer state {self.optimizer_bytes / mb:.1f} MB "
-            f"(gradient accumulators + AdamW moments)",
-            f"memory: activations {self.activation_bytes / mb:.1f} MB (compute buffers), "
+            f"(AdamW moments, and gradient accumulators where a step has several "
+            f"micro-batches or the graphs are dynamic)",
+            f"memory: activations {self.activation_bytes / mb:.1f} MB (compute buffers, "
+            f"gradients of a one-micro-batch static step included), "
             f"inputs {self.input_bytes / mb:.1f} MB (tokens, label ids, loss weight)",
             f"memory: peak RSS {self.peak_rss_bytes / mb:.0f} MB",
         ]
