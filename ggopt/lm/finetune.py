@@ -4,9 +4,9 @@ Every micro-batch (``n_ubatch`` windows) has the same shape, so by default one s
 built up front (``static=True``) and run through :class:`~ggopt.opt.OptContext`, an optimizer
 step every ``n_batch / n_ubatch`` micro-batches. ``static=False`` builds a fresh forward graph
 per micro-batch through the dynamic-graph API (``prepare_alloc`` -> ``alloc`` -> ``eval``), as
-llama.cpp's ``llama-finetune`` does: the same bits, about 0.1 s more per SmolLM2 step. Whatever is a PARAM trains: every weight for a full
-fine-tune (``token_embd`` included; a tied output sums both uses' gradients), only the
-adapter with :func:`ggopt.lm.lora.attach`.
+llama.cpp's ``llama-finetune`` does: the same bits, about 0.1 s more per SmolLM2 step. Whatever
+is a PARAM trains: every weight for a full fine-tune (``token_embd`` included; a tied output
+sums both uses' gradients), only the adapter with :func:`ggopt.lm.lora.attach`.
 
 The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss_ids(logits, labels,
 MASKED)``, ggml's cross-entropy with one-hot labels (the same bits) read from the label ids, so
