@@ -356,7 +356,8 @@ def print_profile(rec: dict, warm: int) -> None:
     top = max(peak.values())
     print(f"    weight and adapter products: {rec['product_flops'] / n / 1e9:.1f} GFLOP per step "
           f"at {gf:.1f} GFLOP/s = {100 * gf / top:.0f} % of the best sgemm measured here, "
-          f"{top:.1f} GFLOP/s (2048^3: ggopt mul_mat {peak['ggopt']:.1f}, NumPy BLAS {peak['numpy']:.1f}"
+          f"{top:.1f} GFLOP/s (2048^3: ggopt mul_mat {peak['ggopt']:.1f}, NumPy BLAS "
+          f"{peak['numpy']:.1f}"
           + (f", PyTorch on 1536x576x256 {peak['torch']:.1f}" if "torch" in peak else "")
           + ")")
 
