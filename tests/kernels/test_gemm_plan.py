@@ -32,11 +32,8 @@ def which_sgemm(request):
 
 
 def _chosen_address():
-    name = blas.products_blas()
-    for which, prefix in (("mkl", "oneMKL"), ("openblas", "NumPy")):
-        if name.startswith(prefix):
-            return blas.sgemm_address(which)
-    return 0
+    which = {v: k for k, v in blas.BLAS_NAMES.items()}[blas.products_blas()]
+    return 0 if which == "scipy" else blas.sgemm_address(which)
 
 
 def test_the_choice_is_named_and_stable(request):
@@ -56,17 +53,19 @@ def test_ggopt_blas_names_the_library(which, monkeypatch):
     address = _chosen_address()
     monkeypatch.setenv("GGOPT_BLAS", which)
     try:
-        name = blas._choose(which)
-        assert name.startswith({"mkl": "oneMKL", "openblas": "NumPy", "scipy": "SciPy"}[which])
+        assert blas._choose(which) == blas.BLAS_NAMES[which]
+        assert _gemm.ilp64_sgemm_in_use() == (which != "scipy")
     finally:
         _gemm.use_ilp64_sgemm(address)
 
 
 def test_ggopt_blas_refuses_an_unknown_name():
+    in_use = _gemm.ilp64_sgemm_in_use()
     with pytest.raises(InvalidValueError, match="GGOPT_BLAS='atlas': expected one of mkl"):
         blas._choose("atlas")
     with pytest.raises(InvalidValueError, match="which must be"):
         blas.sgemm_address("atlas")
+    assert _gemm.ilp64_sgemm_in_use() == in_use  # the sgemm in use is untouched
 
 
 def _rand(shape, seed):

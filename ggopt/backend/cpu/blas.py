@@ -67,9 +67,11 @@ _products_blas: str | None = None  # what the GemmPlans call, once chosen
 _choose_lock = threading.Lock()
 _mkl_handle: Any = None  # oneMKL's runtime library, kept loaded once chosen
 
-BLAS_CHOICES = ("mkl", "openblas", "scipy")
-"""What ``GGOPT_BLAS`` may name: oneMKL, NumPy's OpenBLAS, SciPy's BLAS (unset: the first
-of them that is installed and passes the check)."""
+BLAS_NAMES = {"mkl": "oneMKL (sgemm_64, sequential)", "openblas": "NumPy's OpenBLAS",
+              "scipy": "SciPy's BLAS (sgemm)"}
+"""What :func:`products_blas` returns for each choice ``GGOPT_BLAS`` may name."""
+BLAS_CHOICES = tuple(BLAS_NAMES)
+"""What ``GGOPT_BLAS`` may name, in the order tried when it is unset."""
 
 _MKL_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL, mkl_service.h
 
@@ -108,18 +110,17 @@ def _choose(wanted: str) -> str:
     if wanted not in ("", *BLAS_CHOICES):
         raise InvalidValueError(f"GGOPT_BLAS={wanted!r}: expected one of {', '.join(BLAS_CHOICES)}"
                                 " (or unset: the fastest installed)")
-    names = {"mkl": "oneMKL (sgemm_64, sequential)", "openblas": "NumPy's OpenBLAS"}
     for which in ("mkl", "openblas"):
         if wanted not in ("", which):
             continue
         address = sgemm_address(which)
         if address and _works(_gemm, address):
-            return names[which]
+            return BLAS_NAMES[which]
         if wanted == which:
-            raise InvalidValueError(f"GGOPT_BLAS={which}: {names[which]} is not available here"
+            raise InvalidValueError(f"GGOPT_BLAS={which}: {BLAS_NAMES[which]} is not available here"
                                     f"{' (pip install mkl)' if which == 'mkl' else ''}")
     _gemm.use_ilp64_sgemm(0)
-    return "SciPy's BLAS (sgemm)"
+    return BLAS_NAMES["scipy"]
 
 
 def _mkl_sgemm() -> int | None:
