@@ -1,0 +1,147 @@
+"""Write ``docs/performance.md`` from a pytest-benchmark JSON file.
+
+One table per benchmark group (``pytest bench`` groups every ggopt row with its references),
+under one heading per bench module; each row gives the median, the minimum and the rounds, and
+the ratios the benches record in ``extra_info`` (``ratio_vs_<ref>`` = median(ref) /
+median(row), ``min_ratio_vs_<ref>`` the same of the minima, ``target_vs_<ref>`` /
+``met_vs_<ref>``; see bench/README.md), then the row's other records. The header says when,
+where and on which commit the run was made, and the load the caller measured::
+
+    GOMP_SPINCOUNT=10000 python -m pytest bench --benchmark-json=bench.json
+    python tools/perf_page.py bench.json --load "1.2-2.4 (uptime during the run)" \\
+        -o docs/performance.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+INTRO = """\
+Every ggopt row beside its references, measured **in the same run** by `pytest bench`
+(pytest-benchmark; how to run it and what each group times: [bench/README.md](../bench/README.md)).
+A speed ratio is the reference's time over ggopt's: above 1, ggopt is faster; the first number
+compares the medians, the one in brackets the minima (steadier when other jobs share the
+machine). Compare ratios, not seconds: the development machine's speed drifts between runs.
+The fine-tuning and language-model script benches (`bench_finetune`, `bench_llm`,
+`bench_lora_quant`) are not part of this run: their latest tables are in
+[fine-tuning.md](fine-tuning.md#speed), [quantized.md](quantized.md#lora-on-the-quantized-file)
+and [language-models.md](language-models.md#training-speed)."""
+
+_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"))
+
+
+def _unit(seconds: float) -> tuple[float, str]:
+    for scale, name in _UNITS:
+        if seconds >= scale:
+            return scale, name
+    return _UNITS[-1]
+
+
+def _time(seconds: float, scale: float) -> str:
+    v = seconds / scale
+    return f"{v:.3g}" if v < 100 else f"{v:.0f}"
+
+
+def _row_name(bench: Mapping[str, Any]) -> str:
+    """The row's id: its parametrization's last part (``ggopt``, ``torch``, ...) or name."""
+    m = re.search(r"\[(.*)\]$", bench["name"])
+    return m[1] if m else bench["name"].removeprefix("test_")
+
+
+def _ratios(extra: Mapping[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """``(ratio cells, target cells, other records)`` of one row's ``extra_info``."""
+    ratios, targets, other = [], [], []
+    used = set()
+    for key, value in extra.items():
+        m = re.fullmatch(r"(?:median_)?ratio_vs_(\w+)", key)
+        if m and not key.startswith("min_"):
+            ref = m[1]
+            low = extra.get(f"min_ratio_vs_{ref}")
+            ratios.append(f"{ref}: {value:.2f}x" + (f" ({low:.2f}x)" if low is not None else ""))
+            used.update({key, f"min_ratio_vs_{ref}"})
+            if f"target_vs_{ref}" in extra:
+                met = "met" if extra.get(f"met_vs_{ref}") else "**not met**"
+                targets.append(f">= {extra[f'target_vs_{ref}']}x {ref}: {met}")
+                used.update({f"target_vs_{ref}", f"met_vs_{ref}"})
+    for key, value in extra.items():
+        if key not in used:
+            other.append(f"{key}={json.dumps(value) if isinstance(value, bool) else value}")
+    return ratios, targets, other
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    scale, unit = _unit(min(b["stats"]["median"] for b in rows))
+    lines = [f"| row | median ({unit}) | min ({unit}) | rounds | speed vs reference, median "
+             f"(min) | target | other records |", "|---|---|---|---|---|---|---|"]
+    for b in rows:
+        s = b["stats"]
+        ratios, targets, other = _ratios(b.get("extra_info", {}))
+        lines.append(f"| `{_row_name(b)}` | {_time(s['median'], scale)} | "
+                     f"{_time(s['min'], scale)} | {s['rounds']} | {'; '.join(ratios)} | "
+                     f"{'; '.join(targets)} | {', '.join(other)} |")
+    return lines
+
+
+def _machine(info: Mapping[str, Any]) -> str:
+    cpu = info.get("cpu", {})
+    brand = cpu.get("brand_raw") or info.get("processor") or "unknown CPU"
+    count = cpu.get("count")
+    return (f"{brand}" + (f", {count} logical cores" if count else "") +
+            f"; {info.get('system', '')} {info.get('release', '')}; "
+            f"{info.get('python_implementation', 'Python')} {info.get('python_version', '')}")
+
+
+def render(data: Mapping[str, Any], load: str, command: str, note: str = "") -> str:
+    """The page for pytest-benchmark's JSON ``data``."""
+    commit = data.get("commit_info", {})
+    rev = str(commit.get("id", "unknown"))[:12]
+    if commit.get("dirty"):
+        rev += " (with uncommitted changes)"
+    benches = [b for b in data.get("benchmarks", []) if b.get("stats")]
+    out = ["<!-- Generated by tools/perf_page.py from a pytest-benchmark JSON file: "
+           "do not edit; regenerate. -->", "# Performance", "", INTRO, "",
+           "| run | |", "|---|---|",
+           f"| date | {data.get('datetime', 'unknown')} |",
+           f"| machine | {_machine(data.get('machine_info', {}))} |",
+           f"| commit | `{rev}` |",
+           f"| load | {load} |",
+           f"| command | `{command}` |",
+           *([f"| note | {note} |"] if note else []),
+           f"| benchmarks | {len(benches)} rows in "
+           f"{len({b.get('group') for b in benches})} groups |", ""]
+    modules: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
+    for b in benches:
+        module = b.get("fullname", "").split("::")[0] or "bench"
+        group = b.get("group") or b["name"]
+        modules.setdefault(module, {}).setdefault(group, []).append(b)
+    for module, groups in modules.items():
+        out += [f"## `{module}`", ""]
+        for group, rows in groups.items():
+            out += [f"### {group}", "", *_table(rows), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("json", help="the file of `pytest bench --benchmark-json=FILE`")
+    p.add_argument("--load", required=True,
+                   help="the machine's load during the run (uptime's load averages)")
+    p.add_argument("--command", default="GOMP_SPINCOUNT=10000 python -m pytest bench "
+                   "--benchmark-json=bench.json", help="the command the run used")
+    p.add_argument("--note", default="", help="anything else the reader must know of the run")
+    p.add_argument("-o", "--out", default="docs/performance.md")
+    args = p.parse_args(argv)
+    data = json.loads(Path(args.json).read_text(encoding="utf-8"))
+    Path(args.out).write_text(render(data, args.load, args.command, args.note), encoding="utf-8")
+    print(f"{args.out} written from {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
