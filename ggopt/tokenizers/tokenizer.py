@@ -4,7 +4,7 @@ and ``llama_token_to_piece``."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ggopt.errors import DTypeError, InvalidValueError
 from ggopt.tokenizers.bpe import CHAR_TO_BYTE, BpeModel
@@ -14,6 +14,9 @@ from ggopt.tokenizers.special import Attr
 from ggopt.tokenizers.spm import SPACE, SpmModel
 from ggopt.tokenizers.unicode import decode_utf8, encode_utf8
 from ggopt.tokenizers.vocab import Vocab
+
+if TYPE_CHECKING:
+    from ggopt.tokenizers.chat import TemplateLimits
 
 __all__ = ["Tokenizer"]
 
@@ -61,6 +64,7 @@ class Tokenizer:
             self._bpe = BpeModel({t: i for i, t in enumerate(texts)}, vocab.merges,
                                  pre_tokenizer(vocab.pre))
         self._pieces: list[bytes | None] = [None] * len(vocab.tokens)  # filled on first use
+        self.source = ""  # the file it was read from (named in template errors)
 
     def clear_cache(self) -> None:
         """Forget the per-word cache of the BPE/SPM model (encoding is then a first pass)."""
@@ -107,22 +111,30 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self.vocab.chat_template
 
+    @property
+    def special_texts(self) -> tuple[str, str]:
+        """The texts of BOS and EOS (``""`` where the vocabulary has none), as a chat template
+        sees them (``bos_token``, ``eos_token``)."""
+        texts = self.vocab.texts
+        return (texts[self.bos] if self.bos is not None else "",
+                texts[self.eos] if self.eos is not None else "")
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
                             add_generation_prompt: bool = False, template: str | None = None,
-                            **variables: Any) -> str:
+                            limits: TemplateLimits | None = None, **variables: Any) -> str:
         """Render the vocabulary's ``tokenizer.chat_template`` (or ``template``) for
-        ``messages``, with this vocabulary's BOS/EOS texts (see :mod:`.chat`)."""
-        from ggopt.tokenizers.chat import render_chat
+        ``messages``, with this vocabulary's BOS/EOS texts, under ``limits`` (see
+        :mod:`.chat`; errors name :attr:`source`)."""
+        from ggopt.tokenizers.chat import DEFAULT_LIMITS, render_chat
 
         template = template if template is not None else self.chat_template
         if template is None:
             raise InvalidValueError("tokenizer.chat_template: the file has none (pass "
                                     "template=...)")
-        texts = self.vocab.texts
-        bos = texts[self.bos] if self.bos is not None else ""
-        eos = texts[self.eos] if self.eos is not None else ""
+        bos, eos = self.special_texts
         return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=bos, eos_token=eos, **variables)
+                           bos_token=bos, eos_token=eos, limits=limits or DEFAULT_LIMITS,
+                           source=self.source, **variables)
 
     def token_text(self, tid: int) -> bytes:
         """The token's text as stored in the vocabulary."""

@@ -60,7 +60,7 @@ def test_only_the_assistant_is_trained(tmp_path):
     assert bytes(int(x) for x in labels if x != MASKED) == b"hello</s>\n4</s>\n"
     assert (labels[n:] == MASKED).all()
     with pytest.raises(ShapeError, match=f"has {len(ids)} tokens"):
-        chat_windows(tok, convs, 20)
+        chat_windows(tok, convs, 20, "error")
 
 
 @pytest.mark.parametrize("line, match", [
