@@ -35,7 +35,8 @@ def assert_refused(template: str, match: str) -> None:
     "{{ [1] | slice(1000000000) | list | length }}",
 ], ids=["nested-range", "constant-folding", "lipsum", "slice"])
 def test_hangs_end_at_the_time_limit(template):
-    assert_refused(template, r"longer than the limit of 3 s \(TemplateLimits.seconds\)|memory limit")
+    assert_refused(template, r"longer than the limit of 3 s \(TemplateLimits.seconds\)|"
+                             r"memory limit")
 
 
 @pytest.mark.parametrize("template", [
