@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ggopt.errors import DTypeError, InvalidValueError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.tokenizers.bpe import CHAR_TO_BYTE, BpeModel
 from ggopt.tokenizers.pretokenize import pre_tokenizer
 from ggopt.tokenizers.rwkv import RwkvModel
@@ -239,7 +239,11 @@ class Tokenizer:
     def _check_id(self, tid: object) -> int:
         if isinstance(tid, bool) or not hasattr(tid, "__index__"):
             raise DTypeError(f"token id: expected an int, got {type(tid).__name__}")
-        i = tid.__index__()
+        try:
+            i = tid.__index__()
+        except TypeError:  # a NumPy array of more than one element, ...
+            raise DTypeError(f"token id: expected an int, got {type(tid).__name__} "
+                             f"{getattr(tid, 'shape', '')}") from None
         if not 0 <= i < len(self._pieces):
             raise InvalidValueError(f"token id {i}: expected 0 <= id < {len(self._pieces)}")
         return int(i)
@@ -256,5 +260,10 @@ class Tokenizer:
         return piece
 
     def decode(self, ids: Iterable[int] | Sequence[int], *, special: bool = True) -> bytes:
-        """The bytes of ``ids``: each token's piece (``llama_token_to_piece``), joined."""
+        """The bytes of ``ids`` (a sequence of ids, or a 1-D integer array): each token's piece
+        (``llama_token_to_piece``), joined."""
+        shape = getattr(ids, "shape", None)
+        if shape is not None and len(shape) != 1:
+            raise ShapeError(f"decode: expected a sequence of token ids (1-D), got an array "
+                             f"of shape {tuple(shape)} (decode each row)")
         return b"".join([self.piece(t, special=special) for t in ids])
