@@ -24,7 +24,7 @@ from gguf.quants import dequantize, quantize
 from ..errors import DTypeError, InvalidValueError
 from ..io.atomic import atomic_path
 from ..io.paths import text_path
-from ..models.llama.convert import copy_keys
+from ..models.llama.convert import check_written, copy_keys
 from ..models.llama.mapped import check_blocks_finite
 from ..models.llama.weights import as_f32, check_finite, open_reader, tensor_table
 from ..types import GGType
@@ -213,6 +213,10 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                 writer.write_tensor_data(data)
         finally:
             writer.close()
+        check_written(tmp, {name: (tuple(int(d) for d in t.shape),
+                                   int(t.tensor_type) if types[name] is None else
+                                   int(types[name]))  # type: ignore[arg-type]
+                            for name, t in table.items()}, where)
     return report
 
 

@@ -190,3 +190,72 @@ def test_weights_of_the_wrong_type(tmp_path, src):
     with pytest.raises(DTypeError, match="must be float32, got complex64"):
         export(src, tmp_path / "o.gguf", {**w, name: w[name].astype(np.complex64)})
     assert not (tmp_path / "o.gguf").exists()
+
+
+def _realigned(src, dst, alignment: int) -> None:
+    """``src`` rewritten with ``general.alignment = alignment`` (its data padded to it)."""
+    from gguf import GGUFWriter
+
+    r = GGUFReader(src)
+    w = GGUFWriter(str(dst), "llama")
+    w.add_custom_alignment(alignment)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", "general.alignment"):
+            continue
+        types = list(f.types)
+        w.add_key_value(k, f.contents(), types[0],
+                        types[-1] if types[0] == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        shape = tuple(int(d) for d in t.shape)[::-1]
+        w.add_tensor(t.name, np.array(t.data), raw_shape=t.data.shape,
+                     raw_dtype=GGMLQuantizationType(int(t.tensor_type)))
+        assert shape  # every tensor has dimensions
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("out_type", ["f32", "keep", "q8_0"])
+def test_general_alignment_is_honoured(tmp_path, src, out_type):
+    """Issue 32 row 9: a model with general.alignment = 64 exported the key with the data
+    padded to 32: neither ggopt nor llama.cpp could read the result."""
+    aligned = tmp_path / "aligned.gguf"
+    _realigned(src, aligned, 64)
+    _, w, _ = llama.read_weights(aligned)
+    dst = tmp_path / "out.gguf"
+    export(aligned, dst, _changed(aligned), out_type)
+    r = GGUFReader(dst)
+    assert int(r.alignment) == 64 and int(r.fields["general.alignment"].contents()) == 64
+    for t in r.tensors:
+        assert (t.data_offset - r.data_offset) % 64 == 0
+    _, back, _ = llama.read_weights(dst)
+    assert set(back) == set(w)
+    f32 = tmp_path / "f32.gguf"
+    llama.write_f32(aligned, f32)
+    _, back32, _ = llama.read_weights(f32)
+    for k in w:
+        np.testing.assert_array_equal(back32[k], w[k])
+
+
+def test_written_file_is_read_back_before_it_replaces_the_target(tmp_path, src, monkeypatch):
+    """A writer bug that leaves a tensor outside the file is caught on the temporary file:
+    the target keeps its old content."""
+    from gguf import GGUFWriter
+
+    from ggopt.errors import ShapeError
+
+    dst = tmp_path / "out.gguf"
+    dst.write_bytes(b"old")
+    real = GGUFWriter.close
+
+    def cut(self):  # the last tensor's end lost
+        path = self.path
+        real(self)
+        with open(path, "r+b") as f:
+            f.truncate(f.seek(0, 2) - 100)
+
+    monkeypatch.setattr(GGUFWriter, "close", cut)
+    with pytest.raises((ShapeError, InvalidValueError), match="read"):
+        export(src, dst, _changed(src), "f32")
+    assert dst.read_bytes() == b"old"
