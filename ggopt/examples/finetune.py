@@ -33,7 +33,7 @@ import ggopt
 from ..errors import GgoptError, InvalidValueError, ShapeError
 from ..lm import lora
 from ..lm.chat import OVERFLOW, chat_windows, read_conversations
-from ..lm.export import OUT_TYPES, export
+from ..lm.export import OUT_TYPES, check_exportable, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
@@ -127,6 +127,7 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
     model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress)
     tok = model.require_tokenizer()
+    check_exportable(args.model)  # the export at the end cannot fail on the input's keys
     texts = []
     for path in args.text or ():
         try:
