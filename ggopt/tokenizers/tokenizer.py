@@ -3,6 +3,7 @@ and ``llama_token_to_piece``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["Tokenizer"]
 
 _ISSPACE = frozenset(b" \t\n\v\f\r")
+_SPACES = re.compile(rb"[ \t\n\v\f\r]*")
 _SPACE_BYTES = SPACE.encode()
 
 
@@ -190,29 +192,29 @@ class Tokenizer:
             if not parse_special and attr & (Attr.CONTROL | Attr.UNKNOWN):
                 continue
             text = v.tokens[tid]
-            if not any(isinstance(f, bytes) and text in f for f in frags):
+            if text not in data:  # every fragment is a part of the text: one scan
                 continue
             new: list[bytes | int] = []
             for frag in frags:
                 if isinstance(frag, int) or text not in frag:
                     new.append(frag)
                     continue
-                rest = frag
+                start = 0  # indices, never copies of the rest: linear in the text
                 while True:
-                    pos = rest.find(text)
+                    pos = frag.find(text, start)
                     if pos < 0:
-                        if rest:
-                            new.append(rest)
+                        if start < len(frag):
+                            new.append(frag[start:])
                         break
-                    left = rest[:pos]
+                    left = frag[start:pos]
                     if attr & Attr.LSTRIP:
                         left = left.rstrip(b" \t\n\v\f\r")
                     if left:
                         new.append(left)
                     new.append(tid)
-                    rest = rest[pos + len(text):]
+                    start = pos + len(text)
                     if attr & Attr.RSTRIP:
-                        rest = rest.lstrip(b" \t\n\v\f\r")
+                        start = _SPACES.match(frag, start).end()  # type: ignore[union-attr]
             frags = new
         return frags
 

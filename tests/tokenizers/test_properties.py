@@ -125,3 +125,58 @@ def test_mutated_vocab_file_loads_or_raises_ggopt_error(tmp_path_factory, cut, f
         return
     assert isinstance(tok.encode("abc"), list)
     bad.unlink()
+
+
+def _partition_before(tok: tk.Tokenizer, data: bytes, parse_special: bool) -> list:
+    """The special-token partition as main cut it before issue 32 (quadratic: the rest of
+    the text copied after every match), the reference of the linear one."""
+    from ggopt.tokenizers.special import Attr
+
+    frags: list = [data]
+    v = tok.vocab
+    for tid in v.special_order:
+        attr = v.attrs[tid]
+        if not parse_special and attr & (Attr.CONTROL | Attr.UNKNOWN):
+            continue
+        text = v.tokens[tid]
+        if not any(isinstance(f, bytes) and text in f for f in frags):
+            continue
+        new: list = []
+        for frag in frags:
+            if isinstance(frag, int) or text not in frag:
+                new.append(frag)
+                continue
+            rest = frag
+            while True:
+                pos = rest.find(text)
+                if pos < 0:
+                    if rest:
+                        new.append(rest)
+                    break
+                left = rest[:pos]
+                if attr & Attr.LSTRIP:
+                    left = left.rstrip(b" \t\n\v\f\r")
+                if left:
+                    new.append(left)
+                new.append(tid)
+                rest = rest[pos + len(text):]
+                if attr & Attr.RSTRIP:
+                    rest = rest.lstrip(b" \t\n\v\f\r")
+        frags = new
+    return frags
+
+
+_SPECIAL_PIECES = st.sampled_from(["<|end|>", "<|user|>", "</s>", "<s>", "<|im_start|>",
+                                   "<|im_end|>", "<|endoftext|>", " ", "  ", "\n", "\t", "x",
+                                   "hi", "<|", "|>", "é", "<"])
+
+
+@pytest.mark.parametrize("name", ["phi-3", "smollm2"])
+@given(pieces=st.lists(_SPECIAL_PIECES, max_size=60), parse_special=st.booleans())
+def test_special_partition_equals_the_quadratic_one(name, pieces, parse_special):
+    """Issue 32 row 14: ``encode(parse_special=True)`` on chat text was quadratic (8 MB:
+    16 s); the linear partition cuts exactly as before (Phi-3's rstrip/lstrip tokens
+    included)."""
+    tok = load(smollm2_path() if name == "smollm2" else vocab_path(name))
+    data = "".join(pieces).encode()
+    assert tok._partition(data, parse_special) == _partition_before(tok, data, parse_special)
