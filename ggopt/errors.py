@@ -14,6 +14,7 @@ __all__ = [
     "StateError",
     "BackendUnavailableError",
     "OutOfMemoryError",
+    "FileWriteError",
 ]
 
 
@@ -44,3 +45,8 @@ class BackendUnavailableError(GgoptError, RuntimeError):
 
 class OutOfMemoryError(GgoptError, MemoryError):
     """A context or buffer has no room left for the requested tensor."""
+
+
+class FileWriteError(GgoptError, OSError):
+    """Writing an output file failed (a full disk, an I/O error); the message names the file
+    and the cause, and an existing file at that path is untouched."""

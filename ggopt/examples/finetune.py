@@ -32,8 +32,8 @@ import ggopt
 
 from ..errors import GgoptError, InvalidValueError, ShapeError
 from ..lm import lora
-from ..lm.chat import chat_windows, read_conversations
-from ..lm.export import OUT_TYPES, export
+from ..lm.chat import OVERFLOW, chat_windows, read_conversations
+from ..lm.export import OUT_TYPES, check_exportable, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
@@ -56,6 +56,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     data.add_argument("--text", nargs="+", help="plain text files (llama.cpp's windows)")
     data.add_argument("--chat", help='JSON lines {"messages": [{"role", "content"}, ...]}')
     p.add_argument("--ctx", type=int, default=256, help="tokens per window (default 256)")
+    p.add_argument("--chat-overflow", choices=OVERFLOW, default="truncate",
+                   help="a conversation longer than a window: keep its start (truncate, the "
+                        "default; the loss on the assistant tokens that fit), skip it, or "
+                        "stop (error)")
     p.add_argument("--batch", type=int, default=1,
                    help="windows (of --ctx tokens, not tokens as llama.cpp's -b) per optimizer "
                         "step (default 1)")
@@ -121,8 +125,9 @@ def run(args: argparse.Namespace) -> None:
     rank0 = comm is None or comm.rank == 0
     if not rank0:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
-    model = load(args.model, base_type=args.base_type, progress=rank0)
+    model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress)
     tok = model.require_tokenizer()
+    check_exportable(args.model)  # the export at the end cannot fail on the input's keys
     texts = []
     for path in args.text or ():
         try:
@@ -135,7 +140,9 @@ def run(args: argparse.Namespace) -> None:
         raise ShapeError(f"--ctx {args.ctx}: windows longer than the model's context of "
                          f"{model.cfg.n_ctx} tokens")
     windows = text_windows(tokenize_texts(tok, texts), args.ctx) if args.text else \
-        chat_windows(tok, conversations, args.ctx)
+        chat_windows(tok, conversations, args.ctx, args.chat_overflow)
+    if windows.overflow.line(args.ctx):
+        print(windows.overflow.line(args.ctx), file=sys.stderr)
     net = model.net
     adapter = None
     if args.lora is not None:

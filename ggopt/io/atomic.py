@@ -7,10 +7,12 @@ a full disk, an interrupt) leaves an existing file untouched and no partial file
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
 
+from ..errors import FileWriteError
 from .paths import check_output_path
 
 __all__ = ["atomic_path"]
@@ -42,6 +44,17 @@ def _fsync(path: str, directory: bool = False) -> None:
         os.close(fd)
 
 
+def _cause(exc: OSError, directory: str) -> str:
+    """``exc`` in words, with the disk's free space where it is (nearly) full."""
+    text = exc.strerror or str(exc)
+    with contextlib.suppress(OSError):
+        st = os.statvfs(directory)
+        free = st.f_bavail * st.f_frsize
+        if exc.errno == errno.ENOSPC or free < (1 << 20):
+            text = f"no space left on the device ({free} bytes free; {text})"
+    return text
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], what: str = "output file") -> Iterator[str]:
     """Yield a temporary path to write instead of ``path``; on success it replaces ``path``.
@@ -52,7 +65,9 @@ def atomic_path(path: str | os.PathLike[str], what: str = "output file") -> Iter
 
     On leaving the block without an exception the temporary file is flushed to disk (fsync),
     given the permissions a plain ``open(path, "w")`` would give (an existing file keeps its
-    own), and renamed over ``path``. On an exception it is deleted and ``path`` is untouched.
+    own), and renamed over ``path``. On an exception it is deleted and ``path`` is untouched;
+    an OSError of the block (a full disk) becomes a FileWriteError naming ``path`` and the
+    cause.
     A symbolic link at ``path`` is followed: its target is replaced.
     """
     final = check_output_path(path, what)
@@ -61,7 +76,13 @@ def atomic_path(path: str | os.PathLike[str], what: str = "output file") -> Iter
                                suffix=".tmp")
     os.close(fd)
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as exc:
+            if isinstance(exc, FileWriteError):
+                raise
+            raise FileWriteError(f"{what} {final!r}: writing failed: {_cause(exc, directory)}"
+                                 f" (the file is unchanged)") from exc
         try:
             mode = os.stat(final).st_mode & 0o7777
         except FileNotFoundError:

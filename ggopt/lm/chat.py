@@ -1,13 +1,14 @@
 """Chat data for supervised fine-tuning: JSON lines ``{"messages": [{"role", "content"}, ...]}``
-rendered with the model's ``tokenizer.chat_template`` (jinja2, sandboxed, as Hugging Face
-renders it: ``trim_blocks``, ``lstrip_blocks``, ``raise_exception``, ``bos_token``,
-``eos_token``), special tokens parsed, the loss only on the assistant's tokens.
+rendered with the model's ``tokenizer.chat_template`` (jinja2, sandboxed, under a budget:
+:mod:`ggopt.tokenizers.chat`), special tokens parsed, the loss only on the assistant's tokens.
 
 Each conversation is cut where the rendering of ``messages[:k]`` (with the generation prompt)
 ends and that of ``messages[:k+1]`` ends: the text in between an assistant message ``k``
-produced (its content and the template's end of turn) is trained, the rest is masked. Each
-piece is tokenized on its own and the ids concatenated. One conversation fills one window:
-padded to ``n_ctx`` (with EOS, masked), never packed, so no conversation attends to another.
+produced (its content and the template's end of turn) is trained, the rest is masked. The
+template renders a conversation once (:func:`ggopt.tokenizers.chat_spans` finds the cuts);
+each piece is tokenized on its own and the ids concatenated. One conversation fills one window,
+padded to ``n_ctx`` (with EOS, masked); a longer one is truncated, skipped or refused
+(``overflow``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,14 @@ import numpy as np
 from ..errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ..io.paths import text_path
 from ..models.llama.vocab import Tokenizer
-from .windows import MASKED, Windows
+from ..tokenizers.chat import DEFAULT_LIMITS, FAST_FROM, TemplateLimits, chat_spans
+from .windows import MASKED, Overflow, Windows
 
-__all__ = ["read_conversations", "render", "conversation_ids", "chat_windows"]
+__all__ = ["read_conversations", "render", "conversation_ids", "conversations_ids",
+           "chat_windows", "Overflow", "OVERFLOW"]
+
+#: What :func:`chat_windows` does with a conversation longer than a window.
+OVERFLOW = ("truncate", "skip", "error")
 
 Message = dict[str, str]
 
@@ -78,76 +84,123 @@ def render(tokenizer: Tokenizer, messages: Sequence[Message],
     StateError
         The model has no ``tokenizer.chat_template``.
     InvalidValueError
-        The template fails (``raise_exception``, an undefined name, a type error, ...).
+        The template fails (``raise_exception``, an undefined name, a type error, a limit of
+        its budget, ...).
     """
     if not tokenizer.chat_template:
         raise StateError("chat data: the model has no tokenizer.chat_template")
     return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
 
-def conversation_ids(tokenizer: Tokenizer, messages: Sequence[Message]) -> tuple[list[int],
-                                                                                 list[bool]]:
-    """The conversation's token ids and, per id, whether it is the assistant's (trained).
+def conversations_ids(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]], *,
+                      limits: TemplateLimits = DEFAULT_LIMITS,
+                      fast_from: int = FAST_FROM) -> list[tuple[list[int], list[bool]]]:
+    """Each conversation's token ids and, per id, whether it is the assistant's (trained);
+    the template rendered in one worker call for all of them.
 
     Raises
     ------
+    StateError
+        The model has no ``tokenizer.chat_template``.
     InvalidValueError
-        The template fails, or renders a shorter conversation as something other than a
-        prefix of the longer one (the assistant's text cannot be located).
+        The template fails or exceeds ``limits``, or renders a shorter conversation as
+        something other than a prefix of the longer one (the assistant's text cannot be
+        located).
     """
-    ids: list[int] = []
-    trained: list[bool] = []
-    done = ""
-    for k, msg in enumerate(messages):
-        cuts = [(render(tokenizer, messages[:k + 1], False), msg["role"] == "assistant")]
-        if msg["role"] == "assistant":
-            cuts.insert(0, (render(tokenizer, messages[:k], True), False))
-        for text, is_answer in cuts:
-            if not text.startswith(done):
-                raise InvalidValueError(f"chat template: the rendering of messages[:{k + 1}] "
-                                        f"does not extend that of the messages before it")
-            piece = text[len(done):]
-            if piece:
-                new = tokenizer.encode(piece, add_special=not ids, parse_special=True)
-                ids.extend(new)
-                trained.extend([is_answer] * len(new))
-            done = text
-    return ids, trained
+    template = tokenizer.chat_template
+    if not template:
+        raise StateError("chat data: the model has no tokenizer.chat_template")
+    bos, eos = tokenizer.special_texts
+    spans = chat_spans(template, conversations, bos_token=bos, eos_token=eos, limits=limits,
+                       source=tokenizer.source, fast_from=fast_from)
+    out = []
+    for text, cuts in spans:
+        ids: list[int] = []
+        trained: list[bool] = []
+        start = 0
+        for end, is_answer in cuts:
+            new = tokenizer.encode(text[start:end], add_special=not ids, parse_special=True)
+            ids.extend(new)
+            trained.extend([is_answer] * len(new))
+            start = end
+        out.append((ids, trained))
+    return out
+
+
+def conversation_ids(tokenizer: Tokenizer, messages: Sequence[Message]) -> tuple[list[int],
+                                                                                 list[bool]]:
+    """The conversation's token ids and, per id, whether it is the assistant's (trained):
+    :func:`conversations_ids` of one conversation."""
+    return conversations_ids(tokenizer, [messages])[0]
 
 
 def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]],
-                 n_ctx: int) -> Windows:
+                 n_ctx: int, overflow: str = "truncate", *,
+                 limits: TemplateLimits = DEFAULT_LIMITS) -> Windows:
     """One window per conversation: inputs ``ids[:-1]``, labels ``ids[1:]`` (masked where the
     next token is not the assistant's), padded to ``n_ctx`` with EOS and masked labels.
+
+    A conversation of more than ``n_ctx + 1`` tokens: ``overflow="truncate"`` (default) keeps
+    its first ``n_ctx + 1`` (the loss on the assistant tokens that fit), ``"skip"`` leaves it
+    out, ``"error"`` refuses it; :attr:`Windows.overflow` counts them.
 
     Raises
     ------
     ShapeError
-        ``n_ctx`` not an int >= 1, a conversation longer than ``n_ctx + 1`` tokens (say how
-        long; raise ``--ctx``) or shorter than 2 (nothing to predict).
+        ``n_ctx`` not an int >= 1, a conversation longer than ``n_ctx + 1`` tokens with
+        ``overflow="error"`` (say how long; raise ``--ctx``) or shorter than 2 (nothing to
+        predict).
+    InvalidValueError
+        ``overflow`` not one of :data:`OVERFLOW`; no assistant token left to train (the
+        template never renders the assistant's text, or every conversation was skipped).
     OutOfMemoryError
         No memory for the windows.
     """
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
         raise ShapeError(f"chat windows: the context must be an int >= 1, got {n_ctx!r}")
-    rendered = [conversation_ids(tokenizer, msgs) for msgs in conversations]
-    for i, (ids, _) in enumerate(rendered):
-        if len(ids) > n_ctx + 1:
-            raise ShapeError(f"chat data: conversation {i + 1} has {len(ids)} tokens; a window "
-                             f"of --ctx {n_ctx} holds {n_ctx + 1} (raise --ctx)")
+    if overflow not in OVERFLOW:
+        raise InvalidValueError(f"chat windows: overflow must be one of {OVERFLOW}, got "
+                                f"{overflow!r}")
+    rendered = conversations_ids(tokenizer, conversations, limits=limits)
+    kept: list[tuple[list[int], list[bool]]] = []
+    truncated = skipped = lost = 0
+    for i, (ids, trained) in enumerate(rendered):
         if len(ids) < 2:
             raise ShapeError(f"chat data: conversation {i + 1} renders to {len(ids)} token(s); "
                              f"a window needs at least 2 (one to predict)")
+        if len(ids) > n_ctx + 1:
+            if overflow == "error":
+                raise ShapeError(f"chat data: conversation {i + 1} has {len(ids)} tokens; a "
+                                 f"window of --ctx {n_ctx} holds {n_ctx + 1} (raise --ctx, or "
+                                 f"--chat-overflow truncate/skip)")
+            if overflow == "skip":
+                skipped += 1
+                lost += sum(trained[1:])
+                continue
+            truncated += 1
+            lost += sum(trained[n_ctx + 1:])
+            ids, trained = ids[:n_ctx + 1], trained[:n_ctx + 1]
+        kept.append((ids, trained))
+    report = Overflow(truncated, skipped, lost)
+    if not kept:
+        raise InvalidValueError(f"chat data: all {len(rendered)} conversations are longer than "
+                                f"a window of --ctx {n_ctx} tokens (raise --ctx)")
     pad = tokenizer.eos if tokenizer.eos is not None else 0
     try:
-        tokens = np.full((len(conversations), n_ctx), pad, np.int32)
-        labels = np.full((len(conversations), n_ctx), MASKED, np.int32)
+        tokens = np.full((len(kept), n_ctx), pad, np.int32)
+        labels = np.full((len(kept), n_ctx), MASKED, np.int32)
     except (MemoryError, ValueError):  # ValueError: beyond NumPy's largest array
-        raise OutOfMemoryError(f"chat windows: no memory for {len(conversations)} windows of "
+        raise OutOfMemoryError(f"chat windows: no memory for {len(kept)} windows of "
                                f"{n_ctx} tokens (a smaller --ctx)") from None
-    for i, (ids, trained) in enumerate(rendered):
+    for i, (ids, trained) in enumerate(kept):
         n = len(ids) - 1
         tokens[i, :n] = ids[:-1]
         target = np.asarray(ids[1:], np.int32)
-        labels[i, :n] = np.where(np.asarray(trained[1:]), target, MASKED)
-    return Windows(tokens, labels)
+        labels[i, :n] = np.where(np.asarray(trained[1:], bool), target, MASKED)
+    windows = Windows(tokens, labels, overflow=report)
+    if not windows.n_trained():
+        raise InvalidValueError(
+            f"chat data: no assistant token to train in {len(kept)} conversation(s) (the chat "
+            f"template of {tokenizer.source or 'the model'} never renders an assistant's "
+            f"message where a prefix of the conversation ends; nothing would learn)")
+    return windows

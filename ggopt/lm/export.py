@@ -18,13 +18,13 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, LlamaFileType
 from gguf.quants import dequantize, quantize
 
 from ..errors import DTypeError, InvalidValueError
 from ..io.atomic import atomic_path
 from ..io.paths import text_path
-from ..models.llama.convert import copy_keys
+from ..models.llama.convert import ModelWriter, check_keys, check_written, copy_keys
 from ..models.llama.mapped import check_blocks_finite
 from ..models.llama.weights import as_f32, check_finite, open_reader, tensor_table
 from ..types import GGType
@@ -133,6 +133,19 @@ def _choose(out_type: str, t: Any, shape: tuple[int, ...], new: np.ndarray,
     return qtype
 
 
+def check_exportable(src: str | os.PathLike[str]) -> None:
+    """That :func:`export` can write ``src``'s metadata back (call it before training, so that
+    a run is not lost at its end).
+
+    Raises
+    ------
+    ShapeError
+        A key the writer cannot write, or ``src`` unreadable.
+    """
+    where = f"export {text_path(src, 'export: src')!r}"
+    check_keys(open_reader(os.fspath(src), where), where)
+
+
 def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
            weights: Mapping[str, np.ndarray], out_type: str = "f32",
            unchanged: Collection[str] = ()) -> ExportReport:
@@ -187,7 +200,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     else:
         report.file_type = int(_TARGET[out_type][1])
     with atomic_path(text_path(dst, "export: dst")) as tmp:
-        writer = GGUFWriter(tmp, "llama")
+        writer = ModelWriter(tmp, "llama")
         try:
             copy_keys(reader, writer)
             if report.file_type >= 0:
@@ -213,6 +226,10 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                 writer.write_tensor_data(data)
         finally:
             writer.close()
+        check_written(tmp, {name: (tuple(int(d) for d in t.shape),
+                                   int(t.tensor_type) if types[name] is None else
+                                   int(types[name]))  # type: ignore[arg-type]
+                            for name, t in table.items()}, where)
     return report
 
 

@@ -18,19 +18,39 @@ from ..models.llama.vocab import Tokenizer
 from ..opt import Dataset
 from ..types import I32
 
-__all__ = ["MASKED", "Windows", "text_windows", "tokenize_texts", "split_point", "to_dataset"]
+__all__ = ["MASKED", "Overflow", "Windows", "text_windows", "tokenize_texts", "split_point",
+           "to_dataset"]
 
 #: The label of a position whose prediction is not trained (as PyTorch's ``ignore_index``).
 MASKED = -100
 
 
+@dataclasses.dataclass(frozen=True)
+class Overflow:
+    """What :func:`chat_windows` did with conversations longer than a window: how many it
+    truncated or skipped, and the assistant tokens that did not fit."""
+
+    truncated: int = 0
+    skipped: int = 0
+    lost_tokens: int = 0
+
+    def line(self, n_ctx: int) -> str:
+        """One warning line, or ``""`` when no conversation was too long."""
+        if not (self.truncated or self.skipped):
+            return ""
+        return (f"warning: chat data: {self.truncated} conversation(s) truncated and "
+                f"{self.skipped} skipped at --ctx {n_ctx}; {self.lost_tokens} assistant "
+                f"token(s) left out of the loss")
+
+
 @dataclasses.dataclass
 class Windows:
     """``tokens`` and ``labels``, both int32 ``(n, n_ctx)``; a label :data:`MASKED` is left
-    out of the loss."""
+    out of the loss; ``overflow``: the conversations longer than a window (chat data)."""
 
     tokens: np.ndarray
     labels: np.ndarray
+    overflow: Overflow = dataclasses.field(default_factory=Overflow)
 
     def __post_init__(self) -> None:
         for name in ("tokens", "labels"):

@@ -14,13 +14,14 @@ from typing import Any
 
 from gguf import GGUFReader
 
-from ggopt.tokenizers.chat import render_chat
+from ggopt.tokenizers.chat import TemplateLimits, chat_spans, render_chat
 from ggopt.tokenizers.fields import open_fields
 from ggopt.tokenizers.pretokenize import PRE_TOKENIZERS
 from ggopt.tokenizers.tokenizer import Tokenizer
 from ggopt.tokenizers.vocab import MODELS, read_vocab
 
-__all__ = ["Tokenizer", "load", "from_gguf", "render_chat", "MODELS", "PRE_TOKENIZERS"]
+__all__ = ["Tokenizer", "load", "from_gguf", "render_chat", "chat_spans", "TemplateLimits",
+           "MODELS", "PRE_TOKENIZERS"]
 
 
 def from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:
@@ -30,4 +31,6 @@ def from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:
 
 def load(path: str | os.PathLike[str]) -> Tokenizer:
     """The tokenizer of the GGUF file ``path`` (only its metadata is read)."""
-    return Tokenizer(read_vocab(open_fields(path)))
+    tok = Tokenizer(read_vocab(open_fields(path)))
+    tok.source = os.fspath(path) if isinstance(path, str) else str(path)
+    return tok

@@ -51,7 +51,7 @@ _DEEPSEEK_LLM = (
     r"\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
     r"\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
     r"\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-    r"\s+$",
+    r"(?<!\s)\s+$",  # llama.cpp's \s+$; only from a run's start: linear, same matches
     _CJK,
     r"\p{N}+",
 )

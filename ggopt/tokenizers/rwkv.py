@@ -40,7 +40,8 @@ def unescape(text: bytes) -> bytes:
 
 
 class RwkvModel:
-    """Greedy longest-match tokenization over the unescaped token bytes."""
+    """Greedy longest-match tokenization over the unescaped token bytes (at each position,
+    one lookup per distinct token length)."""
 
     def __init__(self, tokens: list[bytes]) -> None:
         self.pieces = [unescape(t) for t in tokens]
@@ -48,6 +49,9 @@ class RwkvModel:
         for tid, piece in enumerate(self.pieces):
             self._ids[piece] = tid  # a later duplicate wins, as in llama.cpp's trie
         self._max_len = max((len(p) for p in self.pieces), default=0)
+        # the lengths some token has, longest first: only these can match (a 4,000-byte
+        # token among single bytes: 2 lookups per position, not 4,000)
+        self._lengths = sorted({len(p) for p in self.pieces if p}, reverse=True)
         self._byte_ids = [self._ids.get(bytes([b])) for b in range(256)]
         self._all_single = self._max_len == 1
 
@@ -58,7 +62,9 @@ class RwkvModel:
         out: list[int] = []
         i, n, ids = 0, len(data), self._ids
         while i < n:
-            for length in range(min(self._max_len, n - i), 0, -1):
+            for length in self._lengths:
+                if length > n - i:
+                    continue
                 tid = ids.get(data[i:i + length])
                 if tid is not None:
                     out.append(tid)

@@ -3,10 +3,11 @@ and ``llama_token_to_piece``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ggopt.errors import DTypeError, InvalidValueError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.tokenizers.bpe import CHAR_TO_BYTE, BpeModel
 from ggopt.tokenizers.pretokenize import pre_tokenizer
 from ggopt.tokenizers.rwkv import RwkvModel
@@ -15,9 +16,13 @@ from ggopt.tokenizers.spm import SPACE, SpmModel
 from ggopt.tokenizers.unicode import decode_utf8, encode_utf8
 from ggopt.tokenizers.vocab import Vocab
 
+if TYPE_CHECKING:
+    from ggopt.tokenizers.chat import TemplateLimits
+
 __all__ = ["Tokenizer"]
 
 _ISSPACE = frozenset(b" \t\n\v\f\r")
+_SPACES = re.compile(rb"[ \t\n\v\f\r]*")
 _SPACE_BYTES = SPACE.encode()
 
 
@@ -61,6 +66,7 @@ class Tokenizer:
             self._bpe = BpeModel({t: i for i, t in enumerate(texts)}, vocab.merges,
                                  pre_tokenizer(vocab.pre))
         self._pieces: list[bytes | None] = [None] * len(vocab.tokens)  # filled on first use
+        self.source = ""  # the file it was read from (named in template errors)
 
     def clear_cache(self) -> None:
         """Forget the per-word cache of the BPE/SPM model (encoding is then a first pass)."""
@@ -107,22 +113,30 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self.vocab.chat_template
 
+    @property
+    def special_texts(self) -> tuple[str, str]:
+        """The texts of BOS and EOS (``""`` where the vocabulary has none), as a chat template
+        sees them (``bos_token``, ``eos_token``)."""
+        texts = self.vocab.texts
+        return (texts[self.bos] if self.bos is not None else "",
+                texts[self.eos] if self.eos is not None else "")
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
                             add_generation_prompt: bool = False, template: str | None = None,
-                            **variables: Any) -> str:
+                            limits: TemplateLimits | None = None, **variables: Any) -> str:
         """Render the vocabulary's ``tokenizer.chat_template`` (or ``template``) for
-        ``messages``, with this vocabulary's BOS/EOS texts (see :mod:`.chat`)."""
-        from ggopt.tokenizers.chat import render_chat
+        ``messages``, with this vocabulary's BOS/EOS texts, under ``limits`` (see
+        :mod:`.chat`; errors name :attr:`source`)."""
+        from ggopt.tokenizers.chat import DEFAULT_LIMITS, render_chat
 
         template = template if template is not None else self.chat_template
         if template is None:
             raise InvalidValueError("tokenizer.chat_template: the file has none (pass "
                                     "template=...)")
-        texts = self.vocab.texts
-        bos = texts[self.bos] if self.bos is not None else ""
-        eos = texts[self.eos] if self.eos is not None else ""
+        bos, eos = self.special_texts
         return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
-                           bos_token=bos, eos_token=eos, **variables)
+                           bos_token=bos, eos_token=eos, limits=limits or DEFAULT_LIMITS,
+                           source=self.source, **variables)
 
     def token_text(self, tid: int) -> bytes:
         """The token's text as stored in the vocabulary."""
@@ -178,29 +192,29 @@ class Tokenizer:
             if not parse_special and attr & (Attr.CONTROL | Attr.UNKNOWN):
                 continue
             text = v.tokens[tid]
-            if not any(isinstance(f, bytes) and text in f for f in frags):
+            if text not in data:  # every fragment is a part of the text: one scan
                 continue
             new: list[bytes | int] = []
             for frag in frags:
                 if isinstance(frag, int) or text not in frag:
                     new.append(frag)
                     continue
-                rest = frag
+                start = 0  # indices, never copies of the rest: linear in the text
                 while True:
-                    pos = rest.find(text)
+                    pos = frag.find(text, start)
                     if pos < 0:
-                        if rest:
-                            new.append(rest)
+                        if start < len(frag):
+                            new.append(frag[start:])
                         break
-                    left = rest[:pos]
+                    left = frag[start:pos]
                     if attr & Attr.LSTRIP:
                         left = left.rstrip(b" \t\n\v\f\r")
                     if left:
                         new.append(left)
                     new.append(tid)
-                    rest = rest[pos + len(text):]
+                    start = pos + len(text)
                     if attr & Attr.RSTRIP:
-                        rest = rest.lstrip(b" \t\n\v\f\r")
+                        start = _SPACES.match(frag, start).end()  # type: ignore[union-attr]
             frags = new
         return frags
 
@@ -227,7 +241,11 @@ class Tokenizer:
     def _check_id(self, tid: object) -> int:
         if isinstance(tid, bool) or not hasattr(tid, "__index__"):
             raise DTypeError(f"token id: expected an int, got {type(tid).__name__}")
-        i = tid.__index__()
+        try:
+            i = tid.__index__()
+        except TypeError:  # a NumPy array of more than one element, ...
+            raise DTypeError(f"token id: expected an int, got {type(tid).__name__} "
+                             f"{getattr(tid, 'shape', '')}") from None
         if not 0 <= i < len(self._pieces):
             raise InvalidValueError(f"token id {i}: expected 0 <= id < {len(self._pieces)}")
         return int(i)
@@ -244,5 +262,10 @@ class Tokenizer:
         return piece
 
     def decode(self, ids: Iterable[int] | Sequence[int], *, special: bool = True) -> bytes:
-        """The bytes of ``ids``: each token's piece (``llama_token_to_piece``), joined."""
+        """The bytes of ``ids`` (a sequence of ids, or a 1-D integer array): each token's piece
+        (``llama_token_to_piece``), joined."""
+        shape = getattr(ids, "shape", None)
+        if shape is not None and len(shape) != 1:
+            raise ShapeError(f"decode: expected a sequence of token ids (1-D), got an array "
+                             f"of shape {tuple(shape)} (decode each row)")
         return b"".join([self.piece(t, special=special) for t in ids])

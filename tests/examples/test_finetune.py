@@ -188,3 +188,42 @@ def test_huge_ctx_with_chat_data(tmp_path, files, capsys):
     rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "o.gguf", "--chat", chat,
                       "--ctx", 10**12)
     assert rc == 1 and "the model's context of 64 tokens" in err
+
+
+def test_chat_long_conversation_is_truncated_with_one_warning(tmp_path, capsys):
+    """Issue 32 row 8: one conversation longer than --ctx among short ones aborted the run;
+    now it is truncated (one warning line with the counts) and the run trains."""
+    import json
+
+    from gguf import GGUFValueType
+
+    model = tmp_path / "chat.gguf"
+    tmpl = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
+    write(model, CFG, key_overrides={"tokenizer.chat_template": (tmpl, GGUFValueType.STRING)})
+    chat = tmp_path / "chat.jsonl"
+    short = {"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "hello there"}]}
+    long = {"messages": [{"role": "user", "content": "x"},
+                         {"role": "assistant", "content": "y" * 300}]}
+    chat.write_text("\n".join(json.dumps(c) for c in [short] * 4 + [long] + [short] * 4))
+    out = tmp_path / "o.gguf"
+    argv = ["--model", model, "--out", out, "--chat", chat, "--ctx", 48, "--no-progress",
+            "--lr", 1e-4]
+    rc, _, err = _run(capsys, *argv)
+    assert rc == 0, err
+    assert err.count("warning: chat data: 1 conversation(s) truncated and 0 skipped") == 1
+    rc, _, err = _run(capsys, *argv, "--chat-overflow", "error")
+    assert rc == 1 and "conversation 5 has" in err
+
+
+def test_no_progress_silences_every_bar(tmp_path, files, capsys):
+    """Issue 32 row 18: --no-progress still drew the model load's bar."""
+    model, text = files
+    argv = ["--model", model, "--out", tmp_path / "o.gguf", "--text", text, "--ctx", 32,
+            "--lr", 1e-4]
+    rc, _, err = _run(capsys, *argv, "--no-progress")
+    assert rc == 0, err
+    assert "\r" not in err and "█" not in err
+    rc, _, err = _run(capsys, *argv)
+    assert rc == 0 and "\r" in err  # without it, the bars are there

@@ -57,3 +57,39 @@ def test_writers_keep_permissions_like_a_plain_open(tmp_path):
     os.chmod(path, 0o640)
     ggio.save(path, {"w": np.ones(3, np.float32)}, {"general.architecture": "x"})
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_a_full_disk_names_the_file_and_the_cause(tmp_path, monkeypatch):
+    """Issue 32 row 17: a full disk at save printed ``4096 requested and 3872 written``
+    (NumPy's tofile), naming neither the file nor the cause."""
+    import errno
+    from types import SimpleNamespace
+
+    import gguf
+
+    from ggopt.errors import FileWriteError, GgoptError
+
+    path = tmp_path / "m.gguf"
+    META = {"general.architecture": "test"}  # noqa: N806
+    ggio.save(path, {"w": np.ones((2, 3), np.float32)}, META)
+    before = path.read_bytes()
+
+    def full(self, *args, **kwargs):
+        raise OSError("4096 requested and 3872 written")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)
+    monkeypatch.setattr(os, "statvfs", lambda d: SimpleNamespace(f_bavail=3, f_frsize=4096))
+    with pytest.raises(FileWriteError, match="no space left on the device") as info:
+        ggio.save(path, {"w": np.zeros((2, 3), np.float32)}, META)
+    assert str(path) in str(info.value) and "unchanged" in str(info.value)
+    assert isinstance(info.value, GgoptError) and isinstance(info.value, OSError)
+    assert path.read_bytes() == before
+    assert _leftovers(tmp_path, {"m.gguf"}) == []
+    monkeypatch.undo()
+
+    def eio(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", eio)
+    with pytest.raises(FileWriteError, match="writing failed: Input/output error"):
+        ggio.save(path, {"w": np.zeros((2, 3), np.float32)}, META)

@@ -60,7 +60,7 @@ def test_only_the_assistant_is_trained(tmp_path):
     assert bytes(int(x) for x in labels if x != MASKED) == b"hello</s>\n4</s>\n"
     assert (labels[n:] == MASKED).all()
     with pytest.raises(ShapeError, match=f"has {len(ids)} tokens"):
-        chat_windows(tok, convs, 20)
+        chat_windows(tok, convs, 20, "error")
 
 
 @pytest.mark.parametrize("line, match", [
@@ -135,3 +135,75 @@ def test_chat_windows_bad_context(n_ctx, exc, match):
 def test_conversation_of_no_tokens():
     with pytest.raises(ShapeError, match="renders to 0 token"):
         chat_windows(_Tok("{% for m in messages %}{% endfor %}"), [CONV], 32)
+
+
+def test_template_without_the_assistant_text_is_refused():
+    """Issue 32 row 7: a template that never renders the assistant's text trained over 0
+    tokens (loss nan) and wrote the input model back."""
+    silent = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}" \
+             "{% endfor %}"
+    with pytest.raises(InvalidValueError, match="no assistant token to train"):
+        chat_windows(_Tok(silent), [CONV, CONV], 64)
+
+
+@pytest.mark.parametrize("overflow", ["truncate", "skip", "error"])
+def test_long_conversation_among_short_ones(overflow):
+    """Issue 32 row 8: one conversation longer than --ctx aborted the whole run."""
+    tok = _Tok()
+    long = [{"role": "user", "content": "q" * 30}, {"role": "assistant", "content": "a" * 200}]
+    convs = [CONV] * 5 + [long] + [CONV] * 3
+    n_ctx = 100
+    if overflow == "error":
+        with pytest.raises(ShapeError, match="conversation 6 has"):
+            chat_windows(tok, convs, n_ctx, overflow)
+        return
+    w = chat_windows(tok, convs, n_ctx, overflow)
+    ids, trained = conversation_ids(tok, long)
+    lost = sum(trained[n_ctx + 1:]) if overflow == "truncate" else sum(trained[1:])
+    assert w.overflow.lost_tokens == lost > 0
+    assert "warning: chat data:" in w.overflow.line(n_ctx)
+    short = chat_windows(tok, [CONV], n_ctx)
+    if overflow == "skip":
+        assert len(w) == 8 and w.overflow.skipped == 1 and w.overflow.truncated == 0
+        assert (w.tokens[5] == short.tokens[0]).all()
+        return
+    assert len(w) == 9 and w.overflow.truncated == 1 and w.overflow.skipped == 0
+    assert list(w.tokens[5]) == ids[:n_ctx]  # the conversation's start
+    labels = w.labels[5]
+    expect = [t if a else MASKED for t, a in zip(ids[1:n_ctx + 1], trained[1:n_ctx + 1],
+                                                 strict=True)]
+    assert list(labels) == expect  # the loss on the assistant tokens that fit
+    assert short.overflow.line(n_ctx) == ""
+
+
+def test_every_conversation_skipped():
+    long = [{"role": "user", "content": "q" * 30}, {"role": "assistant", "content": "a" * 200}]
+    with pytest.raises(InvalidValueError, match="all 2 conversations are longer"):
+        chat_windows(_Tok(), [long, long], 32, "skip")
+    with pytest.raises(InvalidValueError, match="overflow must be one of"):
+        chat_windows(_Tok(), [CONV], 32, "wrap")
+
+
+def test_a_long_conversation_renders_once():
+    """Issue 32 row 6: every prefix was rendered (16,000 messages: 151 s). The cuts now come
+    from a handful of renderings, identical to every prefix's."""
+    from ggopt.lm.chat import conversations_ids
+    from ggopt.tokenizers import chat_worker
+
+    class Counting:
+        def __init__(self, compiled):
+            self.compiled, self.calls = compiled, 0
+
+        def render(self, **kw):
+            self.calls += 1
+            return self.compiled.render(**kw)
+
+    compiled = Counting(chat_worker.make_environment().from_string(CHATML))
+    conv = [{"role": ("user", "assistant")[i % 2], "content": f"m{i}"} for i in range(16000)]
+    text, cuts = chat_worker.spans(compiled, conv, {}, 1 << 30, fast_from=8)
+    assert compiled.calls <= 32
+    assert text.count("</s>") == 16000 and len(cuts) == 16000 + 8000
+    tok = _Tok()
+    some = conv[:300]
+    assert conversations_ids(tok, [some], fast_from=8) == conversations_ids(
+        tok, [some], fast_from=10**6)

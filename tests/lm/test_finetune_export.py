@@ -190,3 +190,155 @@ def test_weights_of_the_wrong_type(tmp_path, src):
     with pytest.raises(DTypeError, match="must be float32, got complex64"):
         export(src, tmp_path / "o.gguf", {**w, name: w[name].astype(np.complex64)})
     assert not (tmp_path / "o.gguf").exists()
+
+
+def _realigned(src, dst, alignment: int) -> None:
+    """``src`` rewritten with ``general.alignment = alignment`` (its data padded to it)."""
+    from gguf import GGUFWriter
+
+    r = GGUFReader(src)
+    w = GGUFWriter(str(dst), "llama")
+    w.add_custom_alignment(alignment)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k in ("general.architecture", "general.alignment"):
+            continue
+        types = list(f.types)
+        w.add_key_value(k, f.contents(), types[0],
+                        types[-1] if types[0] == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        shape = tuple(int(d) for d in t.shape)[::-1]
+        w.add_tensor(t.name, np.array(t.data), raw_shape=t.data.shape,
+                     raw_dtype=GGMLQuantizationType(int(t.tensor_type)))
+        assert shape  # every tensor has dimensions
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("out_type", ["f32", "keep", "q8_0"])
+def test_general_alignment_is_honoured(tmp_path, src, out_type):
+    """Issue 32 row 9: a model with general.alignment = 64 exported the key with the data
+    padded to 32: neither ggopt nor llama.cpp could read the result."""
+    aligned = tmp_path / "aligned.gguf"
+    _realigned(src, aligned, 64)
+    _, w, _ = llama.read_weights(aligned)
+    dst = tmp_path / "out.gguf"
+    export(aligned, dst, _changed(aligned), out_type)
+    r = GGUFReader(dst)
+    assert int(r.alignment) == 64 and int(r.fields["general.alignment"].contents()) == 64
+    for t in r.tensors:
+        assert (t.data_offset - r.data_offset) % 64 == 0
+    _, back, _ = llama.read_weights(dst)
+    assert set(back) == set(w)
+    f32 = tmp_path / "f32.gguf"
+    llama.write_f32(aligned, f32)
+    _, back32, _ = llama.read_weights(f32)
+    for k in w:
+        np.testing.assert_array_equal(back32[k], w[k])
+
+
+def test_written_file_is_read_back_before_it_replaces_the_target(tmp_path, src, monkeypatch):
+    """A writer bug that leaves a tensor outside the file is caught on the temporary file:
+    the target keeps its old content."""
+    from gguf import GGUFWriter
+
+    from ggopt.errors import ShapeError
+
+    dst = tmp_path / "out.gguf"
+    dst.write_bytes(b"old")
+    real = GGUFWriter.close
+
+    def cut(self):  # the last tensor's end lost
+        path = self.path
+        real(self)
+        with open(path, "r+b") as f:
+            f.truncate(f.seek(0, 2) - 100)
+
+    monkeypatch.setattr(GGUFWriter, "close", cut)
+    with pytest.raises((ShapeError, InvalidValueError), match="read"):
+        export(src, dst, _changed(src), "f32")
+    assert dst.read_bytes() == b"old"
+
+
+def _raw_fields(path) -> dict[str, object]:
+    r = GGUFReader(path)
+    out: dict[str, object] = {}
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.file_type":
+            continue
+        out[k] = [bytes(p) for p in f.parts]  # the key's bytes in the file, all of them
+    return out
+
+
+def _odd_model(path, cfg) -> None:
+    """A llama whose metadata has an empty array and a byte vocabulary with a raw 0xff token
+    (both legal GGUF, which llama.cpp reads; the gguf package writes neither by itself)."""
+    from gguf import GGUFWriter
+
+    from tests.support.llama_files import keys, random_weights
+
+    class EmptyArrays(GGUFWriter):
+        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if vtype == GGUFValueType.ARRAY and len(val) == 0:
+                return (self._pack("I", vtype) if add_vtype else b"") + \
+                    self._pack("I", sub_type) + self._pack("Q", 0)
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+    w = EmptyArrays(str(path), "llama")
+    for key, (value, vtype) in keys(cfg).items():
+        w.add_key_value(key, value, vtype)
+    w.add_key_value("tokenizer.ggml.model", "rwkv", GGUFValueType.STRING)
+    tokens = [t.encode() for t in llama.byte_tokens()]
+    tokens[255] = b"\xff"
+    w.add_key_value("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add_key_value("general.tags", [], GGUFValueType.ARRAY, GGUFValueType.STRING)
+    for name, arr in random_weights(llama.param_shapes(cfg), 3).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_keys_the_gguf_package_cannot_write_are_copied(tmp_path):
+    """Issue 32 rows 10 and 12: a model with an empty-array key or a non-UTF-8 token trained a
+    whole run, then the export died with a raw ValueError / UnicodeDecodeError (and llama.load
+    refused the 0xff token with a raw UnicodeDecodeError). Both are copied byte for byte."""
+    from ggopt.lm.export import check_exportable
+    from ggopt.models.llama import weight_map
+
+    src = tmp_path / "odd.gguf"
+    _odd_model(src, CFG)
+    fields = _raw_fields(src)
+    assert fields["general.tags"][3:] == [b"\x08\x00\x00\x00", bytes(8)]  # [] of STRING
+    assert fields["tokenizer.ggml.tokens"][-1] == b"\xff"
+    model = llama.load(src, progress=False)
+    assert model.require_tokenizer().decode([255]) == b"\xff"
+    check_exportable(src)
+    for out_type in ("f32", "keep"):
+        dst = tmp_path / f"out-{out_type}.gguf"
+        export(src, dst, weight_map(model.net), out_type)
+        assert _raw_fields(dst) == fields
+        llama.load(dst, progress=False)
+    f32 = tmp_path / "f32.gguf"
+    llama.write_f32(src, f32)
+    assert _raw_fields(f32) == fields
+
+
+def test_nested_array_keys_are_refused_not_a_recursion_error(tmp_path):
+    """Issue 32 row 12: a key of 5000 nested arrays raised a raw RecursionError in
+    llama.load and lora.load."""
+    import struct
+
+    from ggopt.errors import ShapeError
+
+    path = tmp_path / "nested.gguf"
+    key = b"general.nested"
+    kv = struct.pack("<Q", len(key)) + key + struct.pack("<I", 9)
+    kv += struct.pack("<IQ", 9, 1) * 5000 + struct.pack("<IQ", 4, 0)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv)
+    with pytest.raises(ShapeError, match="not a readable GGUF"):
+        llama.load(path, progress=False)
+    with pytest.raises(ShapeError, match="not a readable GGUF"):
+        llama.load(path, base_type="keep", progress=False)

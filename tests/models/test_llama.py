@@ -222,3 +222,16 @@ def test_logits_refuses_bad_ids(tmp_path):
                        ([[1, 2]], "non-empty sequence"), ([0.5], "token ids")):
         with pytest.raises(InvalidValueError, match=match):
             llama.logits(model, ids)
+
+
+def test_vocab_size_beyond_the_tokens_is_refused_at_load(tmp_path):
+    """Issue 32 row 13: vocab_size 300 with 256 tokens loaded, and ``generate`` failed later
+    on token id 299."""
+    import dataclasses
+
+    path = tmp_path / "v300.gguf"
+    write(path, dataclasses.replace(SMALL, n_vocab=300))
+    with pytest.raises(ShapeError, match="holds 256 tokens .* the model 300"):
+        llama.load(path, progress=False)
+    with pytest.raises(ShapeError, match="holds 256 tokens"):
+        llama.load(path, base_type="keep", progress=False)

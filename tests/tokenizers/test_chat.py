@@ -91,3 +91,51 @@ def test_smollm2_own_template():
         "<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
     ids = tok.encode(tok.apply_chat_template(CHAT[1:2]), parse_special=True)
     assert ids[0] == 1 and ids.count(2) == 2  # <|im_start|> ... two <|im_end|>
+
+
+def _golden_outcome(fn) -> str:
+    import hashlib
+    import json
+
+    try:
+        return hashlib.sha256(json.dumps(fn(), ensure_ascii=False).encode()).hexdigest()
+    except InvalidValueError as exc:
+        return f"error {type(exc).__name__}"
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("fast_from", [1, 1000], ids=["one-render", "every-prefix"])
+def test_real_templates_render_as_before(fast_from):
+    """Every template of llama.cpp's models/templates and SmolLM2's own renders, and masks
+    the SmolLM2 tokenizer's conversations, byte for byte as main did before the worker
+    (tests/data/chat_golden.json, tools/chat_golden.py), one-render cuts included."""
+    import copy
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from ggopt.lm.chat import conversations_ids
+    from tools.chat_golden import CONVERSATIONS
+
+    golden = json.loads((Path(__file__).resolve().parents[1] / "data" /
+                         "chat_golden.json").read_text())
+    if not TEMPLATES.exists():
+        pytest.skip(f"{TEMPLATES} missing")
+    tok = tk.load(smollm2_path())
+    names = {p.stem: p.read_text() for p in sorted(TEMPLATES.glob("*.jinja"))}
+    names["SmolLM2-own"] = tok.chat_template
+    assert set(names) == set(golden)
+    checked = 0
+    for name, text in names.items():
+        clone = copy.copy(tok)
+        clone.vocab = dataclasses.replace(tok.vocab, chat_template=text)
+        for cname, msgs in CONVERSATIONS.items():
+            for gen in (False, True):
+                got = _golden_outcome(lambda t=text, m=msgs, g=gen: tk.render_chat(
+                    t, m, add_generation_prompt=g, bos_token="<s>", eos_token="</s>"))
+                assert got == golden[name][f"{cname} gen={gen}"], (name, cname, gen)
+            got = _golden_outcome(lambda c=clone, m=msgs: conversations_ids(
+                c, [m], fast_from=fast_from)[0])
+            assert got == golden[name][f"{cname} masks"], (name, cname)
+            checked += 1
+    assert checked == 4 * len(golden)

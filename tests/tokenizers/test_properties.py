@@ -125,3 +125,115 @@ def test_mutated_vocab_file_loads_or_raises_ggopt_error(tmp_path_factory, cut, f
         return
     assert isinstance(tok.encode("abc"), list)
     bad.unlink()
+
+
+def _partition_before(tok: tk.Tokenizer, data: bytes, parse_special: bool) -> list:
+    """The special-token partition as main cut it before issue 32 (quadratic: the rest of
+    the text copied after every match), the reference of the linear one."""
+    from ggopt.tokenizers.special import Attr
+
+    frags: list = [data]
+    v = tok.vocab
+    for tid in v.special_order:
+        attr = v.attrs[tid]
+        if not parse_special and attr & (Attr.CONTROL | Attr.UNKNOWN):
+            continue
+        text = v.tokens[tid]
+        if not any(isinstance(f, bytes) and text in f for f in frags):
+            continue
+        new: list = []
+        for frag in frags:
+            if isinstance(frag, int) or text not in frag:
+                new.append(frag)
+                continue
+            rest = frag
+            while True:
+                pos = rest.find(text)
+                if pos < 0:
+                    if rest:
+                        new.append(rest)
+                    break
+                left = rest[:pos]
+                if attr & Attr.LSTRIP:
+                    left = left.rstrip(b" \t\n\v\f\r")
+                if left:
+                    new.append(left)
+                new.append(tid)
+                rest = rest[pos + len(text):]
+                if attr & Attr.RSTRIP:
+                    rest = rest.lstrip(b" \t\n\v\f\r")
+        frags = new
+    return frags
+
+
+_SPECIAL_PIECES = st.sampled_from(["<|end|>", "<|user|>", "</s>", "<s>", "<|im_start|>",
+                                   "<|im_end|>", "<|endoftext|>", " ", "  ", "\n", "\t", "x",
+                                   "hi", "<|", "|>", "é", "<"])
+
+
+@pytest.mark.parametrize("name", ["phi-3", "smollm2"])
+@given(pieces=st.lists(_SPECIAL_PIECES, max_size=60), parse_special=st.booleans())
+def test_special_partition_equals_the_quadratic_one(name, pieces, parse_special):
+    """Issue 32 row 14: ``encode(parse_special=True)`` on chat text was quadratic (8 MB:
+    16 s); the linear partition cuts exactly as before (Phi-3's rstrip/lstrip tokens
+    included)."""
+    tok = load(smollm2_path() if name == "smollm2" else vocab_path(name))
+    data = "".join(pieces).encode()
+    assert tok._partition(data, parse_special) == _partition_before(tok, data, parse_special)
+
+
+def _rwkv_before(model, data: bytes) -> list[int] | None:
+    """main's greedy loop before issue 32 (every length from the longest token's down)."""
+    out, i, n = [], 0, len(data)
+    while i < n:
+        for length in range(min(model._max_len, n - i), 0, -1):
+            tid = model._ids.get(data[i:i + length])
+            if tid is not None:
+                out.append(tid)
+                i += length
+                break
+        else:
+            return None
+    return out
+
+
+@given(extra=st.lists(st.binary(min_size=2, max_size=40), max_size=6),
+       data=st.binary(max_size=200), long=st.integers(50, 4000))
+def test_rwkv_longest_match_equals_the_quadratic_one(extra, data, long):
+    """Issue 32 row 16: a byte vocabulary with one 4,000-byte token took 51 s for 16 KB (every
+    length tried at every position); the lookups of the token lengths only cut the same."""
+    from ggopt.errors import InvalidValueError
+    from ggopt.tokenizers.rwkv import RwkvModel
+
+    def escape(piece: bytes) -> bytes:
+        return b"".join(b"\\x%02x" % b for b in piece)
+
+    pieces = [bytes([b]) for b in range(256)] + [b"a" * long] + extra
+    model = RwkvModel([escape(p) for p in pieces])
+    text = data + b"a" * (long + 3) + data
+    assert model.encode(text) == _rwkv_before(model, text)
+    partial = RwkvModel([escape(p) for p in pieces[97:]])  # no token for most bytes
+    want = _rwkv_before(partial, text)
+    if want is None:
+        with pytest.raises(InvalidValueError, match="no rwkv token"):
+            partial.encode(text)
+    else:
+        assert partial.encode(text) == want
+
+
+_DEEPSEEK_TEXT = st.lists(st.sampled_from([" ", "  ", "\t", "\n", "\r\n", "\u3000", "中", "文",
+                                           "한", "a", "Zé", "1", "23", "!", ",", "\u00a0",
+                                           "\u2003", "µ"]), max_size=50).map("".join)
+
+
+@given(text=_DEEPSEEK_TEXT)
+def test_deepseek_llm_trailing_spaces_equal_the_quadratic_regex(text):
+    """Issue 32 row 15: ``\\s+$`` retried at every space of a run before a CJK character
+    (100,000 spaces: 176 s); the run-start form cuts the same words."""
+    from ggopt.tokenizers.pretokenize import PreTokenizer
+
+    new = PreTokenizer("deepseek-llm")
+    old = PreTokenizer("deepseek-llm")
+    old._regexes = tuple(r"\s+$" if r.startswith("(?<!") else r for r in old._regexes)
+    assert old._regexes != new._regexes
+    assert new.split_regex(text) == old.split_regex(text)

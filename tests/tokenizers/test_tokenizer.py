@@ -215,3 +215,16 @@ def test_from_gguf_on_the_model_file_equals_load():
     for special in (False, True):
         assert a.encode(text, parse_special=special) == b.encode(text, parse_special=special)
     assert (a.eog, a.vocab.ids, a.chat_template) == (b.eog, b.vocab.ids, b.chat_template)
+
+
+def test_decode_of_a_2d_array_is_a_shape_error(tmp_path):
+    """Issue 32 row 17: ``decode(np.array([[104, 105]]))`` raised a raw TypeError."""
+    import numpy as np
+
+    tok = tk.load(write_vocab(tmp_path / "b.gguf", model="rwkv", tokens=BYTE_TOKENS))
+    with pytest.raises(ShapeError, match=r"shape \(1, 2\)"):
+        tok.decode(np.array([[104, 105]]))
+    with pytest.raises(DTypeError, match="expected an int"):
+        tok.decode([np.array([104, 105])])
+    assert tok.decode(np.array([104, 105])) == b"hi"
+    assert tok.decode(np.array([[104, 105]])[0]) == b"hi"

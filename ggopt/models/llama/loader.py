@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ...backend import Scheduler, cpu_init, tensor_set
-from ...errors import DTypeError, GgoptError, InvalidValueError
+from ...errors import DTypeError, GgoptError, InvalidValueError, ShapeError
 from ...io.paths import text_path
 from .byte_gguf import byte_tokens
 from .config import Config, config_from_fields, field_value
@@ -63,15 +63,21 @@ def _is_bytes(reader: GGUFReader, where: str) -> bool:
     kind = field_value(reader.fields, "tokenizer.ggml.model", GGUFValueType.STRING, where)
     if kind != "rwkv" or _n_tokens(reader, where) != 256:
         return False
-    return bool(reader.fields["tokenizer.ggml.tokens"].contents() == byte_tokens())
+    field = reader.fields["tokenizer.ggml.tokens"]
+    return [bytes(field.parts[i]) for i in field.data] == [t.encode() for t in byte_tokens()]
 
 
 def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]:
     """The checked :class:`Config` and the tensor table (every tensor checked) of a file."""
     table = tensor_table(reader, where)
-    cfg = config_from_fields(reader.fields, _n_tokens(reader, where),
+    n_tokens = _n_tokens(reader, where)
+    cfg = config_from_fields(reader.fields, n_tokens,
                              tied_output="output.weight" not in table,
                              rope_freqs="rope_freqs.weight" in table, where=where)
+    if n_tokens is not None and n_tokens != cfg.n_vocab:  # ids past the tokens: no text
+        raise ShapeError(f"{where}: the vocabulary holds {n_tokens} tokens "
+                         f"(tokenizer.ggml.tokens) but the model {cfg.n_vocab} "
+                         "(llama.vocab_size, token_embd); they must agree")
     check_tensors(table, param_shapes(cfg), where)
     return cfg, table
 

@@ -37,7 +37,7 @@ def open_reader(path: str, where: str) -> GGUFReader:
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError,
-            UnicodeDecodeError) as exc:
+            UnicodeDecodeError, RecursionError, MemoryError) as exc:  # nested arrays, ...
         raise ShapeError(f"{where}: not a readable GGUF file (truncated or damaged?): "
                          f"{type(exc).__name__}: {exc}") from None
 
