@@ -187,7 +187,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     else:
         report.file_type = int(_TARGET[out_type][1])
     with atomic_path(text_path(dst, "export: dst")) as tmp:
-        writer = GGUFWriter(tmp, "llama")
+        writer = GGUFWriter(tmp, _architecture(reader))
         try:
             copy_keys(reader, writer)
             if report.file_type >= 0:
@@ -214,6 +214,12 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
         finally:
             writer.close()
     return report
+
+
+def _architecture(reader: Any) -> str:
+    """``src``'s ``general.architecture`` (kept as it is)."""
+    field = reader.fields.get("general.architecture")
+    return str(field.contents()) if field is not None else "llama"
 
 
 def _nbytes(shape: tuple[int, ...], qtype: _Q) -> int:
