@@ -89,7 +89,8 @@ def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | N
                         endianess=GGUFEndian.BIG if big_endian else GGUFEndian.LITTLE)
     for key, (value, vtype) in kv.items():
         if vtype == V.ARRAY:
-            writer.add_key_value(key, value, V.ARRAY, V.UINT32)
+            sub = V.BOOL if all(isinstance(v, bool) for v in value) else V.UINT32
+            writer.add_key_value(key, value, V.ARRAY, sub)
         else:
             writer.add_key_value(key, value, vtype)
     writer.add_key_value("tokenizer.ggml.model", "rwkv", V.STRING)
