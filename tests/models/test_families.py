@@ -190,3 +190,34 @@ def test_merged_export_and_adapter_keep_the_architecture(tmp_path, arch):
     base = load(path, progress=False).net
     lora.attach(base, lora.load(adapter, base))
     np.testing.assert_array_equal(logits(base, ids), ours)
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_kept_base_and_lora_run_every_family(tmp_path, arch):
+    # base_type="keep": the file's (F32) matrices mapped read-only, an adapter on top
+    path, _ = _file(tmp_path, arch)
+    ids = text_tokens(20)
+    kept = load(path, progress=False, base_type="keep")
+    np.testing.assert_array_equal(logits(kept, ids), logits(load(path, progress=False), ids))
+    lora.attach(kept.net, lora.create(kept.net, 2, 4.0, seed=1))
+    w = _windows(kept.cfg, 2)
+    ft = FineTuner(kept.net, w, FinetuneParams(n_batch=2, n_ubatch=1, lr=3e-3, val_split=0.0))
+    first, second = ft.train_epoch().loss, ft.train_epoch().loss
+    ft.close()
+    assert second < first
+
+
+@pytest.mark.parametrize("arch", NAMES)
+def test_the_command_lines_run_every_family(tmp_path, arch, capsys):
+    from ggopt.examples import finetune, llm
+    path, _ = _file(tmp_path, arch)
+    text = tmp_path / "t.txt"
+    text.write_bytes(text_tokens(400).astype(np.uint8).tobytes())
+    out = tmp_path / "out.gguf"
+    assert finetune.main(["--model", path, "--out", str(out), "--text", str(text), "--ctx",
+                          "32", "--lr", "1e-3", "--lora", "4"]) == 0
+    assert llm.main(["eval", "--model", str(out), "--text", str(text), "--ctx",
+                           "32"]) == 0
+    assert llm.main(["generate", "--model", str(out), "-n", "8", "--temp", "0"]) == 0
+    assert "perplexity" in capsys.readouterr().out.lower()
+    assert GGUFReader(out).fields["general.architecture"].contents() == arch

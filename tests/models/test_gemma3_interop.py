@@ -99,3 +99,43 @@ def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     print(f"\nGPL-3 ctx 256 ({ours.n_chunks} windows): ggopt {ours.ppl:.4f} +/- "
           f"{ours.ppl_err:.4f}, llama.cpp (Q4_K_M) {theirs:.4f}")
     assert abs(ours.ppl / theirs - 1) < 0.005
+
+
+def _cpp_chat(template: str, messages, add_ass: bool) -> str:
+    """llama.cpp's ``llama_chat_apply_template`` (its built-in format for ``template``)."""
+    import ctypes
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    msgs = (llama_cpp.llama_chat_message * len(messages))(*[
+        llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode())
+        for m in messages])
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(template.encode(), msgs, len(messages), add_ass,
+                                            buf, len(buf))
+    assert 0 < n < len(buf)
+    return buf.raw[:n].decode()
+
+
+def test_chat_turns_rendered_and_tokenized_as_llama_cpp(setup):
+    # The 270M file carries no tokenizer.chat_template (ggopt's chat then says so; llama.cpp's
+    # tools fall back to ChatML): Gemma's turn format from its instruct template, rendered by
+    # ggopt's jinja and by llama.cpp's built-in gemma format, and tokenized by both.
+    model, cpp, _ = setup
+    from tools.smollm import cache_dir
+    path = cache_dir() / "llama.cpp-models" / "templates" / "google-gemma-2-2b-it.jinja"
+    if not path.is_file():
+        pytest.skip(f"{path} missing: python tools/fetch_models.py llama-vocab")
+    template = path.read_text()
+    tok = model.require_tokenizer()
+    assert tok.chat_template is None
+    chat = [{"role": "user", "content": "Name a prime."},
+            {"role": "assistant", "content": "Seven."},
+            {"role": "user", "content": "Another one?"}]
+    ours = tok.apply_chat_template(chat, add_generation_prompt=True, template=template)
+    theirs = _cpp_chat(template, chat, True)
+    assert ours.removeprefix("<bos>") == theirs
+    assert theirs.endswith("<start_of_turn>model\n")
+    ids = tok.encode(ours, add_special=False, parse_special=True)
+    assert ids == cpp.tokenize(ours.encode(), add_bos=False, special=True)
+    assert ids[0] == tok.bos and tok.encode("<end_of_turn>", add_special=False,
+                                             parse_special=True) == [106]
