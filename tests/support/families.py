@@ -48,3 +48,20 @@ def write_family(path: object, arch: str, **kw: object) -> dict[str, np.ndarray]
     :func:`llama_files.write`); return its weights."""
     cfg = FAMILIES[arch]
     return write(path, cfg, weights=peaked_weights(cfg), **kw)  # type: ignore[arg-type]
+
+
+def cpp_chat(template: str, messages: list[dict[str, str]], add_ass: bool) -> str:
+    """llama.cpp's ``llama_chat_apply_template`` (its built-in format for ``template``)."""
+    import ctypes
+
+    import pytest
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    msgs = (llama_cpp.llama_chat_message * len(messages))(*[
+        llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode())
+        for m in messages])
+    buf = ctypes.create_string_buffer(1 << 16)
+    n = llama_cpp.llama_chat_apply_template(template.encode(), msgs, len(messages), add_ass,
+                                            buf, len(buf))
+    assert 0 < n < len(buf)
+    return buf.raw[:n].decode()
