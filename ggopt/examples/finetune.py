@@ -37,7 +37,8 @@ from ..lm.export import OUT_TYPES, check_exportable, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
-from ..models.llama import load, weight_map
+from ..models import load
+from ..models.llama import weight_map
 from ..models.llama.mapped import BASE_TYPES
 from ..opt import OptimizerParams
 from . import training_cli

@@ -16,7 +16,7 @@ import sys
 from .. import set_n_threads
 from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, perplexity
-from ..models import llama
+from ..models import Model, load
 from ..models.llama.mapped import BASE_TYPES
 
 __all__ = ["add_commands", "read_bytes"]
@@ -43,10 +43,10 @@ def read_bytes(paths: list[str], option: str) -> bytes:
     return b"".join(parts)
 
 
-def _load(args: argparse.Namespace) -> llama.Model:
+def _load(args: argparse.Namespace) -> Model:
     if args.threads is not None:
         set_n_threads(args.threads)
-    model = llama.load(args.model, base_type=getattr(args, "base_type", "f32"))
+    model = load(args.model, base_type=getattr(args, "base_type", "f32"))
     print(f"main: loaded {args.model} ({model.cfg.n_layer} layers, {model.cfg.n_vocab} "
           f"tokens, {', '.join(f'{n} {k}' for k, n in model.tensor_types.items())}) in "
           f"{model.load_seconds:.2f} s", file=sys.stderr)

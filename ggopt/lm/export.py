@@ -200,7 +200,7 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     else:
         report.file_type = int(_TARGET[out_type][1])
     with atomic_path(text_path(dst, "export: dst")) as tmp:
-        writer = ModelWriter(tmp, "llama")
+        writer = ModelWriter(tmp, _architecture(reader))
         try:
             copy_keys(reader, writer)
             if report.file_type >= 0:
@@ -231,6 +231,12 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                                    int(types[name]))  # type: ignore[arg-type]
                             for name, t in table.items()}, where)
     return report
+
+
+def _architecture(reader: Any) -> str:
+    """``src``'s ``general.architecture`` (kept as it is)."""
+    field = reader.fields.get("general.architecture")
+    return str(field.contents()) if field is not None else "llama"
 
 
 def _nbytes(shape: tuple[int, ...], qtype: _Q) -> int:

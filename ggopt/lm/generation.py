@@ -21,7 +21,14 @@ import ggopt
 
 from ..backend import tensor_get, tensor_set
 from ..errors import InvalidValueError, ShapeError, StateError
-from ..models.llama.graph import Graph, LlamaModel, build_graph, make_cache, make_inputs
+from ..models.llama.graph import (
+    Graph,
+    LlamaModel,
+    build_graph,
+    make_cache,
+    make_inputs,
+    set_masks,
+)
 from ..models.llama.loader import Model
 from ..models.llama.run import GRAPH_SIZE, check_fits, check_ids, forward_bytes
 from .sampling import SamplingParams, sample
@@ -95,7 +102,8 @@ class Generator:
         mask[:, n_kv:] = np.triu(np.full((n, n), -np.inf, np.float32), 1)
         tensor_set(step.inputs.tokens, ids)
         tensor_set(step.inputs.pos, np.arange(first, first + n, dtype=np.int32))
-        tensor_set(step.inputs.mask, mask)
+        kv_pos = np.concatenate([np.arange(n_kv), np.arange(first, first + n)])
+        set_masks(step.inputs, self.net.cfg, mask, kv_pos, np.arange(first, first + n))
         self.net.sched.graph_compute(step.gf)
         self.cache.store(n, first)
         self.n_past += n

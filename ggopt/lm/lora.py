@@ -51,6 +51,7 @@ class LoraAdapter:
     ctx: Context
     a: dict[str, Tensor]
     b: dict[str, Tensor]
+    arch: str = "llama"  # the model's general.architecture (llama.cpp checks it matches)
 
     def scale(self, name: str) -> float:
         """``alpha / r`` of one weight (llama.cpp takes r from ``lora_b``); 1 when alpha is 0,
@@ -111,7 +112,7 @@ def _alloc(net: LlamaModel, shapes: dict[str, tuple[tuple[int, int], tuple[int, 
         ggopt.set_param(a[name])
         ggopt.set_param(b[name])
     alloc_ctx_tensors(ctx, net.sched.get_backend(0))
-    return LoraAdapter(float(np.float32(alpha)), ctx, a, b)
+    return LoraAdapter(float(np.float32(alpha)), ctx, a, b, net.cfg.arch)
 
 
 def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
@@ -220,8 +221,9 @@ def merged(weights: Mapping[str, np.ndarray], adapter: LoraAdapter) -> Mapping[s
     return _Merged(weights, adapter)
 
 
-def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama") -> None:
-    """Write llama.cpp's LoRA adapter GGUF (atomically).
+def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str | None = None) -> None:
+    """Write llama.cpp's LoRA adapter GGUF (atomically), for ``arch`` (default: the
+    architecture of the model the adapter was made for).
 
     Raises
     ------
@@ -234,7 +236,7 @@ def save(path: str | os.PathLike[str], adapter: LoraAdapter, arch: str = "llama"
         check_finite(a, name + ".lora_a", "lora save (training diverged?)")
         check_finite(b, name + ".lora_b", "lora save (training diverged?)")
     with atomic_path(text_path(path, "lora save")) as tmp:
-        writer = GGUFWriter(tmp, arch)
+        writer = GGUFWriter(tmp, arch or adapter.arch)
         try:
             writer.add_key_value("general.type", "adapter", GGUFValueType.STRING)
             writer.add_key_value("adapter.type", "lora", GGUFValueType.STRING)
@@ -274,7 +276,7 @@ def load(path: str | os.PathLike[str], net: LlamaModel) -> LoraAdapter:
     reader = open_reader(os.fspath(path), where)
     fields = dict(reader.fields)
     for key, want in (("general.type", "adapter"), ("adapter.type", "lora"),
-                      ("general.architecture", "llama")):
+                      ("general.architecture", net.cfg.arch)):
         got = _string(fields, key, where)
         if got != want:
             raise InvalidValueError(f"{where}: {key} is {got!r}, expected {want!r}")

@@ -127,7 +127,7 @@ def test_per_layer_key_arrays_with_one_value_load(tmp_path):
                                   "nan", "garbage", "absent"])
 def test_malformed_files_are_refused_naming_the_problem(tmp_path, case):
     path = tmp_path / "bad.gguf"
-    match = {"arch": "general.architecture: expected 'llama', got 'gpt2'",
+    match = {"arch": "general.architecture 'gpt2' is not supported",
              "missing": "missing tensor.*blk.1.ffn_up.weight",
              "shape": "tensor 'blk.0.attn_k.weight': expected ggml shape \\[32, 16\\], got",
              "type": "tensor 'blk.0.attn_q.weight' has type F64",

@@ -18,9 +18,11 @@ _KQUANT_SCALES = {  # byte offsets of the f16 super-block scales (d, dmin) in ea
 
 
 def keys(cfg: llama.Config) -> dict[str, tuple[object, GGUFValueType]]:
-    """llama.cpp's keys for ``cfg`` in their required types."""
-    a = "llama"
-    return {f"{a}.context_length": (cfg.n_ctx, V.UINT32),
+    """llama.cpp's keys for ``cfg`` (under its architecture's prefix) in their required
+    types."""
+    a = cfg.arch
+    out = _family_keys(cfg)
+    return out | {f"{a}.context_length": (cfg.n_ctx, V.UINT32),
             f"{a}.embedding_length": (cfg.n_embd, V.UINT32),
             f"{a}.block_count": (cfg.n_layer, V.UINT32),
             f"{a}.feed_forward_length": (cfg.n_ff, V.UINT32),
@@ -29,6 +31,23 @@ def keys(cfg: llama.Config) -> dict[str, tuple[object, GGUFValueType]]:
             f"{a}.attention.layer_norm_rms_epsilon": (cfg.eps, V.FLOAT32),
             f"{a}.rope.freq_base": (cfg.freq_base, V.FLOAT32),
             f"{a}.vocab_size": (cfg.n_vocab, V.UINT32)}
+
+
+def _family_keys(cfg: llama.Config) -> dict[str, tuple[object, GGUFValueType]]:
+    a, out = cfg.arch, {}
+    if cfg.n_embd_head:
+        out[f"{a}.attention.key_length"] = (cfg.n_embd_head, V.UINT32)
+        out[f"{a}.attention.value_length"] = (cfg.n_embd_head, V.UINT32)
+    if cfg.n_swa:
+        out[f"{a}.attention.sliding_window"] = (cfg.n_swa, V.UINT32)
+        out[f"{a}.rope.freq_base_swa"] = (cfg.freq_base_swa, V.FLOAT32)
+        n = next((n for n in range(1, cfg.n_layer + 1) if cfg.swa_layers == tuple(
+            i % n < n - 1 for i in range(cfg.n_layer))), None)
+        if n != 6:
+            out[f"{a}.attention.sliding_window_pattern"] = (n, V.UINT32)
+    if cfg.softcap:
+        out[f"{a}.final_logit_softcapping"] = (cfg.softcap, V.FLOAT32)
+    return out
 
 
 def encode(arr: np.ndarray, qtype: GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
@@ -53,7 +72,8 @@ def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | N
           types: dict[str, GGMLQuantizationType] | None = None,
           key_overrides: dict[str, tuple[object, GGUFValueType] | None] | None = None,
           drop: tuple[str, ...] = (), extra: dict[str, np.ndarray] | None = None,
-          arch: str = "llama", seed: int = 7, big_endian: bool = False) -> dict[str, np.ndarray]:
+          arch: str | None = None, seed: int = 7,
+          big_endian: bool = False) -> dict[str, np.ndarray]:
     """Write a llama GGUF with ggopt's byte vocabulary; return the weights as llama.cpp sees
     them (dequantized), in NumPy order. ``types``: per-tensor storage types (default F32);
     ``key_overrides``: replace a key (None removes it); ``drop``: tensors left out."""
@@ -65,11 +85,12 @@ def write(path: object, cfg: llama.Config, *, weights: dict[str, np.ndarray] | N
             kv.pop(key, None)
         else:
             kv[key] = value
-    writer = GGUFWriter(str(path), arch,
+    writer = GGUFWriter(str(path), arch or cfg.arch,
                         endianess=GGUFEndian.BIG if big_endian else GGUFEndian.LITTLE)
     for key, (value, vtype) in kv.items():
         if vtype == V.ARRAY:
-            writer.add_key_value(key, value, V.ARRAY, V.UINT32)
+            sub = V.BOOL if all(isinstance(v, bool) for v in value) else V.UINT32
+            writer.add_key_value(key, value, V.ARRAY, sub)
         else:
             writer.add_key_value(key, value, vtype)
     writer.add_key_value("tokenizer.ggml.model", "rwkv", V.STRING)

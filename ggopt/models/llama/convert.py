@@ -1,4 +1,4 @@
-"""Rewriting a llama GGUF with every tensor in F32 (llama.cpp's ``--outtype f32``)."""
+"""Rewriting a GGUF (any family) with every tensor in F32 (llama.cpp's ``--outtype f32``)."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def write_f32(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     expected = {t.name: (tuple(int(d) for d in t.shape), int(GGMLQuantizationType.F32))
                 for t in reader.tensors}
     with atomic_path(os.fspath(dst)) as tmp:
-        writer = ModelWriter(tmp, "llama")
+        writer = ModelWriter(tmp, cfg.arch)
         try:
             copy_keys(reader, writer)
             writer.add_key_value("general.file_type", int(LlamaFileType.ALL_F32),

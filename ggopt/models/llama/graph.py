@@ -34,24 +34,35 @@ from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
            "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
-           "build_graph", "set_weights", "get_weights", "weight_map", "WeightMap", "is_read_only"]
+           "build_graph", "set_masks", "set_weights", "get_weights", "weight_map", "WeightMap",
+           "is_read_only"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Every weight's llama.cpp name and NumPy shape ``(out, in)``, in GGUF order."""
-    C, F, V, Ckv = cfg.n_embd, cfg.n_ff, cfg.n_vocab, cfg.n_embd_kv
+    """Every weight's llama.cpp name and NumPy shape ``(out, in)``, in GGUF order, for the
+    family of ``cfg.arch``."""
+    C, F, V, Ckv, Cq, hd = (cfg.n_embd, cfg.n_ff, cfg.n_vocab, cfg.n_embd_kv, cfg.n_embd_q,
+                            cfg.head_dim)
+    fam = cfg.family
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (V, C)}
     if cfg.rope_freqs:
-        shapes["rope_freqs.weight"] = (cfg.head_dim // 2,)
+        shapes["rope_freqs.weight"] = (hd // 2,)
     for i in range(cfg.n_layer):
         b = f"blk.{i}."
-        shapes.update({
-            b + "attn_norm.weight": (C,), b + "attn_q.weight": (C, C),
-            b + "attn_k.weight": (Ckv, C), b + "attn_v.weight": (Ckv, C),
-            b + "attn_output.weight": (C, C), b + "ffn_norm.weight": (C,),
-            b + "ffn_gate.weight": (F, C), b + "ffn_up.weight": (F, C),
-            b + "ffn_down.weight": (C, F),
-        })
+        shapes.update({b + "attn_norm.weight": (C,), b + "attn_q.weight": (Cq, C),
+                       b + "attn_k.weight": (Ckv, C), b + "attn_v.weight": (Ckv, C)})
+        if cfg.qkv_bias:
+            shapes.update({b + "attn_q.bias": (Cq,), b + "attn_k.bias": (Ckv,),
+                           b + "attn_v.bias": (Ckv,)})
+        if fam.qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+        shapes[b + "attn_output.weight"] = (C, Cq)
+        if fam.post_norms:
+            shapes[b + "post_attention_norm.weight"] = (C,)
+        shapes.update({b + "ffn_norm.weight": (C,), b + "ffn_gate.weight": (F, C),
+                       b + "ffn_up.weight": (F, C), b + "ffn_down.weight": (C, F)})
+        if fam.post_norms:
+            shapes[b + "post_ffw_norm.weight"] = (C,)
     shapes["output_norm.weight"] = (C,)
     if not cfg.tied_output:
         shapes["output.weight"] = (V, C)
@@ -69,7 +80,8 @@ def init_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
     resid_sd = 0.02 / math.sqrt(2 * cfg.n_layer)
     for name, shape in param_shapes(cfg).items():
         if len(shape) == 1:
-            out[name] = np.ones(shape, np.float32)
+            out[name] = np.zeros(shape, np.float32) if name.endswith(".bias") else \
+                np.ones(shape, np.float32)
             continue
         sd = resid_sd if name.endswith(("attn_output.weight", "ffn_down.weight")) else 0.02
         out[name] = (rng.standard_normal(shape) * sd).astype(np.float32)
@@ -79,7 +91,9 @@ def init_weights(cfg: Config, seed: int = 0) -> dict[str, np.ndarray]:
 @dataclasses.dataclass
 class Inputs:
     """The static inputs of one batch shape: ``tokens`` ``[n_tokens*n_seq]`` (I32), ``pos``
-    (I32 positions) and the ``mask`` ``[n_kv + n_tokens, n_tokens]`` (F32, 0 or -inf)."""
+    (I32 positions) and the ``mask`` ``[n_kv + n_tokens, n_tokens]`` (F32, 0 or -inf); for a
+    model with sliding-window layers, their mask ``mask_swa`` (the same shape; see
+    :func:`set_masks`)."""
 
     ctx: Context
     tokens: Tensor
@@ -87,6 +101,7 @@ class Inputs:
     mask: Tensor
     n_seq: int
     n_tokens: int
+    mask_swa: Tensor | None = None
 
 
 #: ``project(ctx, weight name, weight, x)``: what replaces ``mul_mat(weight, x)`` for a block's
@@ -176,13 +191,32 @@ def make_inputs(model: LlamaModel, n_seq: int, n_tokens: int | None = None,
     tokens = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "tokens")
     pos = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "pos")
     mask = ggopt.set_name(ctx.new_tensor_2d(F32, n_kv + T, T), "kq_mask")
-    for t in (tokens, pos, mask):
-        ggopt.set_input(t)
+    mask_swa = None
+    if any(model.cfg.swa_layers):
+        mask_swa = ggopt.set_name(ctx.new_tensor_2d(F32, n_kv + T, T), "kq_mask_swa")
+    for t in (tokens, pos, mask, mask_swa):
+        if t is not None:
+            ggopt.set_input(t)
     alloc_ctx_tensors(ctx, model.sched.get_backend(0))
+    inp = Inputs(ctx, tokens, pos, mask, n_seq, T, mask_swa)
     if not n_kv:
         tensor_set(pos, np.tile(np.arange(T, dtype=np.int32), n_seq))
-        tensor_set(mask, np.triu(np.full((T, T), -np.inf, np.float32), 1))
-    return Inputs(ctx, tokens, pos, mask, n_seq, T)
+        ar = np.arange(T, dtype=np.int64)
+        set_masks(inp, model.cfg, np.triu(np.full((T, T), -np.inf, np.float32), 1), ar, ar)
+    return inp
+
+
+def set_masks(inp: Inputs, cfg: Config, mask: np.ndarray, kv_pos: np.ndarray,
+              q_pos: np.ndarray) -> None:
+    """Set ``inp.mask`` to ``mask`` (``[n_tokens, n_kv + n_tokens]``, 0 or -inf) and, for a
+    model with sliding-window layers, ``inp.mask_swa`` to ``mask`` with also every key at
+    position ``p0`` hidden from a query at ``p1`` when ``p1 - p0 >= n_swa`` (llama.cpp's
+    ``LLAMA_SWA_TYPE_STANDARD``); ``kv_pos``, ``q_pos``: the keys' and the queries'
+    positions."""
+    tensor_set(inp.mask, mask)
+    if inp.mask_swa is not None:
+        far = (q_pos[:, None] - kv_pos[None, :]) >= cfg.n_swa
+        tensor_set(inp.mask_swa, np.where(far, np.float32(-np.inf), mask).astype(np.float32))
 
 
 def make_cache(model: LlamaModel, n_kv: int, n_stage: int = 1) -> KVCache:
@@ -228,52 +262,79 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     token's with ``last_only``), flagged as output unless ``output=False`` (an output is
     never freed nor overwritten: the planner keeps the logits to the end of the graph)."""
     cfg, p, c, g = model.cfg, model.params, ctx, ggopt
+    fam = cfg.family
     T, B, hd = inp.n_tokens, inp.n_seq, cfg.head_dim
     N = T * B
     freqs = p.get("rope_freqs.weight")
     if cache is not None and (inp.mask.ne[0] != cache.n_kv + T or T > cache.n_stage):
         raise ShapeError(f"build_logits: the mask covers {inp.mask.ne[0]} slots, the cache "
                          f"{cache.n_kv} + {T} new tokens ({cache.n_stage} staging slots)")
+    if any(cfg.swa_layers) and inp.mask_swa is None:
+        raise ShapeError("build_logits: the model has sliding-window layers and the inputs "
+                         "no mask_swa (make them with make_inputs for this model)")
 
     def norm(x: Tensor, w: Tensor) -> Tensor:
         return g.mul(c, g.rms_norm(c, x, cfg.eps), w)
 
-    def heads(x: Tensor, n_head: int, rope: bool) -> Tensor:
-        # [C, N] -> [hd, n_head, T, B] (roped) -> [hd, T, n_head, B]
+    def heads(x: Tensor, n_head: int, i: int, qk_norm: Tensor | None) -> Tensor:
+        # [hd*n_head, N] -> [hd, n_head, T, B] (normed per head, roped) -> [hd, T, n_head, B]
         x = g.reshape_3d(c, x, hd, n_head, N)
-        if rope:
-            x = g.rope_ext(c, x, inp.pos, freqs, hd, g.ROPE_TYPE_NORMAL, 0, cfg.freq_base,
-                           cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
+        if qk_norm is not None:
+            x = norm(x, qk_norm)
+        swa = cfg.is_swa(i)
+        x = g.rope_ext(c, x, inp.pos, freqs, hd, fam.rope_type, 0, cfg.layer_freq_base(i),
+                       1.0 if swa else cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
         return g.permute(c, g.reshape_4d(c, x, hd, n_head, T, B), 0, 2, 1, 3)
 
-    def mm(i: int, name: str, x: Tensor) -> Tensor:  # a block's projection of x
+    def mm(i: int, name: str, x: Tensor) -> Tensor:  # a block's projection of x (+ its bias)
         key = f"blk.{i}.{name}.weight"
         if model.projection is None:
-            return g.mul_mat(c, p[key], x)
-        return model.projection(c, key, p[key], x)
+            y = g.mul_mat(c, p[key], x)
+        else:
+            y = model.projection(c, key, p[key], x)
+        bias = p.get(f"blk.{i}.{name}.bias")
+        return y if bias is None else g.add(c, y, bias)
 
     writes: list[Tensor] = []
     x = g.get_rows(c, p["token_embd.weight"], inp.tokens)                  # [C, N]
+    if fam.embd_scale:
+        x = g.scale(c, x, float(np.sqrt(np.float32(cfg.n_embd))))
     for i in range(cfg.n_layer):
-        w = {k.split(".")[2]: t for k, t in p.items() if k.startswith(f"blk.{i}.")}
+        w = {k.split(".")[2]: t for k, t in p.items() if k.startswith(f"blk.{i}.")
+             and k.endswith(".weight")}
         h = norm(x, w["attn_norm"])
-        q = heads(mm(i, "attn_q", h), cfg.n_head, True)                 # [hd, T, H, B]
-        k = heads(mm(i, "attn_k", h), cfg.n_head_kv, True)              # [hd, T, Hkv, B]
+        q = heads(mm(i, "attn_q", h), cfg.n_head, i, w.get("attn_q_norm"))  # [hd, T, H, B]
+        k = heads(mm(i, "attn_k", h), cfg.n_head_kv, i, w.get("attn_k_norm"))
         v = g.reshape_4d(c, mm(i, "attn_v", h), hd, cfg.n_head_kv, T, B)
         vt = g.cont(c, g.permute(c, v, 1, 2, 0, 3))                         # [T, hd, Hkv, B]
         if cache is not None:
             k, vt = _stage(c, cache, i, k, vt, writes)
-        kq = g.soft_max_ext(c, g.mul_mat(c, k, q), inp.mask, cfg.kq_scale, 0.0)
+        scale = cfg.kq_scale
+        if fam.scale_q:  # gemma3 scales Q, then the softmax by 1
+            q, scale = g.scale(c, q, scale), 1.0
+        mask = inp.mask_swa if cfg.is_swa(i) else inp.mask
+        kq = g.soft_max_ext(c, g.mul_mat(c, k, q), mask, scale, 0.0)
         kqv = g.mul_mat(c, vt, kq)                                          # [hd, T, H, B]
-        cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd, N)
-        x = g.add(c, x, mm(i, "attn_output", cur))
+        cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd_q, N)
+        cur = mm(i, "attn_output", cur)
+        if fam.post_norms:
+            cur = norm(cur, w["post_attention_norm"])
+        x = g.add(c, x, cur)
         h = norm(x, w["ffn_norm"])
-        ff = g.swiglu_split(c, mm(i, "ffn_gate", h), mm(i, "ffn_up", h))
-        x = g.add(c, x, mm(i, "ffn_down", ff))
+        if fam.ffn_gelu:
+            ff = g.mul(c, g.gelu(c, mm(i, "ffn_gate", h)), mm(i, "ffn_up", h))
+        else:
+            ff = g.swiglu_split(c, mm(i, "ffn_gate", h), mm(i, "ffn_up", h))
+        cur = mm(i, "ffn_down", ff)
+        if fam.post_norms:
+            cur = norm(cur, w["post_ffw_norm"])
+        x = g.add(c, x, cur)
     if last_only:
         x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
     out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]
     logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
+    if cfg.softcap:
+        logits = g.scale(c, g.tanh(c, g.scale(c, logits, 1.0 / cfg.softcap)), cfg.softcap)
     g.set_name(logits, "logits")
     if output:
         g.set_output(logits)

@@ -1,4 +1,5 @@
-"""``load(path)``: a llama GGUF as a ready model (weights in F32 on a backend, or with
+"""``load(path)``: a GGUF of any family of :mod:`.arch` (llama, qwen2, qwen3, gemma3) as a
+ready model (weights in F32 on a backend, or with
 ``base_type="keep"`` as the file stores them, :mod:`.mapped`; its tokenizer).
 
 Loading is a transaction: the keys (llama.cpp's types), the tensor list (names, ggml shapes,
@@ -73,11 +74,12 @@ def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]
     n_tokens = _n_tokens(reader, where)
     cfg = config_from_fields(reader.fields, n_tokens,
                              tied_output="output.weight" not in table,
-                             rope_freqs="rope_freqs.weight" in table, where=where)
+                             rope_freqs="rope_freqs.weight" in table, where=where,
+                             qkv_bias="blk.0.attn_q.bias" in table)
     if n_tokens is not None and n_tokens != cfg.n_vocab:  # ids past the tokens: no text
         raise ShapeError(f"{where}: the vocabulary holds {n_tokens} tokens "
                          f"(tokenizer.ggml.tokens) but the model {cfg.n_vocab} "
-                         "(llama.vocab_size, token_embd); they must agree")
+                         f"({cfg.arch}.vocab_size, token_embd); they must agree")
     check_tensors(table, param_shapes(cfg), where)
     return cfg, table
 
@@ -96,7 +98,8 @@ def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.nda
 def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
          progress: bool | None = None, stream: TextIO | None = None,
          base_type: str = "f32") -> Model:
-    """Load a llama GGUF (any tensor type of :data:`weights.SUPPORTED_TYPES`).
+    """Load a GGUF of a family of :data:`.arch.ARCHITECTURES`, dispatched on
+    ``general.architecture`` (any tensor type of :data:`weights.SUPPORTED_TYPES`).
 
     ``base_type``: ``"f32"`` (default) dequantizes every weight into F32 PARAM tensors;
     ``"keep"`` maps the F32 and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices from the file as they are

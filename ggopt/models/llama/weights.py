@@ -61,7 +61,7 @@ def check_tensors(table: dict[str, Any], shapes: dict[str, tuple[int, ...]],
         raise ShapeError(f"{where}: missing tensor(s) {', '.join(missing[:5])}")
     extra = [n for n in table if n not in shapes]
     if extra:
-        raise ShapeError(f"{where}: unexpected tensor(s) {', '.join(extra[:5])} for a llama "
+        raise ShapeError(f"{where}: unexpected tensor(s) {', '.join(extra[:5])} for a "
                          f"model of these hyper-parameters")
     for name, shape in shapes.items():
         t = table[name]
