@@ -24,10 +24,12 @@ trains every weight and so needs --base-type f32 (the weights dequantized at loa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--patience", type=int, metavar="K",
                    help="early stopping: stop after K evaluations without a better validation "
                         "loss (needs --eval-every; default: no early stopping)")
+    c.add_argument("--save-every", type=int, metavar="N",
+                   help="also save --checkpoint every N optimizer steps, mid-epoch (default: "
+                        "at the ends of epochs, and on Ctrl-C)")
     c.add_argument("--log", metavar="FILE.jsonl",
                    help="a JSON line per optimizer step: step, epoch, loss, lr, tokens_per_s, "
                         "val_loss when validated; --plot draws it per step (default: none)")
@@ -149,9 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
-    for name in ("ctx", "batch", "ubatch", "epochs", "max_steps", "eval_every", "patience"):
+    for name in ("ctx", "batch", "ubatch", "epochs", "max_steps", "eval_every", "patience",
+                 "save_every"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.save_every is not None and not args.checkpoint:
+        p.error("--save-every needs --checkpoint FILE")
     if args.patience is not None and args.eval_every is None:
         p.error("--patience counts evaluations: give --eval-every N")
     if args.lr is None:
@@ -202,6 +210,30 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
 
 def _line(name: str, s: EpochStats) -> str:
     return f"{name}: loss={s.loss:.4f} ppl={s.ppl:.3f} over {s.n_tokens} tokens"
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped the run after a whole step (the state saved with --checkpoint)."""
+
+
+@contextlib.contextmanager
+def _stop_on_interrupt(ft: FineTuner, graceful: bool) -> Iterator[None]:
+    """With ``graceful``: the first Ctrl-C stops ``ft`` after the step in progress (its
+    state then saved), a second one at once; else Ctrl-C as usual."""
+    if not graceful:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if ft.stop_requested:
+            raise KeyboardInterrupt
+        ft.request_stop()
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -271,8 +303,12 @@ def run(args: argparse.Namespace) -> None:
             if monitor is not None:
                 monitor.evaluated(0, before)
                 monitor.write({"step": 0, "val_loss": before})
-        history = ft.fit(args.epochs, args.checkpoint, training_cli.resume_mode(args), epoch_line,
-                         progress)
+        ft.save_every = args.save_every
+        with _stop_on_interrupt(ft, comm is None and args.checkpoint is not None):
+            history = ft.fit(args.epochs, args.checkpoint, training_cli.resume_mode(args),
+                             epoch_line, progress)
+        if ft.stop_requested:
+            raise Interrupted(history.stopped)
         if history.resumed_after:
             print(f"resumed after epoch {history.resumed_after}")
         if history.stopped:
@@ -330,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.comm = None
     try:
         run(args)
+    except Interrupted as exc:
+        print(f"{exc} (--resume continues it)", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         saved = f"; the last saved state is in {args.checkpoint}" if args.checkpoint else ""
         print(f"interrupted{saved}", file=sys.stderr)

@@ -179,6 +179,11 @@ class FineTuner:
         #: step-level controls (max steps, validation every N steps, early stopping, the
         #: best state, the JSON-lines log), called after every optimizer step
         self.monitor: StepMonitor | None = None
+        #: mid-epoch checkpoints: where, and every how many optimizer steps (fit sets the
+        #: path; None: only at the ends of epochs and on request_stop)
+        self.checkpoint: str | os.PathLike[str] | None = None
+        self.save_every: int | None = None
+        self.stop_requested = False
         self.train_seconds = 0.0
         self.train_tokens = 0  # tokens computed (padding and masked prompts included)
         self.trained_tokens = 0  # of them, those with a label (the loss is over them)
@@ -273,7 +278,7 @@ class FineTuner:
             sums[0] += s
             sums[1] += n
             done[0] += 1
-            if train and self.monitor is not None and done[0] % local_period == 0:
+            if train and done[0] % local_period == 0:
                 loss = (sums[0] - done[1]) / (sums[1] - done[2]) if sums[1] > done[2] \
                     else math.nan
                 done[1], done[2] = sums[0], sums[1]
@@ -305,6 +310,38 @@ class FineTuner:
         return EpochStats(total / count if count else math.nan, int(count), seconds)
 
     def _after_step(self, loss: float) -> None:
+        """After one finished optimizer step: :attr:`monitor`, a mid-epoch checkpoint every
+        :attr:`save_every` steps, the stop :meth:`request_stop` asked for (the state saved
+        first when there is a checkpoint)."""
+        self._steps += 1
+        step = self.steps_done
+        if self.monitor is not None:
+            self._monitor_step(loss)
+        if self.checkpoint is not None and (
+                self.stop_requested or (self.save_every and step % self.save_every == 0)):
+            self.save(self.checkpoint, self._epochs_done())
+        if self.stop_requested:
+            where = f"; the state is saved in {os.fspath(self.checkpoint)}" \
+                if self.checkpoint is not None else ""
+            raise StopTraining(f"interrupted at step {step}{where}")
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps taken over the run (a resume continues the count)."""
+        sched = self.schedule
+        return sched.step if isinstance(sched, Schedule) else self._steps
+
+    def _epochs_done(self) -> int:
+        sched = self.schedule
+        return sched.epoch if isinstance(sched, Schedule) else 0
+
+    def request_stop(self) -> None:
+        """Stop after the optimizer step in progress (e.g. from a SIGINT handler): with a
+        checkpoint the exact state is saved there (shard order, generator, schedule, the
+        epoch's position), and ``fit(..., resume=True)`` continues it bit for bit."""
+        self.stop_requested = True
+
+    def _monitor_step(self, loss: float) -> None:
         """Hand one finished optimizer step to :attr:`monitor` (the step counted over the run
         by the schedule, which a resume restores)."""
         assert self.monitor is not None
@@ -313,7 +350,6 @@ class FineTuner:
             step, epoch, lr = sched.step, sched.epoch + 1, sched.lr_at(sched.step - 1,
                                                                        sched.epoch)
         else:
-            self._steps += 1
             step, epoch, lr = self._steps, 0, self.fp.lr
         n_tokens = self.fp.n_batch * self.windows.n_ctx
         self.monitor.after_step(step, epoch, loss, lr, n_tokens)
@@ -340,9 +376,22 @@ class FineTuner:
                          progress)
 
     def train_epoch(self, progress: TextIO | None = None) -> EpochStats:
-        """Shuffle the training windows and train on each once."""
-        self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
-        return self._run(list(range(self.n_train_mb)), True, progress)
+        """Shuffle the training windows and train on each once; right after a resume from a
+        mid-epoch checkpoint, continue that epoch's order where it stopped (no shuffle)."""
+        done = self._steps_into_epoch()
+        if done == 0:
+            self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
+        return self._run(list(range(done * self.fp.opt_period, self.n_train_mb)), True,
+                         progress)
+
+    def _steps_into_epoch(self) -> int:
+        """Optimizer steps of the current epoch already taken (0 but after a mid-epoch
+        resume): the schedule's step count against the epochs done."""
+        sched = self.schedule
+        if not isinstance(sched, Schedule):
+            return 0
+        done = sched.step - sched.epoch * self.steps_per_epoch
+        return done if 0 < done < self.steps_per_epoch else 0
 
     @property
     def steps_per_epoch(self) -> int:
@@ -383,6 +432,7 @@ class FineTuner:
             return (stats.pop(id(result)).loss, math.nan, math.nan, math.nan)
 
         history = FitHistory()
+        self.checkpoint = checkpoint
         try:
             train_epochs(self.opt_ctx, self.dataset, n_epochs, run_epoch,
                          schedule=self.schedule if isinstance(self.schedule, Schedule)

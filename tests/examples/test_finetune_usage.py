@@ -311,3 +311,53 @@ def test_max_steps_stops_the_run(tmp_path, files, capsys):
         _run(capsys, "--model", f32, "--out", tmp_path / "o.gguf", "--text", text,
              "--patience", 2)
     assert "--patience counts evaluations: give --eval-every N" in capsys.readouterr().err
+
+
+def _hook_step(monkeypatch, k: int, action) -> None:
+    """Run ``action()`` when optimizer step ``k`` (counted over the run) has finished."""
+    real = finetune_cli.FineTuner._after_step
+
+    def hooked(self, loss):
+        if self.schedule.step == k:
+            action()
+        return real(self, loss)
+
+    monkeypatch.setattr(finetune_cli.FineTuner, "_after_step", hooked)
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "save-every"])
+def test_interrupt_mid_epoch_then_resume_is_bit_exact(tmp_path, files, capsys, monkeypatch,
+                                                      how):
+    """Item 6: a --checkpoint run saved nothing of the epoch in progress. Ctrl-C (SIGINT) at
+    step 7 of epoch 1 now saves the exact state there; a hard stop at step 7 leaves the
+    --save-every 5 state; --resume continues either to the bytes of an uninterrupted run."""
+    import os
+    import signal
+
+    f32, _, text = files
+    args = ["--model", f32, "--text", text, "--ctx", 32, "--lr", 1e-3, "--val-split", 0.1,
+            "--batch", 4, "--ubatch", 2, "--epochs", 2, "--warmup", 3, "--no-progress"]
+    rc, _, err = _run(capsys, *args, "--out", tmp_path / "a.gguf")
+    assert rc == 0, err
+    ckpt = tmp_path / "state.gguf"
+    if how == "ctrl-c":
+        _hook_step(monkeypatch, 7, lambda: os.kill(os.getpid(), signal.SIGINT))
+        extra: list[object] = []
+    else:
+        def hard():
+            raise KeyboardInterrupt
+
+        _hook_step(monkeypatch, 7, hard)
+        extra = ["--save-every", 5]
+    rc, _, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--checkpoint", ckpt, *extra)
+    assert rc == 130 and len(err.strip().splitlines()) == 1, err
+    if how == "ctrl-c":
+        assert err.startswith(f"interrupted at step 7; the state is saved in {ckpt}")
+    else:
+        assert err.strip() == f"interrupted; the last saved state is in {ckpt}"
+    assert not (tmp_path / "b.gguf").exists()
+    monkeypatch.undo()
+    rc, stdout, err = _run(capsys, *args, "--out", tmp_path / "b.gguf", "--checkpoint", ckpt,
+                           "--resume")
+    assert rc == 0, err
+    assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
