@@ -39,6 +39,7 @@ import ggopt
 from ..errors import GgoptError, InvalidValueError, StateError
 from ..lm import lora, preflight
 from ..lm.chat import chat_windows, read_conversations
+from ..lm.completions import completion_windows, data_format, read_completions
 from ..lm.controls import StepControls, StepMonitor, read_log
 from ..lm.export import OUT_TYPES, export
 from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "--text or --chat)")
     data.add_argument("--chat", metavar="FILE.jsonl",
                       help='JSON lines {"messages": [{"role", "content"}, ...]}: the loss on '
-                           "the assistant's tokens only (required: --text or --chat)")
+                           'the assistant\'s tokens only; or {"prompt": ..., "completion": '
+                           "...}: the loss on the completion (required: --text or --chat)")
     p.add_argument("--ctx", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--batch", type=int, default=1,
                    help="windows (of --ctx tokens, not tokens as llama.cpp's -b) per optimizer "
@@ -191,7 +193,11 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
                                 "weights dequantized to F32) or train a --lora adapter")
     info = preflight.model_info(args.model)
     texts = preflight.read_texts(args.text or ())
-    conversations = read_conversations(args.chat) if args.chat else []
+    conversations: list[Any] = []
+    if args.chat:
+        args.chat_format = data_format(args.chat)
+        conversations = (read_completions if args.chat_format == "completion"
+                         else read_conversations)(args.chat)
     if args.lora is not None:
         preflight.check_lora(info.cfg, args.lora, args.lora_targets)
     preflight.check_ctx(info.cfg, args.ctx, args.ubatch)
@@ -246,8 +252,12 @@ def run(args: argparse.Namespace) -> None:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
     model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress)
     tok = model.require_tokenizer()
-    windows = text_windows(tokenize_texts(tok, texts), args.ctx) if args.text else \
-        chat_windows(tok, conversations, args.ctx)
+    if args.text:
+        windows = text_windows(tokenize_texts(tok, texts), args.ctx)
+    elif args.chat_format == "completion":
+        windows = completion_windows(tok, conversations, args.ctx)
+    else:
+        windows = chat_windows(tok, conversations, args.ctx)
     net = model.net
     adapter = None
     if args.lora is not None:

@@ -361,3 +361,32 @@ def test_interrupt_mid_epoch_then_resume_is_bit_exact(tmp_path, files, capsys, m
                            "--resume")
     assert rc == 0, err
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+
+
+def test_prompt_completion_jsonl_trains_the_completion_only(tmp_path, files, capsys):
+    """Item 7: prompt/completion JSON lines (TRL's format) beside messages: the loss on the
+    completion (and its EOS), the prompt masked."""
+    from ggopt.lm.completions import completion_windows, read_completions
+    from ggopt.lm.windows import MASKED
+
+    f32, _, _ = files
+    data = tmp_path / "pc.jsonl"
+    pairs = [("Q: copy? A:", " yes"), ("Q: change? A:", " no")] * 6
+    data.write_text("\n".join(json.dumps({"prompt": p, "completion": c}) for p, c in pairs)
+                    + "\n")
+    tok = llama.load(f32, progress=False).require_tokenizer()
+    w = completion_windows(tok, read_completions(data), 32)
+    p, c = tok.encode("Q: copy? A:", add_special=True, parse_special=False), \
+        tok.encode(" yes", add_special=False, parse_special=False)
+    eos = [] if tok.eos is None else [tok.eos]
+    trained = w.labels[0][w.labels[0] != MASKED].tolist()
+    assert trained == c + eos  # the completion's tokens, nothing of the prompt
+    assert w.tokens[0, :len(p)].tolist() == p
+    rc, stdout, err = _run(capsys, "--model", f32, "--out", tmp_path / "o.gguf", "--chat", data,
+                           "--ctx", 32, "--lr", 1e-3, "--val-split", 0.2, "--no-progress")
+    assert rc == 0, err
+    assert f"({w.n_trained()} with a label)" in stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": ""}\n')
+    rc, _, err = _run(capsys, "--model", f32, "--out", tmp_path / "o.gguf", "--chat", bad)
+    assert rc == 1 and "non-empty completion" in err
