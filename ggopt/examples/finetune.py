@@ -199,8 +199,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
         conversations = (read_completions if args.chat_format == "completion"
                          else read_conversations)(args.chat)
     if args.lora is not None:
-        preflight.check_lora(info.cfg, args.lora, args.lora_targets)
-    preflight.check_ctx(info.cfg, args.ctx, args.ubatch)
+        preflight.check_lora(info, args.lora, args.lora_targets)
+    preflight.check_ctx(info, args.ctx, args.ubatch)
     if args.resume or args.resume_force:
         done, run = preflight.checkpoint_run(args.checkpoint)
         if "ctx" in run and run["ctx"] != args.ctx and not args.resume_force:

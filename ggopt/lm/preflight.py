@@ -8,29 +8,56 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from gguf import GGUFReader, GGUFValueType, LlamaFileType
+import numpy as np
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from ..errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
+from ..io.gguf_header import read_header
 from ..io.paths import text_path
-from ..models.llama import Config, param_shapes, read_config
+from ..models.llama import Config, param_shapes
 from ..models.llama.weights import open_reader
 from ..opt.checkpoint_file import RUN, STATE
 from . import lora
 
-__all__ = ["ModelInfo", "model_info", "read_texts", "check_lora", "check_ctx",
+__all__ = ["Dims", "ModelInfo", "model_info", "read_texts", "check_lora", "check_ctx",
            "activation_bytes", "available_bytes", "checkpoint_run"]
+
+
+class Dims(Protocol):
+    """The sizes the checks need (a :class:`ModelInfo` or a loaded model's ``Config``)."""
+
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
+    @property
+    def n_layer(self) -> int: ...
+    @property
+    def n_head(self) -> int: ...
+    @property
+    def n_ff(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
-    """What a model file says about itself: its config and its file type's name."""
+    """What a model file's header says: its sizes (``{arch}.*`` keys; 0 where absent, the
+    loader then names the key), its file type's name, its tensors' types and shapes."""
 
     path: str
-    cfg: Config
+    arch: str
+    n_ctx: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_ff: int
+    n_vocab: int
     file_type: str  # llama.cpp's name, e.g. MOSTLY_Q4_1; "unknown" when the key is absent
     tensor_types: dict[str, int]  # type name -> tensor count
+    shapes: dict[str, tuple[int, ...]]  # ggml ne per tensor name
 
     @property
     def quantized(self) -> bool:
@@ -43,42 +70,55 @@ class ModelInfo:
                                                        key=lambda kv: -kv[1]))
 
 
-def _is_adapter(reader: GGUFReader) -> bool:
-    field = reader.fields.get("general.type")
-    return (field is not None and list(field.types) == [GGUFValueType.STRING]
-            and field.contents() == "adapter")
+def _int(kv: dict[str, Any], key: str) -> int:
+    v = kv.get(key)
+    return int(v) if isinstance(v, (int, np.integer)) and not isinstance(v, bool) else 0
 
 
 def model_info(path: object, option: str = "--model") -> ModelInfo:
-    """The keys and tensor list of a llama GGUF (no tensor data read).
+    """A model file's header (:func:`ggopt.io.gguf_header.read_header`: keys and tensor
+    list, the big arrays skipped, no tensor data): well under a second for any model.
 
     Raises
     ------
+    ShapeError
+        Not a readable GGUF file (missing, truncated, damaged).
     InvalidValueError
         ``path`` is a LoRA adapter (``general.type = adapter``), not a model: the message
         says so and how to pass it (``--lora``).
-    GgoptError
-        Any reason :func:`ggopt.models.llama.load` would refuse the keys or the tensor list.
     """
     spath = text_path(path, option)
     where = f"{option} {spath!r}"
-    reader = open_reader(spath, where)
-    if _is_adapter(reader):
+    kv, lengths, tensors = read_header(spath, where)
+    if kv.get("general.type") == "adapter":
         raise InvalidValueError(f"{where} is a LoRA adapter (general.type=adapter), not a "
                                 f"model: give the base model as --model and the adapter with "
                                 f"--lora {spath}")
-    cfg, table = read_config(reader, where)
+    arch = kv.get("general.architecture")
+    arch = arch if isinstance(arch, str) else ""
     types: dict[str, int] = {}
-    for t in table.values():
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    field = reader.fields.get("general.file_type")
+    for _, qtype in tensors.values():
+        name = _qtype_name(qtype)
+        types[name] = types.get(name, 0) + 1
     name = "unknown"
-    if field is not None:
+    if "general.file_type" in kv:
         try:
-            name = LlamaFileType(int(field.contents())).name
-        except (ValueError, TypeError):
-            name = f"file type {field.contents()}"
-    return ModelInfo(spath, cfg, name, types)
+            name = LlamaFileType(_int(kv, "general.file_type")).name
+        except ValueError:
+            name = f"file type {kv['general.file_type']}"
+    return ModelInfo(spath, arch, _int(kv, f"{arch}.context_length"),
+                     _int(kv, f"{arch}.embedding_length"), _int(kv, f"{arch}.block_count"),
+                     _int(kv, f"{arch}.attention.head_count"),
+                     _int(kv, f"{arch}.feed_forward_length"),
+                     lengths.get("tokenizer.ggml.tokens", 0), name, types,
+                     {n: shape for n, (shape, _) in tensors.items()})
+
+
+def _qtype_name(qtype: int) -> str:
+    try:
+        return GGMLQuantizationType(qtype).name
+    except ValueError:
+        return f"type {qtype}"
 
 
 def read_texts(paths: Sequence[object], option: str = "--text") -> list[str]:
@@ -101,22 +141,26 @@ def read_texts(paths: Sequence[object], option: str = "--text") -> list[str]:
     return texts
 
 
-def check_lora(cfg: Config, rank: int, targets: str | Sequence[str]) -> tuple[str, ...]:
+def check_lora(info: ModelInfo | Config, rank: int,
+               targets: str | Sequence[str]) -> tuple[str, ...]:
     """The parsed targets; InvalidValueError for an unknown target, or a rank below 1 or
     above a target matrix's smaller side (as :func:`ggopt.lm.lora.create` would refuse)."""
     names = lora.parse_targets(targets)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise InvalidValueError(f"--lora: the rank must be an int >= 1, got {rank!r}")
-    shapes = param_shapes(cfg)
+    shapes = info.shapes if isinstance(info, ModelInfo) else param_shapes(info)
     for t in names:
-        side = min(shapes[f"blk.0.{t}.weight"])
+        shape = shapes.get(f"blk.0.{t}.weight")
+        if not shape:
+            continue  # the loader names a missing tensor
+        side = min(shape)
         if rank > side:
             raise InvalidValueError(f"--lora {rank}: above {t}'s smaller side ({side}); a rank "
                                     f"is at most {side} there")
     return names
 
 
-def activation_bytes(cfg: Config, n_ctx: int, n_ubatch: int) -> int:
+def activation_bytes(cfg: Dims, n_ctx: int, n_ubatch: int) -> int:
     """A rough upper estimate of one training micro-batch's activations and gradients: the
     logits (3 copies), per layer the attention scores (3 copies) and the hidden states."""
     rows = n_ctx * n_ubatch
@@ -136,10 +180,10 @@ def available_bytes() -> int | None:
     return None
 
 
-def check_ctx(cfg: Config, n_ctx: int, n_ubatch: int, option: str = "--ctx") -> None:
+def check_ctx(cfg: Dims, n_ctx: int, n_ubatch: int, option: str = "--ctx") -> None:
     """ShapeError when ``n_ctx`` exceeds the model's context, OutOfMemoryError when the
     micro-batch's activations (:func:`activation_bytes`) exceed the available memory."""
-    if n_ctx > cfg.n_ctx:
+    if 0 < cfg.n_ctx < n_ctx:
         raise ShapeError(f"{option} {n_ctx}: windows longer than the model's context of "
                          f"{cfg.n_ctx} tokens")
     need, have = activation_bytes(cfg, n_ctx, n_ubatch), available_bytes()

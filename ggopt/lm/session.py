@@ -44,7 +44,7 @@ class FineTune:
                  progress: bool = True) -> None:
         info = preflight.model_info(path, "model")
         if lora_rank is not None:
-            preflight.check_lora(info.cfg, lora_rank, targets)
+            preflight.check_lora(info, lora_rank, targets)
         self.path, self.seed, self.progress = os.fspath(path), seed, progress
         self.model = load(path, progress=progress)
         self.adapter: lora.LoraAdapter | None = None
