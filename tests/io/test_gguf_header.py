@@ -44,3 +44,22 @@ def test_bad_files_are_shape_errors(tmp_path):
             read_header(bad, "m")
     with pytest.raises(ShapeError, match="no such file"):
         read_header(tmp_path / "none.gguf", "m")
+
+
+@pytest.mark.model
+def test_smollm2_header_gives_what_the_loader_reads():
+    """The fine-tune's checks before the load read SmolLM2's sizes from the header alone."""
+    from ggopt.lm import preflight
+    from ggopt.models.llama.weights import open_reader
+    from tools.smollm import q4_1_path
+
+    path = q4_1_path()
+    info = preflight.model_info(path)
+    cfg, table = llama.read_config(open_reader(str(path), "smollm2"), "smollm2")
+    assert (info.n_ctx, info.n_embd, info.n_layer, info.n_head, info.n_ff, info.n_vocab) == \
+        (cfg.n_ctx, cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_ff, cfg.n_vocab)
+    assert info.shapes == {n: tuple(int(d) for d in t.shape) for n, t in table.items()}
+    assert info.file_type == "MOSTLY_Q4_1" and info.quantized
+    assert preflight.check_lora(info, 8, "attn_k") == ("attn_k",)
+    with pytest.raises(Exception, match="above attn_k's smaller side"):
+        preflight.check_lora(info, 193, "attn_k")
