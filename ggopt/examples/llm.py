@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     t = training.TrainParams()
     tr = sub.add_parser("train", help="train a model on text and save it as GGUF",
                         description="llama.cpp's training path: windows of --ctx bytes every "
-                                    "--stride bytes, 5%% held out, AdamW (--lr "
+                                    "--stride bytes, 5% held out, AdamW (--lr "
                                     f"{t.lr:g} by default here), a fresh graph per "
                                     "micro-batch.")
     tr.add_argument("--text", nargs="+", metavar="FILE",

@@ -15,9 +15,10 @@ import sys
 
 from .. import set_n_threads
 from ..errors import InvalidValueError, ShapeError
-from ..lm import SamplingParams, generate, perplexity
+from ..lm import SamplingParams, generate, lora, perplexity, preflight
 from ..models import Model, load
 from ..models.llama.mapped import BASE_TYPES
+from ..models.llama.vocab import require, tokenizer_of
 
 __all__ = ["add_commands", "read_bytes"]
 
@@ -43,10 +44,37 @@ def read_bytes(paths: list[str], option: str) -> bytes:
     return b"".join(parts)
 
 
+def _adapters(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """``(path, strength)`` of every --lora (1) and --lora-scaled, each file checked readable."""
+    given = [(path, 1.0) for path in args.lora or ()]
+    given += [(path, _strength(scale)) for path, scale in args.lora_scaled or ()]
+    for path, _ in given:  # a missing file named before the model loads
+        if not os.access(path, os.R_OK) or os.path.isdir(path):
+            raise ShapeError(f"--lora {path!r}: not a readable file")
+    return given
+
+
+def _strength(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidValueError(f"--lora-scaled: the scale must be a number, got {text!r}") \
+            from None
+    if not math.isfinite(value):
+        raise InvalidValueError(f"--lora-scaled: the scale must be finite, got {text!r}")
+    return value
+
+
 def _load(args: argparse.Namespace) -> Model:
+    preflight.model_info(args.model)  # an adapter given as the model: named, before the load
+    adapters = _adapters(args) if hasattr(args, "lora") else []
     if args.threads is not None:
         set_n_threads(args.threads)
     model = load(args.model, base_type=getattr(args, "base_type", "f32"))
+    if adapters:
+        lora.apply(model.net, [(lora.load(path, model.net), s) for path, s in adapters])
+        print(f"main: {len(adapters)} LoRA adapter(s): "
+              f"{', '.join(f'{path} x{s:g}' for path, s in adapters)}", file=sys.stderr)
     print(f"main: loaded {args.model} ({model.cfg.n_layer} layers, {model.cfg.n_vocab} "
           f"tokens, {', '.join(f'{n} {k}' for k, n in model.tensor_types.items())}) in "
           f"{model.load_seconds:.2f} s", file=sys.stderr)
@@ -111,11 +139,21 @@ def _tokenize(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.prompt is None):
         raise ShapeError("tokenize: give exactly one of --text FILE and --prompt TEXT")
     text = read_bytes([args.text], "--text") if args.text else os.fsencode(args.prompt)
-    model = _load(args)
-    ids = model.require_tokenizer().encode(text, add_special=not args.no_special,
+    preflight.model_info(args.model)  # the keys and tensor list: a model, not an adapter
+    tok = require(tokenizer_of(args.model), f"llm {args.model!r}")  # the vocabulary only
+    ids = tok.encode(text, add_special=not args.no_special,
                                            parse_special=args.parse_special)
     print(ids)
     return 0
+
+
+def _add_lora(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lora", action="append", metavar="FILE.gguf",
+                   help="apply this LoRA adapter GGUF (llama.cpp's --lora; repeatable; "
+                        "default: none)")
+    p.add_argument("--lora-scaled", action="append", nargs=2, metavar=("FILE.gguf", "SCALE"),
+                   help="apply this LoRA adapter at strength SCALE (llama.cpp's "
+                        "--lora-scaled; repeatable; default: none)")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -143,6 +181,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
+    _add_lora(ge)
     ge.set_defaults(func=_generate)
 
     ev = sub.add_parser("eval", help="perplexity on text, as llama-perplexity")
@@ -154,6 +193,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
+    _add_lora(ev)
     ev.set_defaults(func=_eval)
 
     to = sub.add_parser("tokenize", help="print token ids as llama-tokenize --ids")

@@ -69,13 +69,16 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
-def add_training_args(p: argparse.ArgumentParser, default_lr: float = DEFAULT_LR) -> None:
-    """Add ``--checkpoint``, ``--resume``, ``--lr`` (default ``default_lr``), ``--lr-min``,
-    ``--decay-epochs``, ``--warmup`` to a ``train`` sub-command's parser."""
+def add_training_args(p: argparse.ArgumentParser, default_lr: float | None = DEFAULT_LR,
+                      lr_help: str | None = None) -> None:
+    """Add ``--checkpoint``, ``--resume``, ``--lr`` (default ``default_lr``; None: the caller
+    chooses after parsing, and ``lr_help`` says how), ``--lr-min``, ``--decay-epochs``,
+    ``--warmup`` to a ``train`` sub-command's parser."""
     g = p.add_argument_group("checkpoints and learning-rate schedule")
     g.add_argument("--checkpoint", metavar="FILE",
                    help="save the whole training state (weights, optimizer moments, data "
-                        "order, schedule) to FILE after every epoch (GGUF, written atomically)")
+                        "order, schedule) to FILE after every epoch (GGUF, written atomically; "
+                        "default: none)")
     g.add_argument("--resume", action="store_true",
                    help="continue the run saved in --checkpoint FILE after its last epoch; "
                         "the result is bit for bit that of an uninterrupted run; refused when "
@@ -84,15 +87,17 @@ def add_training_args(p: argparse.ArgumentParser, default_lr: float = DEFAULT_LR
                    help="--resume even when the checkpoint was saved by a different run "
                         "(other text/data, batch or split): the result is no longer bit-exact")
     g.add_argument("--lr", type=positive_float32, default=default_lr, metavar="LR",
-                   help=f"learning rate (peak rate with a schedule; default {default_lr:g})")
+                   help=lr_help or f"learning rate (peak rate with a schedule; default "
+                                   f"{default_lr:g})")
     g.add_argument("--lr-min", type=nonnegative_float32, metavar="LR",
                    help="floor of --decay-epochs / end point of the cosine after --warmup "
                         "(default 0)")
     g.add_argument("--decay-epochs", type=positive_float32, metavar="E",
-                   help="halve the learning rate every E epochs (llama.cpp finetune's decay)")
+                   help="halve the learning rate every E epochs (llama.cpp finetune's decay; "
+                        "default: a constant rate)")
     g.add_argument("--warmup", type=_nonnegative_int, metavar="STEPS",
                    help="linear warm-up over STEPS optimizer steps, then cosine decay to "
-                        "--lr-min over the rest of the run")
+                        "--lr-min over the rest of the run (default: a constant rate)")
 
 
 def check_training_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -7,6 +7,13 @@ llama.cpp keeps them; a matrix whose rows are not whole Q8_0 blocks is written F
 a tensor that did not change keeps its original bytes, a changed one is re-quantized to its own
 type where ``gguf.quants`` can (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else written F16
 (K-quants and IQ types: ``gguf`` has no quantizer for them); :func:`export` says which.
+
+Every changed tensor written in a lossy type (F16, BF16, a quantization) is measured: the share
+of the fine-tune's change ``new - old`` that the written weights keep, ``<written - old, new -
+old> / |new - old|^2`` summed over those tensors (:attr:`ExportReport.change_kept`). A LoRA
+delta below the step of the base's quantization (Q4_1 on SmolLM2) keeps little of it;
+:meth:`ExportReport.loss_warning` says so with the number. The lossless small form of a LoRA on
+a quantized base is the adapter beside the unchanged base (llama.cpp's ``--lora``).
 """
 
 from __future__ import annotations
@@ -49,10 +56,44 @@ class ExportReport:
     requantized: list[str] = dataclasses.field(default_factory=list)
     as_f16: list[str] = dataclasses.field(default_factory=list)
     file_type: int = 0
+    change_sq: float = 0.0  # |new - old|^2 over the changed tensors written in a lossy type
+    kept_dot: float = 0.0  # <written - old, new - old> over the same tensors
+    lossy: set[str] = dataclasses.field(default_factory=set)  # their types' names
+
+    @property
+    def file_type_name(self) -> str:
+        """``general.file_type`` by llama.cpp's name (``ALL_F32``, ``MOSTLY_Q4_1``, ...)."""
+        try:
+            return _FT(self.file_type).name
+        except ValueError:
+            return f"file type {self.file_type}"
+
+    @property
+    def change_kept(self) -> float | None:
+        """The share of the fine-tune's change to the weights written in a lossy type that
+        the written weights keep (1: all of it); None when no such weight changed."""
+        return self.kept_dot / self.change_sq if self.change_sq > 0 else None
+
+    def loss_warning(self, threshold: float = 0.5) -> str | None:
+        """A warning with the number when the written weights keep less than ``threshold``
+        of the change (most of the fine-tune lost), else None."""
+        kept = self.change_kept
+        if kept is None or kept >= threshold:
+            return None
+        return (f"the written {'/'.join(sorted(self.lossy))} weights keep {100 * kept:.0f}% "
+                f"of the fine-tune's change to them (the rest is below the type's step): most "
+                f"of what was trained is lost; --out-type f32 keeps all of it, and for a LoRA "
+                f"on a quantized base the adapter (--adapter-out) beside the unchanged base is "
+                f"the lossless small form")
 
     def summary(self) -> str:
+        kept = self.change_kept
+        note = "" if kept is None else f"; {100 * kept:.0f}% of the change kept"
+        return self._summary() + note
+
+    def _summary(self) -> str:
         if not (self.kept or self.requantized):
-            return f"file type {self.file_type}" + (
+            return self.file_type_name + (
                 f", {len(self.as_f16)} tensors F16 (rows not whole blocks)" if self.as_f16 else "")
         return (f"{len(self.kept)} tensors unchanged (original bytes), {len(self.requantized)} "
                 f"re-quantized to their own type, {len(self.as_f16)} written F16"
@@ -102,6 +143,26 @@ def _check_encoded(data: np.ndarray, qtype: _Q, name: str, where: str) -> None:
         except InvalidValueError as exc:
             raise InvalidValueError(f"{exc} (the values exceed {qtype.name}'s range); "
                                     f"{fix}") from None
+
+
+def _decoded(data: np.ndarray, qtype: _Q, shape: tuple[int, ...]) -> np.ndarray:
+    """The float32 values ``data`` (``qtype``'s bytes) stands for."""
+    if qtype in (_Q.F32, _Q.F16):
+        return np.asarray(data, np.float32).reshape(shape)
+    return np.asarray(dequantize(np.asarray(data), qtype), np.float32).reshape(shape)
+
+
+def _measure(report: ExportReport, t: Any, shape: tuple[int, ...], new: np.ndarray,
+             data: np.ndarray, qtype: _Q) -> None:
+    """Add one tensor written in a lossy ``qtype`` to the report's share of the change kept."""
+    delta = new.astype(np.float64) - as_f32(t, shape)
+    change = float(np.vdot(delta, delta))
+    if change == 0.0:
+        return
+    written = _decoded(data, qtype, shape) - (new.astype(np.float64) - delta)
+    report.change_sq += change
+    report.kept_dot += float(np.vdot(written, delta))
+    report.lossy.add(qtype.name)
 
 
 def _original(t: Any) -> np.ndarray:
@@ -220,9 +281,12 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
                 if qtype is None:
                     writer.write_tensor_data(_original(t))
                     continue
+                new = _checked(weights, name, shapes[name], where)
                 with np.errstate(over="ignore"):  # an overflow is refused just below
-                    data = _encode(_checked(weights, name, shapes[name], where), qtype)
+                    data = _encode(new, qtype)
                 _check_encoded(data, qtype, name, where)
+                if qtype != _Q.F32:
+                    _measure(report, t, shapes[name], new, data, qtype)
                 writer.write_tensor_data(data)
         finally:
             writer.close()

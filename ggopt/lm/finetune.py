@@ -40,9 +40,10 @@ from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from ..opt._checks import check_int
 from ..opt.dataset import Dataset
-from ..opt.progress import progress_bar_line, time_us
+from ..opt.progress import time_us, token_progress_line
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
+from .controls import StepMonitor, StopTraining
 from .windows import MASKED, Windows, split_point, to_dataset
 
 if TYPE_CHECKING:
@@ -171,11 +172,21 @@ class FineTuner:
                                                             output=False))
         self.opt_ctx = OptContext(params)
         self._step_ctx: Context | None = None  # the dynamic graph's context of the last step
+        self._steps = 0  # optimizer steps, when the rates come from a plain callable
         self._projection = net.projection  # what the static graphs were built with
         self._tokens = np.empty((fp.n_ubatch, T), np.int32)
         self._labels = np.empty((fp.n_ubatch, T), np.int32)
+        #: step-level controls (max steps, validation every N steps, early stopping, the
+        #: best state, the JSON-lines log), called after every optimizer step
+        self.monitor: StepMonitor | None = None
+        #: mid-epoch checkpoints: where, and every how many optimizer steps (fit sets the
+        #: path; None: only at the ends of epochs and on request_stop)
+        self.checkpoint: str | os.PathLike[str] | None = None
+        self.save_every: int | None = None
+        self.stop_requested = False
         self.train_seconds = 0.0
-        self.train_tokens = 0
+        self.train_tokens = 0  # tokens computed (padding and masked prompts included)
+        self.trained_tokens = 0  # of them, those with a label (the loss is over them)
 
     @staticmethod
     def _split(windows: Windows, fp: FinetuneParams) -> tuple[int, int]:
@@ -258,20 +269,28 @@ class FineTuner:
         t0 = time.perf_counter()
         weights = self._step_weights(ids) if train else {i: 1.0 for i in ids}
         sums = [0.0, 0]
+        done = [0, 0.0, 0]  # micro-batches, loss and labels at the last optimizer step
+        local_period = self.fp.opt_period // self.size
 
         def step(opt_ctx: OptContext, dataset: Dataset, ibatch: int, train: bool,
                  result: Result | None) -> None:
             s, n = self.microbatch(ibatch, train, weights[ibatch])
             sums[0] += s
             sums[1] += n
+            done[0] += 1
+            if train and done[0] % local_period == 0:
+                loss = (sums[0] - done[1]) / (sums[1] - done[2]) if sums[1] > done[2] \
+                    else math.nan
+                done[1], done[2] = sums[0], sums[1]
+                self._after_step(loss)
 
         def bar(train: bool, opt_ctx: OptContext, dataset: Dataset, result: Result | None,
                 ibatch: int, ibatch_max: int, t_start_us: int) -> None:
             assert progress is not None
             loss = sums[0] / sums[1] if sums[1] else math.nan
-            progress.write(progress_bar_line(train, ibatch, ibatch_max, self.fp.n_ubatch,
-                                             (loss, math.nan), (math.nan, math.nan),
-                                             time_us() - t_start_us))
+            n_tokens = ibatch * self.fp.n_ubatch * self.windows.n_ctx
+            progress.write(token_progress_line(train, ibatch, ibatch_max, n_tokens, loss,
+                                               time_us() - t_start_us))
             progress.flush()
 
         callback = bar if progress is not None and self.rank == 0 else None
@@ -287,7 +306,57 @@ class FineTuner:
         if train:
             self.train_seconds += seconds
             self.train_tokens += len(ids) * self.fp.n_ubatch * self.windows.n_ctx
+            self.trained_tokens += int(count)
         return EpochStats(total / count if count else math.nan, int(count), seconds)
+
+    def _after_step(self, loss: float) -> None:
+        """After one finished optimizer step: :attr:`monitor`, a mid-epoch checkpoint every
+        :attr:`save_every` steps, the stop :meth:`request_stop` asked for (the state saved
+        first when there is a checkpoint)."""
+        self._steps += 1
+        step = self.steps_done
+        if self.monitor is not None:
+            self._monitor_step(loss)
+        if self.checkpoint is not None and (
+                self.stop_requested or (self.save_every and step % self.save_every == 0)):
+            self.save(self.checkpoint, self._epochs_done())
+        if self.stop_requested:
+            where = f"; the state is saved in {os.fspath(self.checkpoint)}" \
+                if self.checkpoint is not None else ""
+            raise StopTraining(f"interrupted at step {step}{where}")
+
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps taken over the run (a resume continues the count)."""
+        sched = self.schedule
+        return sched.step if isinstance(sched, Schedule) else self._steps
+
+    def _epochs_done(self) -> int:
+        sched = self.schedule
+        return sched.epoch if isinstance(sched, Schedule) else 0
+
+    def request_stop(self) -> None:
+        """Stop after the optimizer step in progress (e.g. from a SIGINT handler): with a
+        checkpoint the exact state is saved there (shard order, generator, schedule, the
+        epoch's position), and ``fit(..., resume=True)`` continues it bit for bit."""
+        self.stop_requested = True
+
+    def _monitor_step(self, loss: float) -> None:
+        """Hand one finished optimizer step to :attr:`monitor` (the step counted over the run
+        by the schedule, which a resume restores)."""
+        assert self.monitor is not None
+        sched = self.schedule
+        if isinstance(sched, Schedule):
+            step, epoch, lr = sched.step, sched.epoch + 1, sched.lr_at(sched.step - 1,
+                                                                       sched.epoch)
+        else:
+            step, epoch, lr = self._steps, 0, self.fp.lr
+        n_tokens = self.fp.n_batch * self.windows.n_ctx
+        self.monitor.after_step(step, epoch, loss, lr, n_tokens)
+
+    def trainable(self) -> list[Tensor]:
+        """The tensors the optimizer trains (the adapter's under LoRA)."""
+        return list(self.opt_ctx.state().params)
 
     def _own(self, ids: list[int], train: bool) -> list[int]:
         """This rank's share of ``ids``: its ``P/N`` of every optimizer step's micro-batches
@@ -307,9 +376,22 @@ class FineTuner:
                          progress)
 
     def train_epoch(self, progress: TextIO | None = None) -> EpochStats:
-        """Shuffle the training windows and train on each once."""
-        self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
-        return self._run(list(range(self.n_train_mb)), True, progress)
+        """Shuffle the training windows and train on each once; right after a resume from a
+        mid-epoch checkpoint, continue that epoch's order where it stopped (no shuffle)."""
+        done = self._steps_into_epoch()
+        if done == 0:
+            self.dataset.shuffle(self.opt_ctx, self.n_train_mb * self.fp.n_ubatch)
+        return self._run(list(range(done * self.fp.opt_period, self.n_train_mb)), True,
+                         progress)
+
+    def _steps_into_epoch(self) -> int:
+        """Optimizer steps of the current epoch already taken (0 but after a mid-epoch
+        resume): the schedule's step count against the epochs done."""
+        sched = self.schedule
+        if not isinstance(sched, Schedule):
+            return 0
+        done = sched.step - sched.epoch * self.steps_per_epoch
+        return done if 0 < done < self.steps_per_epoch else 0
 
     @property
     def steps_per_epoch(self) -> int:
@@ -318,7 +400,8 @@ class FineTuner:
 
     def _run_key(self) -> dict[str, int | float | str]:
         """What a checkpoint must match to resume bit for bit (the data, batches, split)."""
-        return {"batch": self.fp.n_batch, "micro_batch": self.fp.n_ubatch,
+        return {"ctx": self.windows.n_ctx, "batch": self.fp.n_batch,
+                "micro_batch": self.fp.n_ubatch,
                 "val_split": self.fp.val_split, "data": self.dataset.digest()}
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,
@@ -330,7 +413,9 @@ class FineTuner:
         schedule's position included: bit for bit an uninterrupted run's weights); the
         training state is saved to ``checkpoint`` after every epoch. ``report(epoch, train,
         validation)`` after each epoch (the validation's loss is NaN without held-out
-        windows). The history's losses are the means over the trained tokens."""
+        windows). The history's losses are the means over the trained tokens. A
+        :attr:`monitor` may stop the run after a whole optimizer step (``history.stopped``
+        says why; that epoch is neither recorded nor saved)."""
         n_epochs = check_int(n_epochs, "n_epochs", "finetune fit")
         if n_epochs < 0:
             raise InvalidValueError(f"finetune fit: n_epochs must be >= 0, got {n_epochs}")
@@ -346,11 +431,18 @@ class FineTuner:
         def as_stats(result: Result) -> Stats:
             return (stats.pop(id(result)).loss, math.nan, math.nan, math.nan)
 
-        return train_epochs(self.opt_ctx, self.dataset, n_epochs, run_epoch,
-                            schedule=self.schedule if isinstance(self.schedule, Schedule)
-                            else None, checkpoint=checkpoint, resume=resume,
-                            run=self._run_key(), stats=as_stats,
-                            stream=sys.stderr if resume and self.rank == 0 else None)
+        history = FitHistory()
+        self.checkpoint = checkpoint
+        try:
+            train_epochs(self.opt_ctx, self.dataset, n_epochs, run_epoch,
+                         schedule=self.schedule if isinstance(self.schedule, Schedule)
+                         else None, checkpoint=checkpoint, resume=resume,
+                         run=self._run_key(), stats=as_stats,
+                         stream=sys.stderr if resume and self.rank == 0 else None,
+                         history=history)
+        except StopTraining as stop:
+            history.stopped = stop.reason
+        return history
 
     def save(self, path: str | os.PathLike[str], epoch: int) -> None:
         """The whole training state after ``epoch`` epochs (atomically), as :meth:`fit`

@@ -35,8 +35,8 @@ from ..models.llama.weights import check_finite, open_reader, tensor_table
 from ..opt._checks import check_float32
 from ..types import FLAG_PARAM
 
-__all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "save", "load",
-           "merged"]
+__all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "apply", "save",
+           "load", "merged"]
 
 #: The projections LoRA may adapt (llama.cpp's tensor names inside a block), in graph order.
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -150,6 +150,23 @@ def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TA
     return ad
 
 
+def _check_fits(net: LlamaModel, adapter: LoraAdapter, where: str) -> None:
+    """ShapeError unless every pair of ``adapter`` fits one of ``net``'s weights."""
+    shapes = param_shapes(net.cfg)
+    for name, a in adapter.a.items():
+        b = adapter.b.get(name)
+        if b is None or a.ne[1] != b.ne[0]:
+            raise ShapeError(f"{where}: the adapter's {name}: lora_a ggml {list(a.ne[:2])} "
+                             f"needs a lora_b of rank {a.ne[1]}, got "
+                             f"{list(b.ne[:2]) if b is not None else 'none'}")
+        want = shapes.get(name)
+        if want is None or len(want) != 2 or a.ne[0] != want[1] or b.ne[1] != want[0]:
+            raise ShapeError(f"{where}: the adapter's {name} (lora_a ggml "
+                             f"{list(a.ne[:2])}, lora_b {list(b.ne[:2])}) does not fit this "
+                             f"model's weight "
+                             f"{list(want[::-1]) if want else 'of that name (none)'}")
+
+
 def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
     """Freeze the base (clear every weight's PARAM flag) and route the projections through
     ``adapter``.
@@ -164,22 +181,47 @@ def attach(net: LlamaModel, adapter: LoraAdapter) -> None:
     """
     if not isinstance(adapter, LoraAdapter):
         raise DTypeError(f"lora attach: expected a LoraAdapter, got {type(adapter).__name__}")
-    shapes = param_shapes(net.cfg)
-    for name, a in adapter.a.items():
-        b = adapter.b.get(name)
-        if b is None or a.ne[1] != b.ne[0]:
-            raise ShapeError(f"lora attach: the adapter's {name}: lora_a ggml {list(a.ne[:2])} "
-                             f"needs a lora_b of rank {a.ne[1]}, got "
-                             f"{list(b.ne[:2]) if b is not None else 'none'}")
-        want = shapes.get(name)
-        if want is None or len(want) != 2 or a.ne[0] != want[1] or b.ne[1] != want[0]:
-            raise ShapeError(f"lora attach: the adapter's {name} (lora_a ggml "
-                             f"{list(a.ne[:2])}, lora_b {list(b.ne[:2])}) does not fit this "
-                             f"model's weight "
-                             f"{list(want[::-1]) if want else 'of that name (none)'}")
+    _check_fits(net, adapter, "lora attach")
     for t in net.params.values():
         t.flags &= ~FLAG_PARAM
     net.projection = adapter.project
+
+
+def apply(net: LlamaModel, adapters: Sequence[tuple[LoraAdapter, float]]) -> None:
+    """Run ``net`` with several adapters at once, each at its own strength (llama.cpp's
+    ``--lora FILE`` = strength 1, ``--lora-scaled FILE S``): ``y = W x + sum_i s_i
+    (alpha_i / r_i) B_i (A_i x)``. For inference: nothing is frozen or made trainable.
+
+    Raises
+    ------
+    DTypeError
+        An entry that is not ``(LoraAdapter, float)``.
+    ShapeError
+        An adapter that does not fit ``net`` (as :func:`attach`), before ``net`` changes.
+    """
+    pairs = []
+    for entry in adapters:
+        if not (isinstance(entry, tuple) and len(entry) == 2
+                and isinstance(entry[0], LoraAdapter)
+                and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool)):
+            raise DTypeError(f"lora apply: expected (LoraAdapter, strength) pairs, got "
+                             f"{entry!r:.80}")
+        check_finite(np.array([entry[1]], np.float32), "strength", "lora apply")
+        pairs.append((entry[0], float(entry[1])))
+    for adapter, _ in pairs:  # every shape checked before net changes
+        _check_fits(net, adapter, "lora apply")
+
+    def project(ctx: Context, name: str, w: Tensor, x: Tensor) -> Tensor:
+        g = ggopt
+        y = g.mul_mat(ctx, w, x)
+        for adapter, strength in pairs:
+            if name in adapter.a:
+                low = g.scale(ctx, g.mul_mat(ctx, adapter.a[name], x),
+                              strength * adapter.scale(name))
+                y = g.add(ctx, y, g.mul_mat(ctx, adapter.b[name], low))
+        return y
+
+    net.projection = project
 
 
 class _Merged(Mapping[str, np.ndarray]):

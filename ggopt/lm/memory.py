@@ -39,7 +39,8 @@ class MemoryReport:
     weights_trained: bool
 
     def lines(self) -> list[str]:
-        """The report as printed by the fine-tune command."""
+        """The report as printed by the fine-tune command (which prints the peak RSS once,
+        at its end, the export included)."""
         mb = 1e6
         types = ", ".join(f"{n} {k}" for k, n in sorted(self.weight_types.items()))
         role = "weights (trained)" if self.weights_trained else "base weights (frozen)"
@@ -55,7 +56,6 @@ class MemoryReport:
             f"memory: activations {self.activation_bytes / mb:.1f} MB (compute buffers, "
             f"gradients of a one-micro-batch static step included), "
             f"inputs {self.input_bytes / mb:.1f} MB (tokens, label ids, loss weight)",
-            f"memory: peak RSS {self.peak_rss_bytes / mb:.0f} MB",
         ]
 
 

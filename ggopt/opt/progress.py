@@ -1,4 +1,6 @@
-"""The epoch progress bar, drawn exactly as ggml draws it, and the clock it reads."""
+"""The epoch progress bar, drawn exactly as ggml draws it (loss and accuracy, for
+classification), the bar of next-token training (loss, perplexity, tokens/s, no accuracy),
+and the clock they read."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ if TYPE_CHECKING:
     from .context import OptContext
     from .dataset import Dataset
 
-__all__ = ["time_us", "format_hms", "progress_bar_line", "epoch_callback_progress_bar"]
+__all__ = ["time_us", "format_hms", "progress_bar_line", "token_progress_line",
+           "epoch_callback_progress_bar"]
 
 # Eighth blocks, full (8/8) down to 1/8; a cell filled to less than 1/8 is a space.
 _CELLS = ("\u2588", "\u2589", "\u258a", "\u258b", "\u258c", "\u258d", "\u258e", "\u258f")
@@ -37,6 +40,38 @@ def _fmt(x: float, decimals: int) -> str:
     if math.isnan(x):
         return "-nan" if math.copysign(1.0, x) < 0 else "nan"
     return f"{x:.{decimals}f}"
+
+
+def _cells(ibatch: int, ibatch_max: int) -> str:
+    cells = []
+    for j in range(_BAR_LENGTH):
+        for k in range(_BAR_LENGTH, 0, -1):
+            if ibatch_max * (_BAR_LENGTH * j + k) // _BAR_LENGTH < _BAR_LENGTH * ibatch:
+                cells.append(_CELLS[_BAR_LENGTH - k])
+                break
+        else:
+            cells.append(" ")
+    return "".join(cells)
+
+
+def token_progress_line(train: bool, ibatch: int, ibatch_max: int, n_tokens: int,
+                        loss: float, t_us: int) -> str:
+    """One redraw of a language model's bar: ``train: [bar] 3/10 loss=3.18862 ppl=24.25
+    512 tokens/s t=00:00:04 ETA=00:00:10 \r`` (``\n`` added after the last batch).
+
+    ``n_tokens``: tokens computed so far (``tokens/s`` over ``t_us``); ``loss``: the mean
+    cross-entropy over the trained tokens so far (``-`` while there is none). No accuracy:
+    the argmax rule means nothing for next-token prediction on masked rows."""
+    if ibatch < 1:
+        raise ShapeError(f"ibatch counts batches done and must be >= 1, got {ibatch} "
+                         "(token_progress_line)")
+    rate = n_tokens * 1e6 / t_us if t_us > 0 else 0.0
+    shown = f"loss={loss:.5f} ppl={math.exp(min(loss, 700.0)):.2f}" if math.isfinite(loss) \
+        else "loss=-"
+    line = (f"{'train: ' if train else 'val:   '}[{_cells(ibatch, ibatch_max)}] "
+            f"{ibatch}/{ibatch_max} {shown} {rate:.0f} tokens/s t={format_hms(t_us)} "
+            f"ETA={format_hms(t_us * (ibatch_max - ibatch) // ibatch)} \r")
+    return line + "\n" if ibatch == ibatch_max else line
 
 
 def progress_bar_line(
@@ -68,17 +103,9 @@ def progress_bar_line(
             f"ibatch counts batches done and must be >= 1, got {ibatch} "
             "(ggml_opt_epoch_callback_progress_bar)"
         )
-    cells = []
-    for j in range(_BAR_LENGTH):
-        for k in range(_BAR_LENGTH, 0, -1):
-            if ibatch_max * (_BAR_LENGTH * j + k) // _BAR_LENGTH < _BAR_LENGTH * ibatch:
-                cells.append(_CELLS[_BAR_LENGTH - k])
-                break
-        else:
-            cells.append(" ")
     eta_us = t_us * (ibatch_max - ibatch) // ibatch
     line = (
-        f"{'train: ' if train else 'val:   '}[{''.join(cells)}] "
+        f"{'train: ' if train else 'val:   '}[{_cells(ibatch, ibatch_max)}] "
         f"data={ibatch * batch_size:07d}/{ibatch_max * batch_size:07d} "
         f"loss={_fmt(loss[0], 5)}\u00b1{_fmt(loss[1], 5)} "
         f"acc={_fmt(100.0 * accuracy[0], 2)}\u00b1{_fmt(100.0 * accuracy[1], 2)}% "

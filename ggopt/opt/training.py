@@ -262,6 +262,8 @@ class FitHistory:
 
     #: epochs the resumed checkpoint held (0: a fresh run); the lists start after them
     resumed_after: int = 0
+    #: why the run stopped before its last epoch ("" when it did not)
+    stopped: str = ""
 
     def record(self, train: Stats, val: Stats, seconds: float) -> None:
         """Append one epoch's statistics."""
@@ -303,7 +305,7 @@ def train_epochs(opt_ctx: OptContext, dataset: Dataset, nepoch: int, run_epoch: 
                  run: Mapping[str, int | float | str | bool] | None = None,
                  stats: Callable[[Result], Stats] = result_stats,
                  report: Callable[[int, Stats, Stats], None] | None = None,
-                 stream: TextIO | None = None) -> FitHistory:
+                 stream: TextIO | None = None, history: FitHistory | None = None) -> FitHistory:
     """The epoch loop of :func:`fit` (and of any loop over a prepared context): resume, then
     per epoch ``run_epoch``, the history, a checkpoint.
 
@@ -312,9 +314,10 @@ def train_epochs(opt_ctx: OptContext, dataset: Dataset, nepoch: int, run_epoch: 
     loop continues after its epoch; otherwise, with ``shuffle_first``, all shards are
     shuffled once. Each epoch sets ``schedule.epoch`` (0-based), calls ``run_epoch`` with
     fresh results, records ``stats`` of them, calls ``report`` and saves ``checkpoint``
-    (with ``run``). ``stream``: where the resume note goes (None: nowhere).
+    (with ``run``). ``stream``: where the resume note goes (None: nowhere). ``history``: the
+    one to fill (its epochs so far survive an exception that stops the loop).
     """
-    history = FitHistory()
+    history = FitHistory() if history is None else history
     first_epoch = 1
     if resume and checkpoint is not None:
         first_epoch = opt_ctx.load_state(checkpoint, dataset, schedule, run=run,

@@ -342,3 +342,31 @@ def test_nested_array_keys_are_refused_not_a_recursion_error(tmp_path):
         llama.load(path, progress=False)
     with pytest.raises(ShapeError, match="not a readable GGUF"):
         llama.load(path, base_type="keep", progress=False)
+
+
+@pytest.mark.parametrize("size, lossy", [(1e-4, True), (0.2, False)])
+def test_the_share_of_the_change_kept_is_measured(tmp_path, src, size, lossy):
+    """Issue 34: a change below the Q4_1 step is re-quantized away (keep); the report measures
+    the share kept and warns with the number; F32 keeps all (nothing to measure)."""
+    _, w, _ = llama.read_weights(src)
+    w = dict(w)
+    name = "blk.1.ffn_up.weight"  # Q4_1 in the file
+    rng = np.random.default_rng(0)
+    w[name] = w[name] + (size * rng.standard_normal(w[name].shape)).astype(np.float32)
+    rep = export(src, tmp_path / "keep.gguf", w, "keep")
+    assert rep.requantized == [name] and rep.lossy == {"Q4_1"}
+    _, back, _ = llama.read_weights(tmp_path / "keep.gguf")
+    old = llama.read_weights(src)[1][name].astype(np.float64)
+    delta = w[name] - old
+    want = float(np.vdot(back[name] - old, delta) / np.vdot(delta, delta))
+    assert rep.change_kept == pytest.approx(want, rel=1e-6)
+    warning = rep.loss_warning()
+    if lossy:
+        assert rep.change_kept < 0.5
+        assert warning is not None and f"keep {100 * rep.change_kept:.0f}% of the" in warning
+        assert f"{100 * rep.change_kept:.0f}% of the change kept" in rep.summary()
+    else:
+        assert rep.change_kept > 0.9 and warning is None
+    full = export(src, tmp_path / "f32.gguf", w, "f32")
+    assert full.change_kept is None and full.loss_warning() is None
+    assert full.summary() == "ALL_F32"

@@ -1,0 +1,141 @@
+"""A fine-tune in a few calls (:class:`FineTune`): load a llama GGUF, attach a LoRA adapter or
+not, text or chat data, fit with a progress bar, validation every N steps, early stopping and
+the best state kept, save the adapter and the merged GGUF, generate. The fine-tune command
+(``ggopt.examples.finetune``) does the same with every option; the parts are public
+(:mod:`.windows`, :mod:`.chat`, :mod:`.finetune`, :mod:`.controls`, :mod:`.lora`,
+:mod:`.export`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InvalidValueError, StateError
+from ..models.llama import load, weight_map
+from ..opt import OptimizerParams
+from ..opt.schedule import constant
+from ..opt.training import FitHistory
+from . import lora, preflight
+from .chat import chat_windows, read_conversations
+from .controls import StepControls, StepMonitor
+from .export import ExportReport, export
+from .finetune import EpochStats, FinetuneParams, FineTuner
+from .generation import generate
+from .sampling import SamplingParams
+from .windows import Windows, text_windows, tokenize_texts
+
+__all__ = ["FineTune"]
+
+PathLike = str | os.PathLike[str]
+
+
+class FineTune:
+    """A model loaded from ``path`` and, with ``lora=RANK``, a new LoRA adapter attached
+    (``alpha``, ``targets``; None: a full fine-tune of every weight)."""
+
+    def __init__(self, path: PathLike, lora_rank: int | None = None, *, alpha: float = 16.0,
+                 targets: str | Sequence[str] = lora.TARGETS, seed: int = 5489,
+                 progress: bool = True) -> None:
+        info = preflight.model_info(path, "model")
+        if lora_rank is not None:
+            preflight.check_lora(info, lora_rank, targets)
+        self.path, self.seed, self.progress = os.fspath(path), seed, progress
+        self.model = load(path, progress=progress)
+        self.adapter: lora.LoraAdapter | None = None
+        if lora_rank is not None:
+            self.adapter = lora.create(self.model.net, lora_rank, alpha, targets, seed=seed)
+            lora.attach(self.model.net, self.adapter)
+        self.windows: Windows | None = None
+        self.val_before = self.best_loss = math.nan
+        self.best_step = -1
+
+    def data(self, text: Sequence[PathLike] = (), chat: PathLike | None = None,
+             ctx: int = 256) -> Windows:
+        """Training windows of ``ctx`` tokens from UTF-8 text files (llama.cpp's windows)
+        or a chat JSON-lines file (the loss on the assistant's tokens)."""
+        if bool(text) == (chat is not None):
+            raise InvalidValueError("fine-tune data: give text files or a chat file")
+        preflight.check_ctx(self.model.cfg, ctx, 1, "ctx")
+        tok = self.model.require_tokenizer()
+        if chat is not None:
+            self.windows = chat_windows(tok, read_conversations(chat), ctx)
+        else:
+            texts = preflight.read_texts(text, "text")
+            self.windows = text_windows(tokenize_texts(tok, texts), ctx)
+        return self.windows
+
+    def fit(self, epochs: int = 1, lr: float | None = None, *, batch: int = 1,
+            val_split: float = 0.05, eval_every: int | None = None,
+            patience: int | None = None, max_steps: int | None = None,
+            log: PathLike | None = None) -> FitHistory:
+        """Train (AdamW, ``lr`` default 1e-4 with LoRA, 1e-5 for a full fine-tune); a
+        progress bar on stderr, the validation loss before and after each epoch (and every
+        ``eval_every`` steps: then the best evaluated state is kept); ``patience``
+        evaluations without improvement stop; ``log``: the JSON lines of
+        :mod:`ggopt.lm.controls`. Returns the history per epoch; ``val_before`` holds the
+        validation loss before training, ``best_step``/``best_loss`` the best evaluation."""
+        if self.windows is None:
+            raise StateError("fine-tune fit: call data(...) first")
+        rate = lr if lr is not None else (1e-4 if self.adapter is not None else 1e-5)
+        fp = FinetuneParams(n_batch=batch, n_ubatch=1, lr=rate, val_split=val_split,
+                            seed=self.seed)
+        ft = FineTuner(self.model.net, self.windows, fp, constant(rate, OptimizerParams()))
+        stream = sys.stderr if self.progress else None
+        out = open(log, "w", encoding="utf-8") if log is not None else None
+        try:
+            monitor = StepMonitor(StepControls(max_steps, eval_every, patience, out),
+                                  ft.trainable, lambda: ft.validate().loss,
+                                  say=print if self.progress else None)
+            ft.monitor = monitor
+            before = ft.validate(stream).loss if ft.n_val_mb else math.nan
+            monitor.evaluated(0, before)
+            monitor.write({"step": 0, "val_loss": before})
+
+            def report(epoch: int, train: EpochStats, val: EpochStats) -> None:
+                monitor.evaluated(ft.steps_done, val.loss)
+                if self.progress:
+                    print(f"epoch {epoch}: train loss={train.loss:.4f} val loss={val.loss:.4f}")
+
+            history = ft.fit(epochs, report=report, progress=stream)
+            if eval_every is not None:
+                monitor.restore_best()
+            self.best_step, self.best_loss = monitor.best_step, monitor.best_loss
+            self.val_before = before
+            return history
+        finally:
+            ft.close()
+            if out is not None:
+                out.close()
+
+    def save_adapter(self, path: PathLike) -> None:
+        """The trained adapter as llama.cpp's LoRA GGUF (use it beside the unchanged base)."""
+        if self.adapter is None:
+            raise StateError("fine-tune save_adapter: a full fine-tune has no adapter")
+        lora.save(path, self.adapter)
+
+    def save_merged(self, path: PathLike, out_type: str = "f32") -> ExportReport:
+        """The merged model (every key of the input kept); a lossy ``out_type`` that keeps
+        less than half of the training warns (:class:`UserWarning`) with the number."""
+        weights: Mapping[str, np.ndarray] = weight_map(self.model.net)  # one at a time
+        unchanged: set[str] = set()
+        if self.adapter is not None:
+            unchanged = set(weights) - set(self.adapter.a)
+            weights = lora.merged(weights, self.adapter)
+        report = export(self.path, path, weights, out_type, unchanged)
+        warning = report.loss_warning()
+        if warning:
+            warnings.warn(warning, UserWarning, stacklevel=2)
+        return report
+
+    def generate(self, prompt: str, n: int = 50, temp: float = 0.0) -> str:
+        """The text the model continues ``prompt`` with (greedy by default)."""
+        tok = self.model.require_tokenizer()
+        ids = tok.encode(prompt.encode(), add_special=True, parse_special=False)
+        result = generate(self.model, ids, n, SamplingParams(temp=temp), eog=tok.eog)
+        return tok.decode(result.tokens).decode("utf-8", errors="replace")
