@@ -121,6 +121,6 @@ def test_tokenize_reads_only_the_vocabulary(files, capsys, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("tokenize loaded the model's tensors")
 
-    monkeypatch.setattr(llm_infer.llama, "load", no_load)
+    monkeypatch.setattr(llm_infer, "load", no_load)
     assert llm.main(["tokenize", "--model", str(model), "--prompt", "abc"]) == 0
     assert capsys.readouterr().out.strip() == "[97, 98, 99]"
