@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import ggopt._kernels._lowp as _lowp
 import numpy as np
 import pytest
 
@@ -30,7 +31,7 @@ ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
 #: (input size K, output size M)
 SHAPES = {"ffn_up": (576, 1536), "ffn_down": (1536, 576), "attn": (576, 576),
           "output": (576, 49152)}
-IMPLS = ["torch_f32", "torch_bf16", "f32", "bf16"]
+IMPLS = ["torch_f32", "torch_bf16", "f32", "bf16", "bf16_dpbf16"]
 CASES = [("forward", s) for s in SHAPES] + [("grad_x", "ffn_up")]
 
 
@@ -44,11 +45,12 @@ def _ggopt(impl: str, case: str, w: np.ndarray, x: np.ndarray) -> tuple[Callable
                                                                        ggopt.Tensor]:
     M, K = w.shape
     ctx = ggopt.Context()
-    tw = ctx.new_tensor(BF16 if impl == "bf16" else F32, (K, M))
+    lowp = impl.startswith("bf16")
+    tw = ctx.new_tensor(BF16 if lowp else F32, (K, M))
     tx = ctx.new_tensor(F32, (x.shape[1], N))
     cpu = gb.cpu_init()
     gb.alloc_ctx_tensors(ctx, cpu)
-    gb.tensor_set(tw, bf16_from_f32(w) if impl == "bf16" else w)
+    gb.tensor_set(tw, bf16_from_f32(w) if lowp else w)
     gb.tensor_set(tx, x)
     cctx = ggopt.Context()
     if case == "forward":
@@ -60,7 +62,17 @@ def _ggopt(impl: str, case: str, w: np.ndarray, x: np.ndarray) -> tuple[Callable
     ggopt.build_forward_expand(gf, out)
     sched = gb.Scheduler([cpu])
     sched.alloc_graph(gf)
-    return (lambda: sched.graph_compute(gf)), out
+    if impl != "bf16_dpbf16":
+        return (lambda: sched.graph_compute(gf)), out
+
+    def forced() -> None:  # vdpbf16ps, whichever kernel this CPU would pick
+        _lowp.set_kernel("dpbf16")
+        try:
+            sched.graph_compute(gf)
+        finally:
+            _lowp.set_kernel(None)
+
+    return forced, out
 
 
 def _torch(impl: str, case: str, w: np.ndarray, x: np.ndarray, n_threads: int
@@ -81,13 +93,15 @@ def test_bf16_product(benchmark, ratio_to, bench_threads, case, shape, impl):
     K, M = SHAPES[shape]
     benchmark.group = f"{case} {shape} W[{K}x{M}] x {N} tokens"
     w, x = _operands(case, K, M)
+    if impl == "bf16_dpbf16" and "dpbf16" not in _lowp.available():
+        pytest.skip("no AVX-512 BF16 on this CPU")
     if impl.startswith("torch"):
         benchmark(_torch(impl, case, w, x, bench_threads))
     else:
         step, out = _ggopt(impl, case, w, x)
         benchmark(step)
-        wr = round_to(BF16, w) if impl == "bf16" else w
-        xr = round_to(BF16, x) if impl == "bf16" else x
+        wr = round_to(BF16, w) if impl.startswith("bf16") else w
+        xr = round_to(BF16, x) if impl.startswith("bf16") else x
         want = xr.astype(np.float64) @ (wr.T if case == "forward" else wr).astype(np.float64)
         np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
     if benchmark.stats is not None:
@@ -95,7 +109,7 @@ def test_bf16_product(benchmark, ratio_to, bench_threads, case, shape, impl):
                                                / 1e9, 1)
         benchmark.extra_info["gflops_best"] = round(2 * K * M * N / benchmark.stats.stats.min
                                                     / 1e9, 1)
-    if impl == "bf16":
+    if impl.startswith("bf16"):
         ratio_to(impl, f32=2.0, torch_bf16=0.9, torch_f32=None)
     else:
         ratio_to(impl, torch_f32=None)
