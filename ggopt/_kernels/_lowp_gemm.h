@@ -321,11 +321,14 @@ static void ggopt_lp_tile(const ggopt_lp_args *a, const uint32_t *xp, const uint
     }
     if (a->kernel == GGOPT_LP_FMA) {
         ggopt_lp_tile_f16_hw(xp, wp, steps, tile);
-        if (a->wtype == GGOPT_LP_BF16)   /* NaN payloads as vdpbf16ps makes them */
-            for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
+        if (a->wtype == GGOPT_LP_BF16) {  /* NaN payloads as vdpbf16ps makes them */
+            int any = 0;
+            for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++) any |= tile[i] != tile[i];
+            for (int i = 0; any && i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
                 if (tile[i] != tile[i])
                     tile[i] = ggopt_lp_widened_output(xp, wp, steps, i / GGOPT_LP_NR,
                                                       i % GGOPT_LP_NR);
+        }
         return;
     }
 #endif
