@@ -14,7 +14,7 @@ from .ops._base import BACKWARD, ignored_sources
 from .ops.elementwise import _sub_inplace, add, add_inplace, neg, sub
 from .ops.reduce import repeat_back
 from .tensor import Op, Tensor
-from .types import F16, F32, FLAG_COMPUTE, FLAG_INPUT, FLAG_LOSS, FLAG_PARAM, I32
+from .types import BF16, F16, F32, FLAG_COMPUTE, FLAG_INPUT, FLAG_LOSS, FLAG_PARAM, I32
 
 __all__ = [
     "Graph",
@@ -294,9 +294,9 @@ def build_backward_expand(
         for j, s in enumerate(node.src):
             if s is None or j in ignored or s not in needs_grad:
                 continue
-            if s.type not in (F32, F16):
+            if s.type not in (F32, F16, BF16):
                 raise DTypeError(f"ggml_build_backward_expand: '{s.name}' needs a gradient but is "
-                                 f"{s.type.name}; only F32/F16 tensors can")
+                                 f"{s.type.name}; only F32/F16/BF16 tensors can")
             need = True
         if not need:
             continue

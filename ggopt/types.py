@@ -12,7 +12,7 @@ from .errors import DTypeError, ShapeError
 
 __all__ = [
     "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q4_K", "Q6_K",
+    "Q4_K", "Q6_K", "BF16",
     "type_size", "blck_size", "row_size", "np_dtype", "GGML_MAX_DIMS", "FLAG_INPUT",
     "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
 ]
@@ -23,7 +23,8 @@ GGML_MAX_DIMS = 4
 class GGType(enum.IntEnum):
     """Tensor element types (values are ggml's ``enum ggml_type``).
 
-    The quantized types hold blocks of :attr:`blck_size` elements in :attr:`size` bytes
+    BF16's NumPy view is its raw bits, ``uint16`` (:mod:`ggopt.lowp` converts them). The
+    quantized types hold blocks of :attr:`blck_size` elements in :attr:`size` bytes
     (ggml's ``type_traits``); their NumPy view is the raw blocks, ``uint8`` (see
     :attr:`dtype`).
     """
@@ -39,6 +40,7 @@ class GGType(enum.IntEnum):
     Q6_K = 14
     I32 = 26
     I64 = 27
+    BF16 = 30
 
     @property
     def dtype(self) -> np.dtype[Any]:
@@ -70,7 +72,13 @@ class GGType(enum.IntEnum):
 
     @property
     def is_float(self) -> bool:
-        return self in (GGType.F32, GGType.F16)
+        return self in (GGType.F32, GGType.F16, GGType.BF16)
+
+    @property
+    def is_lowp(self) -> bool:
+        """True for F16 and BF16: a weight of this type multiplies activations rounded to it
+        (its ggml ``vec_dot_type``), with F32 sums."""
+        return self in (GGType.F16, GGType.BF16)
 
 
 F32 = GGType.F32
@@ -84,6 +92,7 @@ Q5_1 = GGType.Q5_1
 Q8_0 = GGType.Q8_0
 Q4_K = GGType.Q4_K
 Q6_K = GGType.Q6_K
+BF16 = GGType.BF16
 
 _QUANTIZABLE = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, Q8_0})
 #: elements per block of the quantized types (ggml's QK4_0 ... QK8_0, and QK_K)
@@ -96,6 +105,7 @@ _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.I64: np.dtype(np.int64),
 }
 _FROM_NP = {v: k for k, v in _NP_DTYPES.items()}
+_NP_DTYPES[GGType.BF16] = np.dtype(np.uint16)  # raw bits; uint16 arrays stay no tensor type
 # block types: an F16 scale d (and an F16 minimum m for the _1 types), for Q5 4 bytes of high
 # bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0). K-quants: Q4_K is d, dmin, 12
 # bytes of packed 6-bit scales and minimums, 128 bytes of nibbles; Q6_K is 128 bytes of low
@@ -105,6 +115,7 @@ _QUANT_BYTES = {Q4_0: 2 + 16, Q4_1: 4 + 16, Q5_0: 2 + 4 + 16, Q5_1: 4 + 4 + 16, 
 _NP_DTYPES.update({t: np.dtype(np.uint8) for t in _QUANT_BYTES})
 _TYPE_SIZES: dict[GGType, int] = {t: int(_NP_DTYPES[t].itemsize) for t in _FROM_NP.values()}
 _TYPE_SIZES.update(_QUANT_BYTES)
+_TYPE_SIZES[GGType.BF16] = 2
 
 
 class TensorFlag(enum.IntFlag):

@@ -48,8 +48,8 @@ def _summable(prod: Tensor, add: Tensor, other: Tensor | None,
         return False
     if prod.type is not F32 or add.type is not F32 or prod.ne != add.ne or other.ne != add.ne:
         return False
-    if any(s is not None and s.type.is_quantized for s in prod.src):
-        return False  # a quantized weight's products have kernels of their own
+    if any(s is not None and (s.type.is_quantized or s.type.is_lowp) for s in prod.src):
+        return False  # a quantized or BF16/F16 weight's products have kernels of their own
     owner = other.data_owner()
     return all(s is None or s.data_owner() is not owner for s in prod.src)
 

@@ -20,7 +20,8 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """``a=[K, M, A2, A3]`` times ``b=[K, N, B2, B3]`` gives ``[M, N, B2, B3]`` (ggml_mul_mat).
 
     In NumPy terms ``C = B @ A.T``; ``a`` is broadcast over dims 2 and 3. ``a`` may be
-    quantized (a weight; never trained): the gradient still flows to ``b``.
+    quantized (a weight; never trained): the gradient still flows to ``b``. With a BF16 or F16
+    ``a``, ``b`` is rounded to ``a``'s type and the sums are F32 (ggml's ``vec_dot_type``).
     """
     check_ctx("mul_mat", ctx)
     _check_weight("mul_mat", a)
@@ -56,8 +57,13 @@ def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
 
 
 def _check_weight(fn: str, a: Tensor) -> None:
-    """``a`` is F32, or quantized with whole rows of blocks (ggml's quantized src0: the
-    ``vec_dot`` / ``dequantize_row`` of its type)."""
+    """``a`` is F32, F16 or BF16 with contiguous rows, or quantized with whole rows of blocks
+    (ggml's low-precision src0: the ``vec_dot`` / ``dequantize_row`` of its type)."""
+    if type(a) is Tensor and a.type.is_lowp:
+        if a.nb[0] != a.type.size:
+            raise ShapeError(f"ggml_{fn}: {a.type.name} a '{a.name}' must have contiguous rows "
+                             f"(nb={list(a.nb)})")
+        return
     if type(a) is Tensor and a.type.is_quantized:
         if a.nb[0] != a.type.size or a.nb[1] < a.nb[0] * (a.ne[0] // a.type.blck_size):
             raise ShapeError(f"ggml_{fn}: quantized a '{a.name}' must have whole rows of "
@@ -88,7 +94,7 @@ def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None
     a, b = node.src
     if sink.needs(0):
         sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
-    if sink.needs(1):  # with a quantized a: out_prod dequantizes panels, never all of a
+    if sink.needs(1):  # a quantized a: out_prod dequantizes panels; BF16/F16: rounds g
         sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
 
 
@@ -100,9 +106,10 @@ def _out_prod_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> Non
     if sink.needs(0):
         sink.add(0, _sum_blocks(ctx, mul_mat(ctx, cont(ctx, transpose(ctx, g)), b), a))
     if sink.needs(1):
-        if a.type.is_quantized:
-            raise DTypeError(f"ggml_out_prod: the gradient through a quantized a '{a.name}' "
-                             "to b needs mul_mat(g, a) with a quantized src1, which ggml lacks")
+        if a.type.is_quantized or a.type.is_lowp:
+            kind = "quantized" if a.type.is_quantized else a.type.name
+            raise DTypeError(f"ggml_out_prod: the gradient through a {kind} a '{a.name}' to b "
+                             f"needs mul_mat(g, a) with a {kind} src1, which ggml lacks")
         if a.ne[2:] == b.ne[2:]:
             sink.add(1, mul_mat(ctx, g, a))
         else:

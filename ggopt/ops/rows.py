@@ -30,7 +30,11 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """
     check_ctx("get_rows", ctx)
     check_tensor("get_rows", "a", a)
-    if not a.type.is_quantized:  # a quantized a: its rows are dequantized (the embeddings)
+    if a.type.is_lowp:  # F16/BF16 rows are converted to F32
+        if a.nb[0] != a.type.size:
+            raise ShapeError(f"ggml_get_rows: {a.type.name} a '{a.name}' must have contiguous "
+                             "rows")
+    elif not a.type.is_quantized:  # a quantized a: its rows are dequantized (the embeddings)
         check_f32("get_rows", a=a)
     elif a.nb[0] != a.type.size:
         raise ShapeError(f"ggml_get_rows: quantized a '{a.name}' must have whole rows of blocks")

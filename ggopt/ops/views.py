@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..context import Context, normalize_ne
 from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
-from ..types import F32
+from ..types import BF16, F32
 from ._base import (
     GradSink,
     as_int,
@@ -261,6 +261,9 @@ def cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
         raise ShapeError(f"ggml_cpy: a has {a.nelements()} elements, b has {b.nelements()}")
     if (a.type.is_quantized or b.type.is_quantized) and a.type is not b.type:
         _check_conversion(a, b)
+    if BF16 in (a.type, b.type) and a.type is not b.type and F32 not in (a.type, b.type):
+        raise DTypeError(f"ggml_cpy: {a.type.name} -> {b.type.name}: BF16 converts to or from "
+                         "F32 only")
     return ctx.new_view(b, b.ne, b.nb, 0, Op.CPY, (a, b))
 
 

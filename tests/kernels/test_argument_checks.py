@@ -26,6 +26,7 @@ from ggopt._kernels import (
     _elementwise,
     _gather,
     _get_rows,
+    _lowp,
     _norm,
     _optim,
     _pointwise,
@@ -296,6 +297,7 @@ def test_pool_2d_back_shape_and_parameter_errors():
 def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
     """For every public kernel: an output array (or a stand-in) and a valid call taking
     n_threads."""
+    w_lp, out_lp = np.full((4, 9), 0x3F80, np.uint16), np.full((5, 4), 7.0, np.float32)
     a4, b4 = _f32(2, 3, 4, 8), _f32(2, 3, 4, 8, seed=1)
     d4 = np.full((2, 3, 4, 8), 7.0, np.float32)
     rows = np.full((2, 3, 4, 1), 7.0, np.float32)
@@ -362,6 +364,7 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
         "soft_max_ext": (d4, lambda n: _attention.soft_max_ext(a4, None, d4, 1.0, 0.0, n)),
         "diag_mask": (d4, lambda n: _attention.diag_mask(a4, d4, 0, -np.inf, n)),
         **_quant_calls(),
+        "lowp_gemm": (out_lp, lambda n: _lowp.lowp_gemm(w_lp, 30, _f32(5, 9), out_lp, n)),
     }
 
 
@@ -404,11 +407,12 @@ def test_every_kernel_takes_valid_thread_counts(name):
 
 def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
-    modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _norm, _optim,
-               _pool, _pointwise, _quant, _reduce, _rope, _softmax]
+    modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _lowp, _norm,
+               _optim, _pool, _pointwise, _quant, _reduce, _rope, _softmax]
+    settings = {"available", "kernel", "set_kernel"}  # _lowp's kernel choice, no work of their own
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
-              and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
+              and getattr(getattr(mod, name), "__module__", None) == mod.__name__} - settings
     assert public == set(KERNELS)
 
 

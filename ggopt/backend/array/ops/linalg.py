@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs, split_axes
+from .lowp import rounded, widened
 from .quant import dequantized
 
 if TYPE_CHECKING:
@@ -42,6 +43,9 @@ def _mul_mat(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step
     if srcs[0].type.is_quantized:
         raw, qt = a, srcs[0]
         return lambda: _products(be, node, dequantized(be, qt, raw), b, c)()
+    if srcs[0].type.is_lowp:  # ggml's vec_dot_type: b rounded to a's type, F32 products
+        t = srcs[0].type
+        return lambda: _products(be, node, widened(be, t, a), rounded(be, t, b), c)()
     return _products(be, node, a, b, c)
 
 

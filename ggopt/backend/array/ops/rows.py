@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from ....tensor import Op, Tensor
 from ...base import Placement, Step, check_row_indices
 from ._base import COMPILERS, Srcs
+from .lowp import widened
 from .quant import dequantized
 
 if TYPE_CHECKING:
@@ -17,12 +18,12 @@ if TYPE_CHECKING:
 def _get_rows(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     xp = be.xp
     a, idx, d = mem(srcs[0]), mem(srcs[1])[0], mem(node)
-    if srcs[0].type.is_quantized:
+    if srcs[0].type.is_quantized or srcs[0].type.is_lowp:
         raw, qt = a, srcs[0]
 
         def quantized_step() -> None:
             check_row_indices("get_rows", idx, raw.shape[2])
-            rows = dequantized(be, qt, raw)
+            rows = widened(be, qt.type, raw) if qt.type.is_lowp else dequantized(be, qt, raw)
             for i3 in range(d.shape[0]):
                 for i2 in range(d.shape[1]):
                     xp.take(rows[i3, i2], idx[i3, i2], axis=0, out=d[i3, i2])

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING
 from ....ops._base import params_of
 from ....ops.views import AccParams, ConcatParams
 from ....tensor import Op, Tensor
+from ....types import BF16
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs
+from .lowp import converted
 from .quant import dequantized, quantized
 
 if TYPE_CHECKING:
@@ -43,6 +45,11 @@ def _copy(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
             d[...] = dequantized(be, at, a) if at.type.is_quantized else quantized(be, node, a)
 
         return convert
+    if at.type is not node.type and BF16 in (at.type, node.type):  # raw bits <-> F32
+        def convert_bf16() -> None:
+            d[...] = converted(be, at.type, node.type, a).reshape(d.shape)
+
+        return convert_bf16
     if a.shape == d.shape:
         def step() -> None:
             d[...] = a

@@ -19,7 +19,7 @@ from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from .. import threads as _threads
 from ..blas import products_blas
-from . import quant
+from . import lowp, quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -204,6 +204,8 @@ def _products(op: Op, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Pro
 def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     if srcs[0].type.is_quantized:
         return quant.product_step(be, node, srcs, mem)
+    if srcs[0].type.is_lowp:
+        return lowp.product_step(be, node, srcs, mem)
     return _matmul_step(be, _products(Op.MUL_MAT, mem(srcs[0]), mem(srcs[1]), mem(node)))
 
 
@@ -211,6 +213,8 @@ def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 def _out_prod(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     if srcs[0].type.is_quantized:
         return quant.product_step(be, node, srcs, mem)
+    if srcs[0].type.is_lowp:
+        return lowp.product_step(be, node, srcs, mem)
     return _matmul_step(be, _products(Op.OUT_PROD, mem(srcs[0]), mem(srcs[1]), mem(node)))
 
 
@@ -221,7 +225,7 @@ def product_then_add_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placeme
     (``backend/fusion.py``); a product cut along its reduction is added once its halves are
     summed. The same operations as the two nodes apart, so the same bits. None when BLAS
     cannot read an operand in place."""
-    if srcs[0].type.is_quantized:
+    if srcs[0].type.is_quantized or srcs[0].type.is_lowp:
         return None
     out4 = mem(node)
     accs = [acc[i3, i2] for i3 in range(out4.shape[0]) for i2 in range(out4.shape[1])]

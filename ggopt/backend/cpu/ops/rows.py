@@ -8,7 +8,7 @@ import ggopt._kernels._get_rows as _get_rows
 
 from ....tensor import Op, Tensor
 from ...base import Placement, Step, check_row_indices
-from . import quant
+from . import lowp, quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 def _get_rows_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     if srcs[0].type.is_quantized:
         return quant.get_rows_step(be, node, srcs, mem)
+    if srcs[0].type.is_lowp:
+        return lowp.get_rows_step(be, node, srcs, mem)
     a, idx, d = mem(srcs[0]), mem(srcs[1])[0], mem(node)
 
     def step() -> None:

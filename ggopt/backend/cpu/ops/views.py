@@ -12,8 +12,9 @@ import ggopt._kernels._elementwise as ew
 from ....ops._base import params_of
 from ....ops.views import AccParams, ConcatParams
 from ....tensor import Op, Tensor
+from ....types import BF16
 from ...base import Placement, Step
-from . import quant
+from . import lowp, quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ def _acc(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
 def _copy_node(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     if srcs[0].type is not node.type and (srcs[0].type.is_quantized or node.type.is_quantized):
         return quant.convert_step(be, node, srcs, mem)
+    if srcs[0].type is not node.type and BF16 in (srcs[0].type, node.type):
+        return lowp.convert_step(be, node, srcs, mem)
     a, d = mem(srcs[0]), mem(node)
     if a.shape == d.shape and a.dtype == d.dtype:
         return lambda: _copy.copy(a, d, be.n_threads)

@@ -1,0 +1,130 @@
+"""Products of a BF16 or F16 weight with float32 activations, as ggml's CPU backend defines
+them: the activations rounded to the weight's type (round to nearest even), F32 sums. The
+packed GEMM is ``_lowp_gemm.h``, with three kernels that compute the same bits: ``dpbf16``
+(AVX-512 BF16's ``vdpbf16ps``; BF16 on AMD), ``fma`` (AVX-512F FMA on values widened to
+float32; F16, and BF16 elsewhere) and ``portable`` (any CPU).
+
+``GGOPT_LOWP_KERNEL=portable|dpbf16|fma`` in the environment (read at import) or
+:func:`set_kernel` forces one (tests). Shapes, types and thread counts are checked before
+anything is written (ShapeError / DTypeError / InvalidValueError); the bits do not depend on
+``n_threads``.
+"""
+
+import os
+
+from ggopt._kernels._common cimport check_n_threads
+
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
+
+cdef extern from "_lowp_gemm.h" nogil:
+    ctypedef struct ggopt_lp_args:
+        const unsigned short *w
+        Py_ssize_t w_rs, w_cs
+        const float *x
+        Py_ssize_t x_rs, x_cs
+        float *c
+        Py_ssize_t c_rs, c_cs
+        Py_ssize_t n, m, k
+        int wtype
+        int kernel
+    int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads)
+    int ggopt_lp_can_run(int kernel)
+    int ggopt_lp_best_kernel(int wtype)
+
+cdef enum:
+    F16 = 1
+    BF16 = 30
+
+#: the kernels, by their ids in _lowp_gemm.h
+KERNELS = ("portable", "dpbf16", "fma")
+cdef int _forced = -1   # a kernel id, or -1: the best this CPU runs
+
+
+def available():
+    """The kernels this CPU runs: ``portable`` always; ``fma`` with AVX-512F; ``dpbf16`` with
+    AVX-512 BF16 too."""
+    return [name for i, name in enumerate(KERNELS) if ggopt_lp_can_run(i)]
+
+
+def set_kernel(name):
+    """Force the kernel of every product (``None``: the best for this CPU, the default; tests
+    compare the kernels). F16 weights run ``dpbf16`` as ``fma`` (it has no F16 form)."""
+    global _forced
+    if name is None:
+        _forced = -1
+        return
+    if name not in KERNELS:
+        raise InvalidValueError(f"set_kernel: unknown kernel {name!r}; expected one of "
+                                f"{', '.join(KERNELS)} or None")
+    if not ggopt_lp_can_run(KERNELS.index(name)):
+        raise InvalidValueError(f"set_kernel: this CPU cannot run {name!r}; it runs "
+                                f"{', '.join(available())}")
+    _forced = KERNELS.index(name)
+
+
+cdef int _kernel_id(int wtype) noexcept:
+    if _forced < 0:
+        return ggopt_lp_best_kernel(wtype)
+    if wtype == F16 and _forced == 1:
+        return 2
+    return _forced
+
+
+def kernel(int wtype):
+    """The kernel products of ``wtype`` (1 = F16, 30 = BF16) run on now."""
+    _check_type("kernel", wtype)
+    return KERNELS[_kernel_id(wtype)]
+
+
+_env = os.environ.get("GGOPT_LOWP_KERNEL", "").strip().lower()
+if _env and _env != "auto":
+    set_kernel(_env)
+
+
+cdef int _check_type(str fn, int wtype) except -1:
+    if wtype != F16 and wtype != BF16:
+        raise DTypeError(f"{fn}: weight type {wtype} is not F16 (1) or BF16 (30)")
+    return 0
+
+
+cdef Py_ssize_t _elems(str fn, str name, Py_ssize_t stride, Py_ssize_t itemsize) except -1:
+    if stride % itemsize:
+        raise ShapeError(f"{fn}: {name}'s stride of {stride} bytes is not a whole number of "
+                         f"{itemsize}-byte elements")
+    return stride // itemsize
+
+
+def lowp_gemm(const unsigned short[:, :] w not None, int wtype, const float[:, :] x not None,
+              float[:, :] out not None, int n_threads, bint w_transposed=False):
+    """``out = r(x) @ W.T`` with ``W = w`` (``(M, K)``, the raw F16/BF16 bits), or, with
+    ``w_transposed``, ``W = w.T`` (``w`` is ``(K, M)``: out_prod's weight); ``x`` is
+    ``(N, K)`` float32, ``out`` ``(N, M)``. ``r`` rounds to ``wtype``; sums are F32."""
+    fn = "lowp_gemm"
+    _check_type(fn, wtype)
+    check_n_threads(fn, n_threads)
+    cdef Py_ssize_t M = w.shape[1] if w_transposed else w.shape[0]
+    cdef Py_ssize_t K = w.shape[0] if w_transposed else w.shape[1]
+    if x.shape[1] != K or out.shape[0] != x.shape[0] or out.shape[1] != M:
+        raise ShapeError(f"{fn}: w {(w.shape[0], w.shape[1])} (transposed: {w_transposed}), "
+                         f"x {(x.shape[0], x.shape[1])} and out {(out.shape[0], out.shape[1])} "
+                         "do not fit "
+                         "out = x @ W.T")
+    cdef ggopt_lp_args a
+    cdef Py_ssize_t ws0 = _elems(fn, "w", w.strides[0], 2), ws1 = _elems(fn, "w", w.strides[1], 2)
+    a.w = &w[0, 0] if w.shape[0] > 0 and w.shape[1] > 0 else NULL
+    a.w_rs, a.w_cs = (ws1, ws0) if w_transposed else (ws0, ws1)
+    a.x = &x[0, 0] if x.shape[0] > 0 and x.shape[1] > 0 else NULL
+    a.x_rs = _elems(fn, "x", x.strides[0], 4)
+    a.x_cs = _elems(fn, "x", x.strides[1], 4)
+    a.c = &out[0, 0] if out.shape[0] > 0 and out.shape[1] > 0 else NULL
+    a.c_rs = _elems(fn, "out", out.strides[0], 4)
+    a.c_cs = _elems(fn, "out", out.strides[1], 4)
+    a.n, a.m, a.k, a.wtype = x.shape[0], M, K, wtype
+    a.kernel = _kernel_id(wtype)
+    cdef int rc
+    if a.n == 0 or a.m == 0:
+        return
+    with nogil:
+        rc = ggopt_lp_gemm(&a, n_threads)
+    if rc != 0:
+        raise MemoryError(f"{fn}: no memory for the packed operands")
