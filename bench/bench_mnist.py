@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from ggopt import opt
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 from ggopt.opt.training import fit_split
 
 pytestmark = pytest.mark.usefixtures("bench_threads")

@@ -249,7 +249,7 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
 
 REPO = ROOT.parent
 TESTS = REPO / "tests"
-TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed",
+TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "cli", "distributed",
                "tokenizers", "models", "lm", "support", "data"}
 
 

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from ggopt.examples import mnist_model
+from ggopt.models.mnist import model as mnist_model
 from tests.support.mpi import (
     errors,
     max_rel_diff,

@@ -9,8 +9,8 @@ import pytest
 from gguf import GGUFReader
 
 import ggopt
+from ggopt.cli.finetune import main
 from ggopt.errors import StateError
-from ggopt.examples.finetune import main
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.lm.memory import memory_report

@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
+from ggopt.cli import llm
 from ggopt.errors import InvalidValueError, OutOfMemoryError, ShapeError
-from ggopt.examples import llm
 from ggopt.lm import Generator, SamplingParams, generate, perplexity, sample
 from ggopt.lm import generation as generate_module
 from ggopt.models import llama

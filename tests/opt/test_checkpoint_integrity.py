@@ -191,7 +191,7 @@ def test_fit_refuses_to_resume_a_different_run(tmp_path):
 def test_cli_resume_force_flag():
     import argparse
 
-    from ggopt.examples import training_cli
+    from ggopt.cli import training_args as training_cli
 
     p = argparse.ArgumentParser()
     training_cli.add_training_args(p)

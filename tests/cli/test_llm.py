@@ -11,7 +11,8 @@ import pytest
 
 import ggopt
 from ggopt import backend as gb
-from ggopt.examples import llm, llm_data, llm_gguf, llm_model, llm_train
+from ggopt.cli import llm
+from ggopt.examples import llm_data, llm_gguf, llm_model, llm_train
 from ggopt.io import gguf as ggopt_gguf
 from tests.support.llm_ref import logits as ref_logits
 from tests.support.llm_ref import random_weights

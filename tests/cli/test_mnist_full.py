@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ggopt.examples import mnist
+from ggopt.cli import mnist
 
 MNIST_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "mnist"
 ACC_RE = re.compile(r"^main: test_acc=(\d+\.\d{2})\+-(\d+\.\d{2})%$", re.M)

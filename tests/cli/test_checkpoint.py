@@ -8,7 +8,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 
 import ggopt
-from ggopt.examples import mnist
+from ggopt.cli import mnist
 from ggopt.io import gguf
 
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 import ggopt
+from ggopt.cli import llm, mnist
 from ggopt.errors import InvalidValueError
-from ggopt.examples import llm, mnist
 from ggopt.examples.llm_train import TrainParams
 
 TINY_LLM = ["--ctx", "16", "--embd", "16", "--layers", "1", "--heads", "2", "--ff", "16",

@@ -19,9 +19,11 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 import ggopt
 from ggopt import opt
+from ggopt.cli import mnist
 from ggopt.errors import DTypeError, InvalidValueError, ShapeError
-from ggopt.examples import mnist, mnist_data, mnist_model
 from ggopt.io import gguf, idx
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 
 # ggml's tensor names and shapes in ggml order (ne0 first), as mnist-eval loads them.
 GGML_SHAPES = {
@@ -31,7 +33,7 @@ GGML_SHAPES = {
                   "conv2.kernel": [3, 3, 8, 16], "conv2.bias": [1, 1, 16],
                   "dense.weight": [784, 10], "dense.bias": [10]},
 }
-BUNDLED = resources.files("ggopt.examples") / "data"
+BUNDLED = resources.files("ggopt.models.mnist") / "subset"
 LOSS_RE = re.compile(r"^main: test_loss=(\d+\.\d{6})\+-(\d+\.\d{6})$", re.M)
 ACC_RE = re.compile(r"^main: test_acc=(\d+\.\d{2})\+-(\d+\.\d{2})%$", re.M)
 

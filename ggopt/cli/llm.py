@@ -23,13 +23,15 @@ from collections.abc import Sequence
 from .. import set_n_threads
 from ..backend import Scheduler, cpu_init
 from ..errors import GgoptError, ShapeError
+from ..examples import llm_data as data
+from ..examples import llm_gguf
+from ..examples import llm_model as model
+from ..examples import llm_train as training
 from ..opt import OptimizerParams
-from . import llm_data as data
-from . import llm_gguf, llm_infer, training_cli
-from . import llm_model as model
-from . import llm_train as training
+from . import llm_infer
+from . import training_args as training_cli
 from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
-from .mnist_plot import plot_history, require_matplotlib
+from .plot import plot_history, require_matplotlib
 
 __all__ = ["main"]
 

@@ -26,12 +26,11 @@ import numpy as np
 from .. import distributed, get_n_threads, set_n_threads
 from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
+from ..models.mnist import data, model
 from ..opt import Dataset, FitHistory, Result
 from ..opt.training import fit_split
-from . import mnist_data as data
-from . import mnist_model as model
-from . import training_cli
-from .mnist_plot import plot_history, require_matplotlib
+from . import training_args as training_cli
+from .plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
 

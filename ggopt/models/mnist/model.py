@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 import numpy as np
 
-from .. import F32, Context, Tensor
-from .. import ops as g
-from ..backend import Scheduler, alloc_ctx_tensors, cpu_init, cupy_init, tensor_get, tensor_set
-from ..errors import DTypeError, InvalidValueError, ShapeError
-from ..io import gguf
-from ..opt import (
+from ... import F32, Context, Tensor
+from ... import ops as g
+from ...backend import Scheduler, alloc_ctx_tensors, cpu_init, cupy_init, tensor_get, tensor_set
+from ...errors import DTypeError, InvalidValueError, ShapeError
+from ...io import gguf
+from ...opt import (
     BuildType,
     Dataset,
     FitHistory,
@@ -38,10 +38,10 @@ from ..opt import (
     fit,
     get_default_optimizer_params,
 )
-from .mnist_data import HW, NCLASSES, NINPUT
+from .data import HW, NCLASSES, NINPUT
 
 if TYPE_CHECKING:
-    from ..distributed import Communicator
+    from ...distributed import Communicator
 
 __all__ = [
     "ARCHS",

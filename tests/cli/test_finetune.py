@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from ggopt.examples.finetune import main
+from ggopt.cli.finetune import main
 from ggopt.lm import lora
 from ggopt.models import llama
 from tests.support.llama_files import write

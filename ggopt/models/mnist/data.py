@@ -15,10 +15,10 @@ from typing import TextIO
 
 import numpy as np
 
-from .. import F32
-from ..errors import InvalidValueError, ShapeError
-from ..io import idx
-from ..opt import Dataset
+from ... import F32
+from ...errors import InvalidValueError, ShapeError
+from ...io import idx
+from ...opt import Dataset
 
 __all__ = [
     "NINPUT",
@@ -116,7 +116,7 @@ def load_split(
         raise InvalidValueError(f"load_split: part: expected 'train' or 'test', got {part!r}")
     names = FILES[f"{part}_images"], FILES[f"{part}_labels"]
     if data_dir is None:
-        root = resources.files(__package__) / "data"
+        root = resources.files(__package__) / "subset"
         with resources.as_file(root / f"{names[0]}.gz") as ip, \
                 resources.as_file(root / f"{names[1]}.gz") as lp:
             return _read_pair(ip, lp, part)

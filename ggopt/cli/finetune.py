@@ -40,9 +40,9 @@ from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import load, weight_map
 from ..models.llama.mapped import BASE_TYPES
 from ..opt import OptimizerParams
-from . import training_cli
+from . import training_args as training_cli
 from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
-from .mnist_plot import plot_history, require_matplotlib
+from .plot import plot_history, require_matplotlib
 
 __all__ = ["main", "parse_args"]
 

@@ -2,7 +2,7 @@
 
 Needs ``llama-cpp-python`` (it builds llama.cpp from source: ``pip install llama-cpp-python``)
 and ``GGOPT_INTEROP=1`` in the environment; otherwise skipped. Run with
-``GGOPT_INTEROP=1 python -m pytest -m interop tests/examples/test_llm_interop.py``.
+``GGOPT_INTEROP=1 python -m pytest -m interop tests/cli/test_llm_interop.py``.
 llama.cpp runs with an F32 KV cache and flash attention off: its defaults (F16 cache, flash
 attention) change logits by ~1e-2.
 """
