@@ -13,6 +13,7 @@ from __future__ import annotations
 from .backend.cpu import wait_policy as _wait_policy  # noqa: F401
 # isort: on
 from . import errors  # noqa: E402
+from ._version import __version__  # noqa: E402
 from .backend.cpu.denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
 from .backend.cpu.threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
@@ -41,8 +42,6 @@ from .ops import *  # noqa: F401,F403 - the op constructors, ggml names
 from .ops import __all__ as _ops_all
 from .tensor import Op, Tensor, UnaryOp
 from .types import F16, F32, I32, I64, GGType, TensorFlag
-
-__version__ = "0.1.0"
 
 __all__ = [
     "__version__", "errors", "backend", "distributed", "io", "opt", "get_n_threads",

@@ -1,4 +1,4 @@
-"""Fine-tune a llama GGUF: ``python -m ggopt.examples.finetune --model IN.gguf --out OUT.gguf
+"""Fine-tune a llama GGUF: ``ggopt finetune --model IN.gguf --out OUT.gguf
 (--text FILE... | --chat FILE.jsonl) [--lora RANK ...]``.
 
 Validation loss and perplexity before training and after every epoch (a progress bar on
@@ -48,7 +48,7 @@ __all__ = ["main", "parse_args"]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m ggopt.examples.finetune", description=__doc__,
+    p = argparse.ArgumentParser(prog="ggopt finetune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="the llama GGUF to fine-tune")
     p.add_argument("--out", required=True, help="the merged model (GGUF)")

@@ -1,4 +1,4 @@
-"""Train a small byte-level llama the way llama.cpp does: ``python -m ggopt.examples.llm``.
+"""Train a small byte-level llama the way llama.cpp does: ``ggopt train``.
 
 ``train`` fits the model on text (default: a fixed list of modules of the running Python's
 standard library, see :data:`llm_data.DEFAULT_MODULES`) with llama.cpp's training path: an
@@ -45,7 +45,7 @@ def _positive(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ggopt.examples.llm",
+        prog="ggopt",
         description="Train, sample and evaluate a byte-level llama with ggopt (GGUF that "
                     "llama.cpp runs).")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,4 +1,4 @@
-"""The ``generate``, ``eval`` and ``tokenize`` commands of ``python -m ggopt.examples.llm``,
+"""The ``generate``, ``eval`` and ``tokenize`` commands of ``ggopt``,
 for any llama GGUF ggopt loads (SmolLM2 and the like, and ggopt's own byte-level models).
 
 ``generate`` samples with a KV cache (:mod:`ggopt.lm.generation`), ``eval`` prints perplexity as

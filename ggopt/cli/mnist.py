@@ -1,4 +1,4 @@
-"""ggml's MNIST example as a command line tool: ``python -m ggopt.examples.mnist``.
+"""ggml's MNIST example as a command line tool: ``ggopt mnist train|eval``.
 
 ``train`` fits "mnist-fc" or "mnist-cnn" with ggml's recipe (cross-entropy, AdamW defaults,
 logical batch 1000 in physical batches of 500, 5% validation), evaluates on the test set and
@@ -62,7 +62,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m ggopt.examples.mnist",
+        prog="ggopt mnist",
         description="Train and evaluate ggml's MNIST models with ggopt (GGUF in and out).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,4 +1,4 @@
-"""Command-line options for long runs, shared by the training examples.
+"""Command-line options for long runs, shared by the training commands.
 
 ``--checkpoint FILE`` and ``--resume`` (``--resume-force``) map to :func:`ggopt.opt.fit`'s
 ``checkpoint`` and ``resume`` (``resume="force"``, see :func:`resume_mode`); ``--lr``,
