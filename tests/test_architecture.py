@@ -309,3 +309,66 @@ def test_tests_are_laid_out_by_layer():
     # one test file per op family, beside its kernel tests
     for fam in FAMILIES:
         assert (TESTS / "ops" / f"test_{fam}.py").is_file(), fam
+
+
+# Optional dependencies: imported inside the tests that need them (pytest.importorskip), so
+# that `pip install -e ".[test]" && python -m pytest` collects and runs without them.
+OPTIONAL = {"torch", "transformers", "peft", "llama_cpp", "mpi4py", "cupy", "cupyx",
+            "matplotlib"}
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(t, ast.Name) and t.id in ("ImportError", "ModuleNotFoundError")
+               for t in types)
+
+
+def _import_time_optional_imports(source: str) -> list[str]:
+    """``line: module`` of each import of an optional dependency that runs when the module is
+    imported: outside every function, outside ``if TYPE_CHECKING:``, and not in a ``try`` that
+    catches ImportError."""
+    found: list[str] = []
+
+    def visit(nodes: list[ast.AST], guarded: bool) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse, guarded)
+            elif isinstance(node, ast.Try):
+                visit(node.body, guarded or any(map(_catches_import_error, node.handlers)))
+                visit([*node.handlers, *node.orelse, *node.finalbody], guarded)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if not node.level else [])
+                found.extend(f"{node.lineno}: {n}" for n in names
+                             if n.split(".")[0] in OPTIONAL and not guarded)
+            else:
+                visit(list(ast.iter_child_nodes(node)), guarded)
+
+    visit(ast.parse(source).body, False)
+    return found
+
+
+def test_no_test_bench_or_tool_module_imports_an_optional_dependency_at_import_time():
+    files = [*TESTS.rglob("*.py"), *(REPO / "bench").glob("*.py"), *(REPO / "tools").glob("*.py")]
+    bad = {str(p.relative_to(REPO)): found for p in sorted(files)
+           if (found := _import_time_optional_imports(p.read_text()))}
+    assert not bad, f"import these inside the tests (pytest.importorskip): {bad}"
+
+
+def test_the_optional_import_check_sees_what_runs_at_import_time():
+    source = (
+        "import numpy\nimport torch.nn\nfrom matplotlib import pyplot\n"
+        "class A:\n    import peft\n"
+        "if True:\n    import cupy\n"
+        "try:\n    import llama_cpp\nexcept ImportError:\n    llama_cpp = None\n"
+        "try:\n    import mpi4py\nexcept ValueError:\n    pass\n"
+        "if TYPE_CHECKING:\n    import transformers\n"
+        "def f():\n    import torch\n"
+        "g = lambda: __import__('torch')\n"
+    )
+    assert _import_time_optional_imports(source) == [
+        "2: torch.nn", "3: matplotlib", "5: peft", "7: cupy", "13: mpi4py"]
