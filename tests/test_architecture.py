@@ -199,7 +199,7 @@ def test_op_families_do_not_import_each_other_in_a_cycle():
 
 # --- no module reads another's private state --------------------------------------------------
 _GUARDED = {"OptContext": "opt/context.py", "Scheduler": "backend/sched.py",
-            "Dataset": "opt/dataset.py"}
+            "Dataset": "opt/dataset.py", "Result": "opt/result.py"}
 
 
 def _private_names(module: str, cls: str) -> set[str]:
@@ -231,6 +231,7 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
     inside)."""
     private = {cls: _private_names(module, cls) for cls, module in _GUARDED.items()}
     assert "_st" in private["OptContext"] and "_permutation" in private["Dataset"]
+    assert "_loss_per_datapoint" in private["Result"]
     own = {ROOT / module: cls for cls, module in _GUARDED.items()}
     files = [p for d in (ROOT, ROOT.parent / "bench", ROOT.parent / "tools") if d.exists()
              for p in d.rglob("*.py")]

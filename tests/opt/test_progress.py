@@ -73,7 +73,7 @@ def test_ibatch_zero_rejected():
 def test_callback_writes_to_stream():
     ctx = types.SimpleNamespace(inputs=types.SimpleNamespace(ne=(2, 4, 1, 1)))
     result = Result()
-    result._add_eval(False, 1, 4, np.float32(2.0), None, None)
+    result.add_eval(False, 1, 4, np.float32(2.0), None, None)
     stream = io.StringIO()
     epoch_callback_progress_bar(True, ctx, None, result, 1, 2, 0, stream=stream)
     line = stream.getvalue()
