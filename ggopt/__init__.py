@@ -57,7 +57,7 @@ __all__ = [
 
 # The sub-packages (CuPy is imported only by ggopt.backend.cupy_init and mpi4py only by
 # ggopt.distributed.mpi_world, never here). Importing the backend also installs the host
-# allocator of Context(no_alloc=False). ggopt.dist is the alias of ggopt.distributed.
+# allocator of Context(no_alloc=False).
 # isort: off
-from . import backend, dist, distributed, io, opt  # noqa: E402, F401
+from . import backend, distributed, io, opt  # noqa: E402, F401
 # isort: on

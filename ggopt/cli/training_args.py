@@ -21,7 +21,7 @@ from typing import Literal
 from ..errors import GgoptError
 from ..io.paths import PathLike, check_output_path
 from ..opt import OptimizerParams
-from ..opt._checks import check_float32
+from ..opt.checks import check_float32
 from ..opt.schedule import Schedule, constant, epoch_decay, warmup_cosine
 
 __all__ = ["add_training_args", "check_training_args", "make_schedule", "resume_mode",

@@ -39,7 +39,7 @@ from ..opt import (
     default_params,
     epoch_callback_progress_bar,
 )
-from ..opt._checks import check_float32
+from ..opt.checks import check_float32
 from ..opt.training import Stats, run_batches, train_epochs
 from .llm_model import Inputs, LlamaModel, build_logits, make_inputs
 

@@ -38,7 +38,7 @@ from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
-from ..opt._checks import check_int
+from ..opt.checks import check_int
 from ..opt.dataset import Dataset
 from ..opt.progress import progress_bar_line, time_us
 from ..opt.schedule import Schedule

@@ -1,4 +1,5 @@
-"""Argument checks shared by the opt modules, the training loop and the example CLIs."""
+"""Argument checks shared by the opt modules, the language-model loops and the command lines:
+``check_int`` (an int, not a bool) and ``check_float32`` (a number checked as float32, in range)."""
 
 from __future__ import annotations
 
