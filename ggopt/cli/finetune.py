@@ -41,7 +41,7 @@ from ..models.llama import load, weight_map
 from ..models.llama.mapped import BASE_TYPES
 from ..opt import OptimizerParams
 from . import training_args as training_cli
-from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
+from .common import world
 from .plot import plot_history, require_matplotlib
 
 __all__ = ["main", "parse_args"]
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
         raise InvalidValueError("--base-type keep: a full fine-tune trains every weight, and a "
                                 "quantized weight cannot train; use --base-type f32 (the "
                                 "weights dequantized to F32) or train a --lora adapter")
-    comm = _world(args)
+    comm = world(args)
     rank0 = comm is None or comm.rank == 0
     if not rank0:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it

@@ -30,17 +30,10 @@ from ..examples import llm_train as training
 from ..opt import OptimizerParams
 from . import llm_infer
 from . import training_args as training_cli
-from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
+from .common import positive, world
 from .plot import plot_history, require_matplotlib
 
 __all__ = ["main"]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,26 +52,26 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--text", nargs="+", metavar="FILE",
                     help="training text (any bytes); default: "
                          f"{len(data.DEFAULT_MODULES)} modules of Python's standard library")
-    tr.add_argument("--ctx", type=_positive, default=d.n_ctx, help=f"context (default {d.n_ctx})")
-    tr.add_argument("--embd", type=_positive, default=d.n_embd,
+    tr.add_argument("--ctx", type=positive, default=d.n_ctx, help=f"context (default {d.n_ctx})")
+    tr.add_argument("--embd", type=positive, default=d.n_embd,
                     help=f"embedding size (default {d.n_embd})")
-    tr.add_argument("--layers", type=_positive, default=d.n_layer,
+    tr.add_argument("--layers", type=positive, default=d.n_layer,
                     help=f"blocks (default {d.n_layer})")
-    tr.add_argument("--heads", type=_positive, default=d.n_head,
+    tr.add_argument("--heads", type=positive, default=d.n_head,
                     help=f"attention heads (default {d.n_head})")
-    tr.add_argument("--heads-kv", type=_positive,
+    tr.add_argument("--heads-kv", type=positive,
                     help="key/value heads, dividing --heads (default: --heads)")
-    tr.add_argument("--ff", type=_positive, default=d.n_ff,
+    tr.add_argument("--ff", type=positive, default=d.n_ff,
                     help=f"feed-forward size (default {d.n_ff})")
-    tr.add_argument("--stride", type=_positive,
+    tr.add_argument("--stride", type=positive,
                     help="bytes between window starts (default: ctx/2, as llama.cpp)")
-    tr.add_argument("--batch", type=_positive, default=t.n_batch,
+    tr.add_argument("--batch", type=positive, default=t.n_batch,
                     help=f"sequences per optimizer step (default {t.n_batch})")
-    tr.add_argument("--ubatch", type=_positive,
+    tr.add_argument("--ubatch", type=positive,
                     help="sequences per micro-batch, dividing --batch (default: --batch)")
     tr.add_argument("--wd", type=training_cli.unit_float32, default=t.wd,
                     help=f"AdamW weight decay (default {t.wd})")
-    tr.add_argument("--epochs", type=_positive, default=1, help="epochs (default 1)")
+    tr.add_argument("--epochs", type=positive, default=1, help="epochs (default 1)")
     tr.add_argument("--static", action="store_true",
                     help="train through one static graph instead of a fresh graph per "
                          "micro-batch (bit-identical weights)")
@@ -86,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="where to save the model (default llm.gguf)")
     tr.add_argument("--plot", metavar="PNG", help="also write loss/accuracy per epoch as PNG")
     tr.add_argument("--seed", type=int, default=0, help="weight-init seed (default 0)")
-    tr.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    tr.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     tr.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
                     help="data-parallel training over MPI (run under mpiexec -n N, as the MNIST "
                          "example): 'auto' (default) when an MPI launcher started more than "
@@ -113,7 +106,7 @@ def _train(args: argparse.Namespace) -> int:
         [("--text", path) for path in paths])
     if args.plot:
         require_matplotlib()  # fail before training, not after
-    comm = _world(args)
+    comm = world(args)
     nranks = 1 if comm is None else comm.size
     if args.ubatch is None and args.batch % nranks:
         raise ShapeError(f"--dist: {nranks} ranks must divide --batch {args.batch}")

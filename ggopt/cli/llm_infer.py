@@ -18,17 +18,11 @@ from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, perplexity
 from ..models import llama
 from ..models.llama.mapped import BASE_TYPES
+from .common import positive
 
 __all__ = ["add_commands", "read_bytes"]
 
 EVAL_CTX = 512
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
 
 
 def read_bytes(paths: list[str], option: str) -> bytes:
@@ -125,7 +119,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ge.add_argument("--model", required=True, metavar="FILE.gguf")
     ge.add_argument("--prompt", default="def ", help="prompt text, any bytes (default 'def ')")
     ge.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE")
-    ge.add_argument("-n", type=_positive, default=200, help="tokens to generate (default 200)")
+    ge.add_argument("-n", type=positive, default=200, help="tokens to generate (default 200)")
     ge.add_argument("--temp", type=float, default=s.temp,
                     help=f"temperature; 0 = greedy (the most likely token); negative values "
                          f"are refused (default {s.temp})")
@@ -139,7 +133,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     "context length; the cache holds prompt + -n tokens at most)")
     ge.add_argument("--chat", action="store_true",
                     help="wrap the prompt in the model's chat template as a user message")
-    ge.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    ge.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
@@ -148,9 +142,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ev = sub.add_parser("eval", help="perplexity on text, as llama-perplexity")
     ev.add_argument("--model", required=True, metavar="FILE.gguf")
     ev.add_argument("--text", required=True, nargs="+", metavar="FILE")
-    ev.add_argument("--ctx", type=_positive, help=f"window size (default: the model's context "
+    ev.add_argument("--ctx", type=positive, help=f"window size (default: the model's context "
                     f"length, at most {EVAL_CTX}); the text needs 2 windows at least")
-    ev.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    ev.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
@@ -163,5 +157,5 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     to.add_argument("--no-special", action="store_true", help="do not add BOS/EOS")
     to.add_argument("--parse-special", action="store_true",
                     help="match control tokens such as <|im_start|> in the text")
-    to.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
+    to.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     to.set_defaults(func=_tokenize)

@@ -23,13 +23,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .. import distributed, get_n_threads, set_n_threads
+from .. import distributed, set_n_threads
 from ..backend import Scheduler
 from ..errors import BackendUnavailableError, GgoptError, ShapeError
 from ..models.mnist import data, model
 from ..opt import Dataset, FitHistory, Result
 from ..opt.training import fit_split
 from . import training_args as training_cli
+from .common import positive, world
 from .plot import plot_history, require_matplotlib
 
 __all__ = ["main", "SUBSET_EPOCHS", "FULL_EPOCHS"]
@@ -40,18 +41,11 @@ VAL_SPLIT = 0.05  # ggml's mnist-train
 _ARCHS = {"fc": "mnist-fc", "cnn": "mnist-cnn"}
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR",
                    help="directory with MNIST's four IDX files (raw or .gz); default: the "
                         "subset bundled with ggopt (4000 train / 1000 test images)")
-    p.add_argument("--threads", type=_positive, metavar="N",
+    p.add_argument("--threads", type=positive, metavar="N",
                    help="CPU threads for kernels and BLAS (default: all cores)")
     p.add_argument("--device", choices=("cpu", "cupy"), default="cpu",
                    help="'cupy': compute on the GPU through CuPy, the CPU as fallback")
@@ -77,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--arch", choices=tuple(_ARCHS), required=True,
                     help="fc: 784-500-10 MLP (mnist-fc); cnn: two 3x3 conv + max-pool layers "
                          "and a dense layer (mnist-cnn)")
-    tr.add_argument("--epochs", type=_positive, metavar="N",
+    tr.add_argument("--epochs", type=positive, metavar="N",
                     help=f"epochs to train (default: {FULL_EPOCHS} with --data, as ggml; "
                          f"{SUBSET_EPOCHS} on the bundled subset)")
     tr.add_argument("--out", metavar="FILE.gguf",
@@ -147,31 +141,13 @@ def _physical_batch(nranks: int) -> int:
                      f"{', '.join(map(str, usable))} ranks")
 
 
-def _world(args: argparse.Namespace) -> distributed.Communicator | None:
-    """The MPI world to train on, or None for a single process."""
-    if args.dist == "none" or (args.dist == "auto" and not distributed.launched_by_mpi()):
-        return None
-    comm = distributed.mpi_world()
-    if comm.size == 1:
-        return None
-    args.comm = comm  # main() aborts every rank on an error
-    local = comm.count_local_ranks()
-    if args.threads is None:
-        set_n_threads(max(1, get_n_threads() // local))
-    where = comm.describe()
-    if comm.rank == 0:
-        print(f"main: data-parallel over MPI, {where}; threads per rank: {get_n_threads()}",
-              file=sys.stderr)
-    return comm
-
-
 def _train(args: argparse.Namespace) -> int:
     out = args.out or f"{_ARCHS[args.arch]}.gguf"
     training_cli.check_output_paths(
         [("--out", out), ("--checkpoint", args.checkpoint), ("--plot", args.plot)])
     if args.plot:
         require_matplotlib()  # fail before training, not after
-    comm = _world(args)
+    comm = world(args)
     nbatch = model.NBATCH_PHYSICAL if comm is None else _physical_batch(comm.size)
     if comm is not None and comm.rank != 0:
         return _train_rank(args, comm, nbatch)
