@@ -302,7 +302,7 @@ def test_tests_are_laid_out_by_layer():
     # that same-named files in two layers (ops/test_rope.py, kernels/test_rope.py) coexist
     top = {p.name for p in TESTS.glob("*.py")}
     assert top == {"__init__.py", "conftest.py", "test_architecture.py",
-                   "test_suite_hygiene.py", "test_no_crash_subprocess.py"}
+                   "test_suite_hygiene.py", "test_no_crash_subprocess.py", "test_references.py"}
     dirs = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert dirs <= TEST_LAYERS
     for d in dirs - {"data"}:

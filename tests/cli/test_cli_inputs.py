@@ -1,4 +1,4 @@
-"""The example CLIs check their options at the door (issue 21 rows 6, 8, 9 and the LLM CLI's
+"""The command lines check their options at the door (and the LLM CLI's
 --lr default): values in float32, output paths before training."""
 
 from __future__ import annotations

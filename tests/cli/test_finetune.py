@@ -1,5 +1,5 @@
 """``python -m ggopt.examples.finetune`` on a tiny byte-vocabulary llama: full and LoRA runs,
-the adapter loaded back, bad input as errors (issue 23)."""
+the adapter loaded back, bad input as errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fine-tuning (issue 23): llama.cpp's windows, the masked loss against PyTorch's ignore_index,
+"""Fine-tuning: llama.cpp's windows, the masked loss against PyTorch's ignore_index,
 tied-output gradients, thread independence, static == dynamic graphs, bit-exact resume."""
 
 from __future__ import annotations

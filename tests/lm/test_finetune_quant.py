@@ -1,6 +1,6 @@
 """LoRA on a quantized base kept as the file stores it (``base_type="keep"``): the same training
 as on the F32-dequantized base, the memory report, and the fine-tune command's
-``--base-type keep`` (issue 24) on a tiny byte-vocabulary Q4_1 llama."""
+``--base-type keep`` on a tiny byte-vocabulary Q4_1 llama."""
 
 from __future__ import annotations
 

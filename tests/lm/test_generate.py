@@ -1,7 +1,6 @@
 """ggopt.lm: generation with a KV cache gives the full forward's logits and greedy tokens, builds
 its one-token graph once, holds only the slots it needs; perplexity is llama-perplexity's;
-sampling options and the CLI's generate/eval/tokenize refuse bad values naming the option
-(issue 21 rows 10 and 11)."""
+sampling options and the CLI's generate/eval/tokenize refuse bad values naming the option."""
 
 from __future__ import annotations
 
@@ -61,7 +60,7 @@ def test_one_token_graph_is_planned_once(small, monkeypatch):
 
 
 def test_cache_holds_prompt_plus_new_tokens_only(tmp_path, monkeypatch):
-    # Issue 21 row 11: a 47 KB file with context_length 30000 allocated ctx^2 until a
+    # A 47 KB file with context_length 30000 allocated ctx^2 until a
     # MemoryError or the OOM killer; now the cache has prompt + n - 1 slots.
     path = tmp_path / "long.gguf"
     cfg = llama.Config(n_ctx=30000, n_embd=16, n_layer=1, n_head=2, n_head_kv=2, n_ff=32)

@@ -1,4 +1,4 @@
-"""Checkpoints that cannot half-load, hang or hide corruption (issue 21 rows 1, 3, 4, 5, 7):
+"""Checkpoints that cannot half-load, hang or hide corruption:
 an all-zero generator state, a malformed loss accumulator, another model's checkpoint in a
 dynamic context, flipped bytes (checksums), and resuming a different run."""
 
