@@ -78,7 +78,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="a fresh graph per micro-batch, as llama-finetune builds them (the same "
                         "bits; default: one static graph, ~0.1 s less per SmolLM2 step)")
     p.add_argument("--plot", metavar="PNG", help="also write the losses per epoch as PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (loading, training, validation)")
     training_cli.add_training_args(p, default_lr=1e-5)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
@@ -121,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
     rank0 = comm is None or comm.rank == 0
     if not rank0:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
-    model = load(args.model, base_type=args.base_type, progress=rank0)
+    model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress)
     tok = model.require_tokenizer()
     texts = []
     for path in args.text or ():

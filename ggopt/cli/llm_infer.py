@@ -18,6 +18,7 @@ from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, perplexity
 from ..models import llama
 from ..models.llama.mapped import BASE_TYPES
+from ..opt.progress import write_progress
 from .common import positive
 
 __all__ = ["add_commands", "read_bytes"]
@@ -40,7 +41,8 @@ def read_bytes(paths: list[str], option: str) -> bytes:
 def _load(args: argparse.Namespace) -> llama.Model:
     if args.threads is not None:
         set_n_threads(args.threads)
-    model = llama.load(args.model, base_type=getattr(args, "base_type", "f32"))
+    model = llama.load(args.model, base_type=getattr(args, "base_type", "f32"),
+                       progress=False if args.no_progress else None)
     print(f"main: loaded {args.model} ({model.cfg.n_layer} layers, {model.cfg.n_vocab} "
           f"tokens, {', '.join(f'{n} {k}' for k, n in model.tensor_types.items())}) in "
           f"{model.load_seconds:.2f} s", file=sys.stderr)
@@ -90,9 +92,10 @@ def _eval(args: argparse.Namespace) -> int:
     bos = tok.bos if tok.add_bos else None  # llama-perplexity: llama_vocab_get_add_bos
 
     def progress(i: int, n: int, ppl: float) -> None:
-        print(f"\reval: [{i}/{n}] ppl {ppl:.4f}", end="\n" if i == n else "", file=sys.stderr)
+        write_progress(sys.stderr, f"\reval: [{i}/{n}] ppl {ppl:.4f}" + ("\n" if i == n else ""),
+                       i, n)
 
-    r = perplexity(model, ids, n_ctx, bos=bos, progress=progress)
+    r = perplexity(model, ids, n_ctx, bos=bos, progress=None if args.no_progress else progress)
     unit = "byte" if model.is_bytes else "token"
     print(f"main: {len(ids)} tokens, {r.n_chunks} windows of {n_ctx}, {r.n_scored} scored; "
           f"{r.tokens_per_second:.0f} tokens/s")
@@ -134,6 +137,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ge.add_argument("--chat", action="store_true",
                     help="wrap the prompt in the model's chat template as a user message")
     ge.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
+    ge.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (loading)")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
@@ -145,6 +150,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ev.add_argument("--ctx", type=positive, help=f"window size (default: the model's context "
                     f"length, at most {EVAL_CTX}); the text needs 2 windows at least")
     ev.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
+    ev.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (loading, evaluating)")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
                          "stores them (quantized, mapped)")
@@ -158,4 +165,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     to.add_argument("--parse-special", action="store_true",
                     help="match control tokens such as <|im_start|> in the text")
     to.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
+    to.add_argument("--no-progress", action="store_true",
+                    help="no progress on stderr (loading)")
     to.set_defaults(func=_tokenize)

@@ -40,7 +40,7 @@ from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from ..opt.checks import check_int
 from ..opt.dataset import Dataset
-from ..opt.progress import progress_bar_line, time_us
+from ..opt.progress import progress_bar_line, time_us, write_progress
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .windows import MASKED, Windows, split_point, to_dataset
@@ -269,10 +269,11 @@ class FineTuner:
                 ibatch: int, ibatch_max: int, t_start_us: int) -> None:
             assert progress is not None
             loss = sums[0] / sums[1] if sums[1] else math.nan
-            progress.write(progress_bar_line(train, ibatch, ibatch_max, self.fp.n_ubatch,
-                                             (loss, math.nan), (math.nan, math.nan),
-                                             time_us() - t_start_us))
-            progress.flush()
+            write_progress(progress, progress_bar_line(train, ibatch, ibatch_max,
+                                                       self.fp.n_ubatch, (loss, math.nan),
+                                                       (math.nan, math.nan),
+                                                       time_us() - t_start_us),
+                           ibatch, ibatch_max)
 
         callback = bar if progress is not None and self.rank == 0 else None
         mine = self._own(ids, train)

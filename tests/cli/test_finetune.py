@@ -127,6 +127,10 @@ def test_progress_bar_on_stderr(tmp_path, files, capsys):
                       "--ctx", 32, "--val-split", 0.1)
     assert rc == 0, err
     assert "train: [" in err and "val:   [" in err and "loss=" in err
+    assert "\r" not in err  # captured stderr is not a terminal: whole lines
+    rc, _, err = _run(capsys, "--model", model, "--out", tmp_path / "q.gguf", "--text", text,
+                      "--ctx", 32, "--val-split", 0.1, "--no-progress")
+    assert rc == 0 and "train: [" not in err and "val:   [" not in err and "load: [" not in err
 
 
 def test_bad_input(tmp_path, files, capsys):

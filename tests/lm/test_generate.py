@@ -219,3 +219,18 @@ def test_chat_templates_render_and_fail_clearly(small):
 def test_cli_generate_chat_without_template(small, capsys):
     code, _, err = _run(capsys, "generate", "--model", str(small[2]), "--chat", "-n", "2")
     assert code == 1 and "no tokenizer.chat_template" in err
+
+
+def test_cli_eval_progress_suits_stderr_and_no_progress_silences_it(small, capsys, tmp_path):
+    _, _, path = small
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 2)
+    args = ["eval", "--model", str(path), "--text", str(text), "--ctx", "64"]
+    code, out, err = _run(capsys, *args)
+    assert code == 0 and "\r" not in err  # captured stderr is not a terminal: lines
+    lines = [line for line in err.splitlines() if line.startswith("eval: [")]
+    assert [line.split("]")[0] for line in lines] == [f"eval: [{i}/8" for i in range(1, 9)]
+    code, quiet_out, quiet_err = _run(capsys, *args, "--no-progress")
+    assert code == 0 and "eval: [" not in quiet_err
+    ppl = [line for line in out.splitlines() if line.startswith("perplexity: ")]
+    assert len(ppl) == 1 and ppl[0] in quiet_out
