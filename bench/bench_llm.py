@@ -28,7 +28,8 @@ except ImportError:
 
 import ggopt  # noqa: E402
 from ggopt.backend import Scheduler, cpu_init
-from ggopt.examples import llm_data, llm_model, llm_train
+from ggopt.examples import llm_data, llm_train
+from ggopt.models import llama
 
 
 def torch_forward(torch, cfg, w, tokens):
@@ -72,7 +73,7 @@ class TorchModel:
         torch.set_num_threads(threads)
         self.torch, self.cfg, self.tp = torch, cfg, tp
         self.w = {k: torch.tensor(v, requires_grad=True)
-                  for k, v in llm_model.init_weights(cfg, seed).items()}
+                  for k, v in llama.init_weights(cfg, seed).items()}
         self.opt = torch.optim.AdamW(self.w.values(), lr=tp.lr, betas=(0.9, 0.999), eps=1e-8,
                                      weight_decay=tp.wd)
         self.data = torch.tensor(dataset.data.numpy().astype(np.int64))
@@ -113,8 +114,8 @@ def run(cfg, tp, dataset, nepoch, seed, threads, block, val_every=0):
     losses of both per epoch, the seconds per optimizer step of every block of both, ggopt's
     Timing and the validation curve ``(step, ggopt, torch)`` every ``val_every`` steps (a
     multiple of ``block``; 0: none) and at each epoch's end."""
-    model = llm_model.build_model(cfg, Scheduler([cpu_init()]))
-    llm_model.set_weights(model, llm_model.init_weights(cfg, seed), "init")
+    model = llama.build_model(cfg, Scheduler([cpu_init()]))
+    llama.set_weights(model, llama.init_weights(cfg, seed), "init")
     trainer = llm_train.Trainer(model, tp)
     ref = TorchModel(cfg, tp, dataset, seed, threads)
     ntrain, nval = trainer.split(dataset)
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     if args.val_every % max(1, args.block):
         p.error("--val-every must be a multiple of --block")
     ggopt.set_n_threads(args.threads)
-    cfg, tp = llm_model.Config(), llm_train.TrainParams()
+    cfg, tp = llama.Config(), llm_train.TrainParams()
     tokens = llm_data.tokenize(llm_data.read_corpus(llm_data.default_corpus_paths()))
     if args.max_bytes:
         tokens = tokens[:args.max_bytes]

@@ -24,9 +24,9 @@ from .. import set_n_threads
 from ..backend import Scheduler, cpu_init
 from ..errors import GgoptError, ShapeError
 from ..examples import llm_data as data
-from ..examples import llm_gguf
-from ..examples import llm_model as model
 from ..examples import llm_train as training
+from ..models import llama as model
+from ..models.llama import byte_gguf
 from ..opt import OptimizerParams
 from . import llm_infer
 from . import training_args as training_cli
@@ -163,7 +163,7 @@ def _train(args: argparse.Namespace) -> int:
                             f"bits/byte={training.bits_per_byte(loss):.4f}")
         print(f"epoch {first + iepoch + 1}: " + " | ".join(line))
     print(f"main: unigram entropy of the corpus: {h1:.4f} bits/byte")
-    llm_gguf.save(args.out, cfg, model.get_weights(m))
+    byte_gguf.save(args.out, cfg, model.get_weights(m))
     print(f"main: saved {args.out}")
     if args.plot:
         plot_history(history, args.plot, title=f"byte-level llama, {args.epochs} epochs")

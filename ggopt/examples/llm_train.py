@@ -14,7 +14,6 @@ import functools
 import math
 import os
 import time
-from collections.abc import Callable
 from typing import Literal, TextIO
 
 import numpy as np
@@ -22,10 +21,11 @@ import numpy as np
 import ggopt
 
 from .. import Tensor
-from ..backend import tensor_get, tensor_set
+from ..backend import tensor_set
 from ..distributed import Communicator
 from ..errors import InvalidValueError, ShapeError, StateError
 from ..io.paths import check_output_path
+from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..opt import (
     BuildType,
     Dataset,
@@ -41,7 +41,6 @@ from ..opt import (
 )
 from ..opt.checks import check_float32
 from ..opt.training import Stats, run_batches, train_epochs
-from .llm_model import Inputs, LlamaModel, build_logits, make_inputs
 
 __all__ = ["TrainParams", "Timing", "Trainer", "split", "bits_per_byte", "evaluate"]
 
@@ -302,32 +301,3 @@ def evaluate(model: LlamaModel, dataset: Dataset, n_ubatch: int = 1) -> Result:
             tensor_set(_labels_of(opt_ctx), _one_hot(labels, model.cfg.n_vocab))
             opt_ctx.eval(result)
     return result
-
-
-def last_logits(model: LlamaModel) -> Callable[[np.ndarray], np.ndarray]:
-    """A function ``window -> logits of its last token`` over one static forward graph.
-
-    The window (at most ``n_ctx`` token ids) sits at the start of the context, padded with 0;
-    the causal mask keeps the padding from reaching it.
-    """
-    inp = make_inputs(model, 1)
-    ctx = ggopt.Context()
-    logits = build_logits(ctx, model, inp)
-    gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, False)
-    ggopt.build_forward_expand(gf, logits)
-    sched = model.sched
-    sched.reset()
-    sched.alloc_graph(gf)
-    n_ctx, n_vocab = model.cfg.n_ctx, model.cfg.n_vocab
-    buf = np.zeros(n_ctx, np.int32)
-
-    def run(window: np.ndarray) -> np.ndarray:
-        n = len(window)
-        buf[:] = 0
-        buf[:n] = window
-        tensor_set(inp.tokens, buf)
-        sched.graph_compute(gf)
-        out: np.ndarray = tensor_get(logits).reshape(n_ctx, n_vocab)[n - 1]
-        return out
-
-    return run

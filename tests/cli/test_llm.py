@@ -12,12 +12,14 @@ import pytest
 import ggopt
 from ggopt import backend as gb
 from ggopt.cli import llm
-from ggopt.examples import llm_data, llm_gguf, llm_model, llm_train
+from ggopt.examples import llm_data, llm_train
 from ggopt.io import gguf as ggopt_gguf
+from ggopt.models import llama
+from ggopt.models.llama import byte_gguf
 from tests.support.llm_ref import logits as ref_logits
 from tests.support.llm_ref import random_weights
 
-TINY = llm_model.Config(n_ctx=16, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48)
+TINY = llama.Config(n_ctx=16, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48)
 TINY_ARGS = ["--ctx", "16", "--embd", "32", "--layers", "2", "--heads", "4", "--heads-kv",
              "2", "--ff", "48", "--batch", "4", "--ubatch", "2", "--epochs", "1"]
 
@@ -27,21 +29,21 @@ def _text(n: int = 6000) -> bytes:
     return src[:n]
 
 
-def _random_weights(cfg: llm_model.Config, seed: int = 1) -> dict[str, np.ndarray]:
-    return random_weights(llm_model.param_shapes(cfg), seed)
+def _random_weights(cfg: llama.Config, seed: int = 1) -> dict[str, np.ndarray]:
+    return random_weights(llama.param_shapes(cfg), seed)
 
 
 def _model(cfg, weights):
-    m = llm_model.build_model(cfg, gb.Scheduler([gb.cpu_init()]))
-    llm_model.set_weights(m, weights, "test")
+    m = llama.build_model(cfg, gb.Scheduler([gb.cpu_init()]))
+    llama.set_weights(m, weights, "test")
     return m
 
 
 def _ggopt_logits(m, tokens: np.ndarray) -> np.ndarray:
     """Logits (n_seq, n_ctx, n_vocab) of a batch of sequences through one forward graph."""
-    inp = llm_model.make_inputs(m, tokens.shape[0])
+    inp = llama.make_inputs(m, tokens.shape[0])
     ctx = ggopt.Context()
-    out = llm_model.build_logits(ctx, m, inp)
+    out = llama.build_logits(ctx, m, inp)
     gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, False)
     ggopt.build_forward_expand(gf, out)
     m.sched.reset()
@@ -64,9 +66,9 @@ def test_logits_match_float64_reference(n_threads):
 
 def test_config_errors():
     with pytest.raises(ggopt.errors.ShapeError, match="must divide n_embd"):
-        llm_model.Config(n_embd=30, n_head=4)
+        llama.Config(n_embd=30, n_head=4)
     with pytest.raises(ggopt.errors.ShapeError, match="KV heads must divide"):
-        llm_model.Config(n_head=4, n_head_kv=3)
+        llama.Config(n_head=4, n_head_kv=3)
 
 
 def test_dataset_windows_shifted_labels():
@@ -81,13 +83,13 @@ def test_dataset_windows_shifted_labels():
 
 
 def _train(static: bool, n_batch: int, n_ubatch: int, steps_text: int = 3000):
-    m = _model(TINY, llm_model.init_weights(TINY, 3))
+    m = _model(TINY, llama.init_weights(TINY, 3))
     ds = llm_data.make_dataset(llm_data.tokenize(_text(steps_text)), TINY.n_ctx, 8)
     trainer = llm_train.Trainer(m, llm_train.TrainParams(n_batch=n_batch, n_ubatch=n_ubatch,
                                                          static=static))
     history = trainer.fit(ds, 2, silent=True)
     trainer.close()
-    return llm_model.get_weights(m), history
+    return llama.get_weights(m), history
 
 
 @pytest.mark.parametrize("n_batch,n_ubatch", [(2, 2), (4, 2)])
@@ -98,14 +100,14 @@ def test_dynamic_equals_static_bit_for_bit(n_batch, n_ubatch):
         np.testing.assert_array_equal(w_dyn[name], w_sta[name], err_msg=name)
     assert h_dyn.train_loss == h_sta.train_loss and h_dyn.val_loss == h_sta.val_loss
     assert h_dyn.train_loss[1] < h_dyn.train_loss[0]  # it learns
-    start = llm_model.init_weights(TINY, 3)
+    start = llama.init_weights(TINY, 3)
     assert not np.array_equal(w_dyn["blk.0.attn_k.weight"], start["blk.0.attn_k.weight"])
 
 
 def test_gguf_keys_types_names_and_round_trip(tmp_path):
     w = _random_weights(TINY)
     path = tmp_path / "m.gguf"
-    llm_gguf.save(path, TINY, w)
+    byte_gguf.save(path, TINY, w)
     reader = gguf.GGUFReader(path)
     f = reader.fields
     V = gguf.GGUFValueType
@@ -125,9 +127,9 @@ def test_gguf_keys_types_names_and_round_trip(tmp_path):
     names = {t.name: list(t.shape) for t in reader.tensors}
     assert names["token_embd.weight"] == [32, 256] and names["output.weight"] == [32, 256]
     assert names["blk.1.attn_k.weight"] == [32, 16] and names["blk.0.ffn_down.weight"] == [48, 32]
-    assert set(names) == set(llm_model.param_shapes(TINY))
+    assert set(names) == set(llama.param_shapes(TINY))
     assert all(t.tensor_type == gguf.GGMLQuantizationType.F32 for t in reader.tensors)
-    cfg, back = llm_gguf.load(path)
+    cfg, back = byte_gguf.load(path)
     assert cfg == TINY
     for name in w:
         np.testing.assert_array_equal(back[name], w[name])
@@ -138,7 +140,7 @@ def test_load_refuses_other_architectures(tmp_path):
     ggopt_gguf.save(path, {"fc1.weight": np.zeros((2, 3), np.float32)},
                     {"general.architecture": "mnist-fc"})
     with pytest.raises(ggopt.errors.ShapeError, match="expected 'llama'"):
-        llm_gguf.load(path)
+        byte_gguf.load(path)
 
 
 def _write(tmp_path, name: str, content: bytes) -> str:
@@ -176,8 +178,8 @@ def test_cli_train_generate_eval(tmp_path, capsys):
 def test_eval_matches_reference_loss(tmp_path):
     w = _random_weights(TINY)
     path = tmp_path / "m.gguf"
-    llm_gguf.save(path, TINY, w)
-    cfg, weights = llm_gguf.load(path)
+    byte_gguf.save(path, TINY, w)
+    cfg, weights = byte_gguf.load(path)
     m = _model(cfg, weights)
     tokens = llm_data.tokenize(_text(200))
     ds = llm_data.make_dataset(tokens, 16, 16)
@@ -228,7 +230,7 @@ def test_cli_generate_eval_refuse_other_architecture(tmp_path, capsys):
 
 def test_cli_eval_text_too_short(tmp_path, capsys):
     path = tmp_path / "m.gguf"
-    llm_gguf.save(path, TINY, _random_weights(TINY))
+    byte_gguf.save(path, TINY, _random_weights(TINY))
     text = _write(tmp_path, "t.txt", b"abc")
     assert llm.main(["eval", "--model", str(path), "--text", text]) == 1
     assert "too few" in capsys.readouterr().err
@@ -237,8 +239,8 @@ def test_cli_eval_text_too_short(tmp_path, capsys):
 @pytest.mark.slow
 def test_tiny_model_learns_below_unigram_entropy():
     tokens = llm_data.tokenize(llm_data.read_corpus(llm_data.default_corpus_paths()[:2]))
-    cfg = llm_model.Config(n_ctx=32, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=192)
-    m = _model(cfg, llm_model.init_weights(cfg, 0))
+    cfg = llama.Config(n_ctx=32, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=192)
+    m = _model(cfg, llama.init_weights(cfg, 0))
     ds = llm_data.make_dataset(tokens[:60000], cfg.n_ctx, cfg.n_ctx)
     trainer = llm_train.Trainer(m, llm_train.TrainParams(n_batch=8, n_ubatch=8))
     ntrain, _ = trainer.split(ds)
@@ -261,7 +263,7 @@ def test_cli_checkpoint_resume_is_bit_exact_with_a_schedule(tmp_path, capsys):
                      str(ckpt), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "epoch 3:" in out.split("saved")[-2]  # the resumed run numbers its epochs 2, 3
-    a, b = llm_gguf.load(straight)[1], llm_gguf.load(resumed)[1]
+    a, b = byte_gguf.load(straight)[1], byte_gguf.load(resumed)[1]
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     before = resumed.read_bytes()

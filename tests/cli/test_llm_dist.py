@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggopt.examples import llm_data, llm_gguf
+from ggopt.examples import llm_data
+from ggopt.models.llama import byte_gguf
 from tests.support.mpi import MPIEXEC, run
 
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="MPI is not installed")
@@ -24,6 +25,6 @@ def test_llm_two_ranks_equal_one_process(tmp_path):
                         str(paths[n]), *ARGS, *extra)
         assert code == 0, out
         assert "epoch 1:" in out
-    one, two = llm_gguf.load(paths[1])[1], llm_gguf.load(paths[2])[1]
+    one, two = byte_gguf.load(paths[1])[1], byte_gguf.load(paths[2])[1]
     for name in one:
         np.testing.assert_array_equal(one[name], two[name], err_msg=name)

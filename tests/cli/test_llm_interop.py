@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from ggopt import backend as gb
-from ggopt.examples import llm_data, llm_gguf, llm_model
+from ggopt.examples import llm_data
+from ggopt.models import llama
+from ggopt.models.llama import byte_gguf
 from tests.support.llm_ref import logits as ref_logits
 from tests.support.llm_ref import random_weights
 
@@ -28,28 +30,28 @@ pytestmark = [
 GGML_TYPE_F32 = 0
 
 
-def _weights(cfg: llm_model.Config) -> dict[str, np.ndarray]:
-    return random_weights(llm_model.param_shapes(cfg), 7)
+def _weights(cfg: llama.Config) -> dict[str, np.ndarray]:
+    return random_weights(llama.param_shapes(cfg), 7)
 
 
 def test_llama_cpp_logits_match(tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
-    cfg = llm_model.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)
+    cfg = llama.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96)
     w = _weights(cfg)
     path = tmp_path / "llm.gguf"
-    llm_gguf.save(path, cfg, w)
+    byte_gguf.save(path, cfg, w)
     prompt = b"def f(x):\n    return x\xff\x00 # \xc3\xa9"
     tokens = list(llm_data.tokenize(prompt))
 
     # ggopt's logits for the prompt: the model loaded back from the file.
-    cfg2, w2 = llm_gguf.load(path)
-    model = llm_model.build_model(cfg2, gb.Scheduler([gb.cpu_init()]))
-    llm_model.set_weights(model, w2, "interop")
-    inp = llm_model.make_inputs(model, 1)
+    cfg2, w2 = byte_gguf.load(path)
+    model = llama.build_model(cfg2, gb.Scheduler([gb.cpu_init()]))
+    llama.set_weights(model, w2, "interop")
+    inp = llama.make_inputs(model, 1)
     import ggopt
 
     ctx = ggopt.Context()
-    out = llm_model.build_logits(ctx, model, inp)
+    out = llama.build_logits(ctx, model, inp)
     gf = ggopt.new_graph_custom(ctx, ggopt.GRAPH_DEFAULT_SIZE, False)
     ggopt.build_forward_expand(gf, out)
     model.sched.alloc_graph(gf)
