@@ -1,9 +1,10 @@
 """Train a small byte-level llama the way llama.cpp does: ``ggopt train``.
 
 ``train`` fits the model on text (default: a fixed list of modules of the running Python's
-standard library, see :data:`llm_data.DEFAULT_MODULES`) with llama.cpp's training path: an
-I32 token dataset, a fresh dynamic graph per micro-batch, AdamW; it reports loss, next-token
-accuracy, perplexity and bits per byte per epoch and writes a GGUF that llama.cpp loads.
+standard library, :data:`DEFAULT_MODULES`) with llama.cpp's training path, on the one training
+loop of ggopt (:class:`ggopt.lm.FineTuner` over :func:`ggopt.lm.text_windows` of the bytes):
+a fresh dynamic graph per micro-batch (``--static``: one graph), AdamW; it reports loss,
+perplexity and bits per byte per epoch and writes a GGUF that llama.cpp loads.
 ``generate``, ``eval`` and ``tokenize`` (:mod:`.llm_infer`) sample from, evaluate and tokenize
 with any llama GGUF (such a file, or a pretrained model like SmolLM2).
 
@@ -16,15 +17,18 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import os
 import sys
-import time
+import sysconfig
 from collections.abc import Sequence
+
+import numpy as np
 
 from .. import set_n_threads
 from ..backend import Scheduler, cpu_init
-from ..errors import GgoptError, ShapeError
-from ..examples import llm_data as data
-from ..examples import llm_train as training
+from ..errors import GgoptError, InvalidValueError, ShapeError
+from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
+from ..lm.windows import text_windows
 from ..models import llama as model
 from ..models.llama import byte_gguf
 from ..opt import OptimizerParams
@@ -33,7 +37,44 @@ from . import training_args as training_cli
 from .common import positive, world
 from .plot import plot_history, require_matplotlib
 
-__all__ = ["main"]
+__all__ = ["main", "DEFAULT_MODULES", "default_corpus_paths", "read_corpus",
+           "unigram_entropy_bits"]
+
+#: The default corpus: these modules of the running Python's standard library, in this order
+#: (read from ``sysconfig.get_paths()["stdlib"]``; about 470 KB of Python source).
+DEFAULT_MODULES = (
+    "argparse.py", "dataclasses.py", "functools.py", "textwrap.py", "heapq.py", "fractions.py",
+    "statistics.py", "shlex.py", "pprint.py", "csv.py", "calendar.py", "base64.py",
+    "random.py", "json/decoder.py", "json/encoder.py", "contextlib.py",
+)
+#: ``ggopt train``'s defaults: from-scratch training wants more than a fine-tune's rate
+BATCH, LR, WD = 16, 3e-3, 0.0
+
+
+def default_corpus_paths() -> list[str]:
+    """Paths of :data:`DEFAULT_MODULES` that exist in this Python's standard library."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    found = [p for p in (os.path.join(stdlib, m) for m in DEFAULT_MODULES) if os.path.isfile(p)]
+    if not found:
+        raise ShapeError(f"default corpus: none of the modules {', '.join(DEFAULT_MODULES)} "
+                         f"is in the standard library at {stdlib!r}; pass --text FILE")
+    return found
+
+
+def read_corpus(paths: Sequence[str | os.PathLike[str]]) -> bytes:
+    """The bytes of ``paths`` concatenated (OSError for an unreadable file)."""
+    chunks = []
+    for path in paths:
+        with open(path, "rb") as f:
+            chunks.append(f.read())
+    return b"".join(chunks)
+
+
+def unigram_entropy_bits(tokens: np.ndarray) -> float:
+    """Entropy of the byte frequencies of ``tokens``, in bits per byte."""
+    counts = np.bincount(tokens, minlength=256).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum()) if p.size else math.nan
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,15 +84,14 @@ def _parser() -> argparse.ArgumentParser:
                     "llama.cpp runs).")
     sub = parser.add_subparsers(dest="command", required=True)
     d = model.Config()
-    t = training.TrainParams()
     tr = sub.add_parser("train", help="train a model on text and save it as GGUF",
                         description="llama.cpp's training path: windows of --ctx bytes every "
                                     "--stride bytes, 5%% held out, AdamW (--lr "
-                                    f"{t.lr:g} by default here), a fresh graph per "
-                                    "micro-batch.")
+                                    f"{LR:g} by default here), a fresh graph per "
+                                    "micro-batch, on ggopt.lm.finetune's FineTuner.")
     tr.add_argument("--text", nargs="+", metavar="FILE",
                     help="training text (any bytes); default: "
-                         f"{len(data.DEFAULT_MODULES)} modules of Python's standard library")
+                         f"{len(DEFAULT_MODULES)} modules of Python's standard library")
     tr.add_argument("--ctx", type=positive, default=d.n_ctx, help=f"context (default {d.n_ctx})")
     tr.add_argument("--embd", type=positive, default=d.n_embd,
                     help=f"embedding size (default {d.n_embd})")
@@ -65,19 +105,19 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"feed-forward size (default {d.n_ff})")
     tr.add_argument("--stride", type=positive,
                     help="bytes between window starts (default: ctx/2, as llama.cpp)")
-    tr.add_argument("--batch", type=positive, default=t.n_batch,
-                    help=f"sequences per optimizer step (default {t.n_batch})")
+    tr.add_argument("--batch", type=positive, default=BATCH,
+                    help=f"sequences per optimizer step (default {BATCH})")
     tr.add_argument("--ubatch", type=positive,
                     help="sequences per micro-batch, dividing --batch (default: --batch)")
-    tr.add_argument("--wd", type=training_cli.unit_float32, default=t.wd,
-                    help=f"AdamW weight decay (default {t.wd})")
+    tr.add_argument("--wd", type=training_cli.unit_float32, default=WD,
+                    help=f"AdamW weight decay (default {WD})")
     tr.add_argument("--epochs", type=positive, default=1, help="epochs (default 1)")
     tr.add_argument("--static", action="store_true",
                     help="train through one static graph instead of a fresh graph per "
                          "micro-batch (bit-identical weights)")
     tr.add_argument("--out", metavar="FILE.gguf", default="llm.gguf",
                     help="where to save the model (default llm.gguf)")
-    tr.add_argument("--plot", metavar="PNG", help="also write loss/accuracy per epoch as PNG")
+    tr.add_argument("--plot", metavar="PNG", help="also write the losses per epoch as PNG")
     tr.add_argument("--seed", type=int, default=0, help="weight-init seed (default 0)")
     tr.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     tr.add_argument("--dist", choices=("auto", "mpi", "none"), default="auto",
@@ -86,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
                          "one process, 'mpi' always, 'none' never; --ubatch defaults to "
                          "--batch / N there")
     # from-scratch training wants more than ggml's 1e-3
-    training_cli.add_training_args(tr, default_lr=t.lr)
+    training_cli.add_training_args(tr, default_lr=LR)
     tr.set_defaults(func=_train)
 
     llm_infer.add_commands(sub)
@@ -99,8 +139,15 @@ def _sched(args: argparse.Namespace) -> Scheduler:
     return Scheduler([cpu_init()])
 
 
+def _epoch_line(iepoch: int, train: EpochStats, val: EpochStats) -> str:
+    """``epoch N: train loss=.. ppl=.. bits/byte=.. | val ...`` (a part without data left out)."""
+    parts = [f"{name} loss={st.loss:.4f} ppl={st.ppl:.3f} bits/byte={st.loss / math.log(2):.4f}"
+             for name, st in (("train", train), ("val", val)) if not math.isnan(st.loss)]
+    return f"epoch {iepoch}: " + " | ".join(parts)
+
+
 def _train(args: argparse.Namespace) -> int:
-    paths = args.text or data.default_corpus_paths()
+    paths = args.text or default_corpus_paths()
     training_cli.check_output_paths(
         [("--out", args.out), ("--checkpoint", args.checkpoint), ("--plot", args.plot)],
         [("--text", path) for path in paths])
@@ -112,56 +159,47 @@ def _train(args: argparse.Namespace) -> int:
         raise ShapeError(f"--dist: {nranks} ranks must divide --batch {args.batch}")
     cfg = model.Config(n_ctx=args.ctx, n_embd=args.embd, n_layer=args.layers,
                        n_head=args.heads, n_head_kv=args.heads_kv or args.heads, n_ff=args.ff)
-    tp = training.TrainParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch // nranks,
-                              lr=args.lr, wd=args.wd, static=args.static)
-    tp.check()
-    tokens = data.tokenize(data.read_corpus(paths))
+    fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch or args.batch // nranks,
+                        lr=args.lr, wd=args.wd, static=args.static)
+    fp.check()
+    tokens = np.frombuffer(read_corpus(paths), np.uint8).astype(np.int32)
     stride = args.stride or max(1, cfg.n_ctx // 2)
-    dataset = data.make_dataset(tokens, cfg.n_ctx, stride, "llm train")
-    h1 = data.unigram_entropy_bits(tokens)
+    windows = text_windows(tokens.tolist(), cfg.n_ctx, stride)
+    h1 = unigram_entropy_bits(tokens)
     rank0 = comm is None or comm.rank == 0
     log = sys.stderr if rank0 else io.StringIO()
     print(f"main: {len(tokens)} bytes from {len(paths)} file(s), unigram entropy "
-          f"{h1:.4f} bits/byte; {dataset.ndata} windows of {cfg.n_ctx} (stride {stride})",
+          f"{h1:.4f} bits/byte; {len(windows)} windows of {cfg.n_ctx} (stride {stride})",
           file=log)
-
     m = model.build_model(cfg, _sched(args))
     model.set_weights(m, model.init_weights(cfg, args.seed), "init")
-    ntrain, nval = training.split(dataset.ndata, tp)
     base = OptimizerParams()
-    base.adamw.wd = tp.wd
-    schedule = training_cli.make_schedule(args, args.epochs, ntrain // tp.opt_period, base)
-    trainer = training.Trainer(m, tp, comm=comm, schedule=schedule)
-    print(f"main: {ntrain} training and {nval} validation micro-batches of {tp.n_ubatch} "
-          f"sequences, opt_period {tp.opt_period}, {'static' if tp.static else 'dynamic'} "
-          f"graphs" + ("" if comm is None else f", data-parallel over {comm.size} ranks"),
-          file=log)
-    t0 = time.perf_counter()
-    history = trainer.fit(dataset, args.epochs, silent=not rank0, stream=sys.stderr,
-                          checkpoint=args.checkpoint,
-                          resume=training_cli.resume_mode(args))
-    seconds = time.perf_counter() - t0
-    trainer.close()
+    base.adamw.wd = fp.wd
+    schedule = training_cli.make_schedule(args, args.epochs, FineTuner.count_steps(windows, fp),
+                                          base)
+    tuner = FineTuner(m, windows, fp, get_opt_pars=schedule, comm=comm)
+    print(f"main: {tuner.n_train_mb} training and {tuner.n_val_mb} validation micro-batches of "
+          f"{fp.n_ubatch} sequences, opt_period {fp.opt_period}, "
+          f"{'static' if fp.static else 'dynamic'} graphs"
+          + ("" if comm is None else f", data-parallel over {comm.size} ranks"), file=log)
+    resume = training_cli.resume_mode(args)
+    try:
+        history = tuner.fit(args.epochs, checkpoint=args.checkpoint, resume=resume,
+                            progress=sys.stderr if rank0 else None)
+    finally:
+        tuner.close()
+    if resume and history.resumed_after >= args.epochs:
+        raise InvalidValueError(f"--resume: the checkpoint {args.checkpoint!r} already holds "
+                                f"{history.resumed_after} epochs; ask for more than that")
     if not rank0:
         return 0
-    tim = trainer.timing
-    if tim.n:
-        ntok = tim.n * cfg.n_ctx * tp.n_ubatch
-        print(f"main: trained {len(history)} epoch(s) in {seconds:.1f} s; "
-              f"{tim.total / tim.n * 1e3:.2f} ms per training micro-batch "
-              f"({ntok / tim.total:.0f} tokens/s), of which graph build + prepare_alloc + alloc "
-              f"{tim.build / tim.n * 1e3:.3f} ms ({100 * tim.build_share:.1f} %)")
-    first = args.epochs - len(history)  # epochs done before a resume
+    if tuner.train_seconds:
+        print(f"main: trained {tuner.train_tokens} tokens in {tuner.train_seconds:.1f} s: "
+              f"{tuner.train_tokens / tuner.train_seconds:.0f} tokens/s")
     for iepoch in range(len(history)):
-        line = []
-        for part in ("train", "val"):
-            loss = getattr(history, f"{part}_loss")[iepoch]
-            if not math.isnan(loss):
-                acc = getattr(history, f"{part}_acc")[iepoch]
-                line.append(f"{part} loss={loss:.4f} acc={100 * acc:.2f}% "
-                            f"ppl={math.exp(loss):.3f} "
-                            f"bits/byte={training.bits_per_byte(loss):.4f}")
-        print(f"epoch {first + iepoch + 1}: " + " | ".join(line))
+        train, val = (EpochStats(getattr(history, f"{part}_loss")[iepoch], 0, 0.0)
+                      for part in ("train", "val"))
+        print(_epoch_line(history.resumed_after + iepoch + 1, train, val))
     print(f"main: unigram entropy of the corpus: {h1:.4f} bits/byte")
     byte_gguf.save(args.out, cfg, model.get_weights(m))
     print(f"main: saved {args.out}")

@@ -38,7 +38,7 @@ from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
-from ..opt.checks import check_int
+from ..opt.checks import check_float32, check_int
 from ..opt.dataset import Dataset
 from ..opt.progress import progress_bar_line, time_us, write_progress
 from ..opt.schedule import Schedule
@@ -81,6 +81,11 @@ class FinetuneParams:
         if not (self.lr > 0 and 0 <= self.wd <= 1):
             raise ShapeError(f"finetune: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
                              f"{self.wd}")
+        check_float32(self.lr, "lr", "finetune", low=0.0, low_open=True)
+        check_float32(self.wd, "wd", "finetune", low=0.0, high=1.0)
+        if not 0.0 <= self.val_split < 1.0:
+            raise InvalidValueError(f"finetune: val_split must be in [0, 1), got "
+                                    f"{self.val_split}")
 
     @property
     def opt_period(self) -> int:

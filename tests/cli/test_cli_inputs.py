@@ -10,7 +10,7 @@ import pytest
 import ggopt
 from ggopt.cli import llm, mnist
 from ggopt.errors import InvalidValueError
-from ggopt.examples.llm_train import TrainParams
+from ggopt.lm import FinetuneParams
 
 TINY_LLM = ["--ctx", "16", "--embd", "16", "--layers", "1", "--heads", "2", "--ff", "16",
             "--batch", "2", "--epochs", "1"]
@@ -71,11 +71,11 @@ def test_cli_decay_that_reaches_zero_is_refused_before_training(tmp_path, capsys
 
 def test_llm_train_params_checked_in_float32():
     with pytest.raises(InvalidValueError, match="lr"):
-        TrainParams(lr=1e300).check()
+        FinetuneParams(lr=1e300).check()
     with pytest.raises(InvalidValueError, match="wd"):
-        TrainParams(wd=1e-42).check()
+        FinetuneParams(wd=1e-42).check()
     with pytest.raises(InvalidValueError, match="val_split"):
-        TrainParams(val_split=1.0).check()
+        FinetuneParams(val_split=1.0).check()
 
 
 def test_llm_out_equal_to_text_or_checkpoint_is_refused(tmp_path, capsys):
@@ -131,7 +131,7 @@ def test_llm_cli_states_the_lr_that_runs(capsys):
     with pytest.raises(SystemExit):
         llm.main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    runs = TrainParams().lr
+    runs = llm.LR
     parsed = llm._parser().parse_args(["train"])
     assert parsed.lr == runs
     assert f"--lr {runs:g} by default here" in text

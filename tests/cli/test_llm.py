@@ -1,4 +1,5 @@
-"""The byte-level llama example (python -m ggopt.examples.llm): model, training, GGUF, CLI."""
+"""The byte-level llama (``ggopt train``: ggopt.cli.llm on the FineTuner of ggopt.lm):
+model, training, GGUF, CLI."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import ggopt
 from ggopt import backend as gb
 from ggopt.cli import llm
-from ggopt.examples import llm_data, llm_train
 from ggopt.io import gguf as ggopt_gguf
+from ggopt.lm import FinetuneParams, FineTuner, text_windows
 from ggopt.models import llama
 from ggopt.models.llama import byte_gguf
 from tests.support.llm_ref import logits as ref_logits
@@ -25,7 +26,7 @@ TINY_ARGS = ["--ctx", "16", "--embd", "32", "--layers", "2", "--heads", "4", "--
 
 
 def _text(n: int = 6000) -> bytes:
-    src = llm_data.read_corpus(llm_data.default_corpus_paths()[:1])
+    src = llm.read_corpus(llm.default_corpus_paths()[:1])
     return src[:n]
 
 
@@ -71,24 +72,24 @@ def test_config_errors():
         llama.Config(n_head=4, n_head_kv=3)
 
 
-def test_dataset_windows_shifted_labels():
-    tokens = llm_data.tokenize(bytes(range(50)))
-    ds = llm_data.make_dataset(tokens, 8, 4)
-    assert ds.ndata == (50 - 8 - 1) // 4
-    data, labels = ds.data.numpy(), ds.labels.numpy()
-    np.testing.assert_array_equal(data[2], np.arange(8, 16))
-    np.testing.assert_array_equal(labels[2], np.arange(9, 17))
-    with pytest.raises(ggopt.errors.ShapeError, match="too few"):
-        llm_data.make_dataset(tokens[:12], 8, 4)
+def test_windows_of_any_stride_shifted_labels():
+    w = text_windows(list(range(50)), 8, 4)
+    assert len(w) == (50 - 8 - 1) // 4
+    np.testing.assert_array_equal(w.tokens[2], np.arange(8, 16))
+    np.testing.assert_array_equal(w.labels[2], np.arange(9, 17))
+    with pytest.raises(ggopt.errors.ShapeError, match="needs at least 13"):
+        text_windows(list(range(12)), 8, 4)
+    with pytest.raises(ggopt.errors.ShapeError, match="stride must be an int >= 1"):
+        text_windows(list(range(50)), 8, 0)
 
 
 def _train(static: bool, n_batch: int, n_ubatch: int, steps_text: int = 3000):
     m = _model(TINY, llama.init_weights(TINY, 3))
-    ds = llm_data.make_dataset(llm_data.tokenize(_text(steps_text)), TINY.n_ctx, 8)
-    trainer = llm_train.Trainer(m, llm_train.TrainParams(n_batch=n_batch, n_ubatch=n_ubatch,
-                                                         static=static))
-    history = trainer.fit(ds, 2, silent=True)
-    trainer.close()
+    windows = text_windows(list(_text(steps_text)), TINY.n_ctx, 8)
+    tuner = FineTuner(m, windows, FinetuneParams(n_batch=n_batch, n_ubatch=n_ubatch, lr=3e-3,
+                                                 static=static))
+    history = tuner.fit(2)
+    tuner.close()
     return llama.get_weights(m), history
 
 
@@ -175,22 +176,25 @@ def test_cli_train_generate_eval(tmp_path, capsys):
     assert ppl == pytest.approx(math.exp(loss), rel=1e-4)
 
 
-def test_eval_matches_reference_loss(tmp_path):
+def test_validation_matches_reference_loss(tmp_path):
     w = _random_weights(TINY)
     path = tmp_path / "m.gguf"
     byte_gguf.save(path, TINY, w)
     cfg, weights = byte_gguf.load(path)
     m = _model(cfg, weights)
-    tokens = llm_data.tokenize(_text(200))
-    ds = llm_data.make_dataset(tokens, 16, 16)
-    result = llm_train.evaluate(m, ds)
+    tokens = np.frombuffer(_text(200), np.uint8).astype(np.int64)
+    windows = text_windows(tokens.tolist(), 16, 16)  # 11 windows: 5 train, 6 held out
+    tuner = FineTuner(m, windows, FinetuneParams(val_split=0.5))
+    got = tuner.validate()
+    tuner.close()
     losses = []
-    for i in range(ds.ndata):
+    for i in range(5, 11):
         x, y = tokens[16 * i:16 * i + 16], tokens[16 * i + 1:16 * i + 17]
         z = ref_logits(cfg, w, x)
         lse = np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) + z.max(-1)
         losses.append((lse - z[np.arange(16), y]).mean())
-    assert result.loss()[0] == pytest.approx(np.mean(losses), abs=1e-4)
+    assert got.n_tokens == 6 * 16
+    assert got.loss == pytest.approx(np.mean(losses), abs=1e-4)
 
 
 @pytest.mark.parametrize("case", ["empty", "short", "heads", "batch"])
@@ -208,7 +212,8 @@ def test_cli_train_errors_write_nothing(tmp_path, capsys, case):
     assert llm.main(args) == 1
     err = capsys.readouterr().err
     assert "llm: error:" in err
-    expected = {"empty": "too few", "short": "too few", "heads": "must divide n_embd",
+    expected = {"empty": "needs at least", "short": "needs at least",
+                "heads": "must divide n_embd",
                 "batch": "must divide the batch"}[case]
     assert expected in err
     assert not out.exists()
@@ -238,15 +243,16 @@ def test_cli_eval_text_too_short(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_tiny_model_learns_below_unigram_entropy():
-    tokens = llm_data.tokenize(llm_data.read_corpus(llm_data.default_corpus_paths()[:2]))
+    text = llm.read_corpus(llm.default_corpus_paths()[:2])[:60000]
     cfg = llama.Config(n_ctx=32, n_embd=64, n_layer=2, n_head=4, n_head_kv=4, n_ff=192)
     m = _model(cfg, llama.init_weights(cfg, 0))
-    ds = llm_data.make_dataset(tokens[:60000], cfg.n_ctx, cfg.n_ctx)
-    trainer = llm_train.Trainer(m, llm_train.TrainParams(n_batch=8, n_ubatch=8))
-    ntrain, _ = trainer.split(ds)
-    assert ntrain >= 200  # a few hundred optimizer steps
-    history = trainer.fit(ds, 1, silent=True)
-    h1_nats = llm_data.unigram_entropy_bits(tokens[:60000]) * math.log(2)
+    windows = text_windows(list(text), cfg.n_ctx, cfg.n_ctx)
+    fp = FinetuneParams(n_batch=8, n_ubatch=8, lr=3e-3, static=False)
+    assert FineTuner.count_steps(windows, fp) >= 200  # a few hundred optimizer steps
+    tuner = FineTuner(m, windows, fp)
+    history = tuner.fit(1)
+    tuner.close()
+    h1_nats = llm.unigram_entropy_bits(np.frombuffer(text, np.uint8)) * math.log(2)
     assert history.val_loss[0] < h1_nats
 
 

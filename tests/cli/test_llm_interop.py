@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from ggopt import backend as gb
-from ggopt.examples import llm_data
 from ggopt.models import llama
 from ggopt.models.llama import byte_gguf
 from tests.support.llm_ref import logits as ref_logits
@@ -41,7 +40,7 @@ def test_llama_cpp_logits_match(tmp_path):
     path = tmp_path / "llm.gguf"
     byte_gguf.save(path, cfg, w)
     prompt = b"def f(x):\n    return x\xff\x00 # \xc3\xa9"
-    tokens = list(llm_data.tokenize(prompt))
+    tokens = list(prompt)  # a byte model: the bytes are the token ids
 
     # ggopt's logits for the prompt: the model loaded back from the file.
     cfg2, w2 = byte_gguf.load(path)
