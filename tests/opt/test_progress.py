@@ -21,6 +21,7 @@ from ggopt.opt.progress import (
     write_progress,
 )
 from ggopt.opt.result import Result
+from tests.support.terminal import Terminal
 
 NAN2 = (math.nan, math.nan)
 
@@ -79,16 +80,11 @@ def test_ibatch_zero_rejected():
         progress_bar_line(True, 0, 3, 1, NAN2, NAN2, 0)
 
 
-class _Terminal(io.StringIO):
-    def isatty(self) -> bool:
-        return True
-
-
 def test_callback_redraws_in_place_on_a_terminal():
     ctx = types.SimpleNamespace(inputs=types.SimpleNamespace(ne=(2, 4, 1, 1)))
     result = Result()
     result.add_eval(False, 1, 4, np.float32(2.0), None, None)
-    stream = _Terminal()
+    stream = Terminal()
     epoch_callback_progress_bar(True, ctx, None, result, 1, 2, 0, stream=stream)
     line = stream.getvalue()
     assert line.startswith(
@@ -141,7 +137,7 @@ def test_epoch_bar_off_a_terminal_is_a_line_per_tenth():
 
 
 def test_write_progress_passes_every_redraw_to_a_terminal():
-    stream = _Terminal()
+    stream = Terminal()
     for i in range(1, 6):
         write_progress(stream, f"\rx {i}/5" + ("\n" if i == 5 else ""), i, 5)
     assert stream.getvalue() == "\rx 1/5\rx 2/5\rx 3/5\rx 4/5\rx 5/5\n"
@@ -164,7 +160,7 @@ def test_model_load_bar_suits_its_sink():
     assert "\r" not in plain.getvalue() and lines[-1] == ""
     assert [int(line.split("] ")[1].split("/")[0]) for line in lines[:-1]] == TENTHS_OF_272
     assert lines[-2] == "load: [" + "#" * 30 + "] 272/272 tensors, 272 MB"
-    term = _Terminal()
+    term = Terminal()
     bar = ProgressBar(272, term)
     for _ in range(272):
         bar.update(_ + 1, 1_000_000)
