@@ -304,7 +304,7 @@ def test_adamw(benchmark, ratio_to, impl):
 # --- element-wise kernels over [500, 500] vs one streaming copy -----------------------------
 
 EW_SHAPE = (1, 1, BATCH, N_HIDDEN)  # a hidden layer at batch 500, ggml [500, 500]
-EW_TARGET = 0.9  # issue 14: one thread, at least 0.9 of np.copyto's speed
+EW_TARGET = 0.9  # the target: one thread, at least 0.9 of np.copyto's speed
 
 
 def _ew_case(op: str, impl: str):

@@ -1,13 +1,13 @@
-"""The LLM example beside a PyTorch reference: same model, same init, same data order.
+"""``ggopt train`` beside a PyTorch reference: same model, same init, same data order.
 
 ``python -m bench.bench_llm`` (from the repository root) trains the default model of
-``python -m ggopt.examples.llm train`` with ggopt (dynamic graphs, as the example) and the same
+``ggopt train`` with ggopt's FineTuner (dynamic graphs, as the command) and the same
 model in PyTorch (eager, ``torch.optim.AdamW`` with ggml's hyper-parameters), feeding PyTorch
 exactly the windows, in exactly the order, that ggopt's shuffles produced. The two alternate in
 blocks of ``--block`` optimizer steps (ggopt's block, then PyTorch's same steps), so that a
 change of load on a shared machine hits both sides alike. It prints both validation-loss
 curves and their relative difference, the step time (median over blocks, and the mean) and
-tokens/s of both, and where ggopt's dynamic-graph time goes per micro-batch. ``--val-every N``
+tokens/s of both. ``--val-every N``
 also compares the validation losses every N steps (the curves). ``--max-bytes`` shortens the
 corpus for a quick check. Not part of the pytest run (no test functions).
 """
@@ -28,7 +28,9 @@ except ImportError:
 
 import ggopt  # noqa: E402
 from ggopt.backend import Scheduler, cpu_init
-from ggopt.examples import llm_data, llm_model, llm_train
+from ggopt.cli import llm
+from ggopt.lm import FinetuneParams, FineTuner, text_windows
+from ggopt.models import llama
 
 
 def torch_forward(torch, cfg, w, tokens):
@@ -66,15 +68,15 @@ def torch_forward(torch, cfg, w, tokens):
 class TorchModel:
     """The PyTorch side: weights, AdamW, the dataset's windows as int64 tensors."""
 
-    def __init__(self, cfg, tp, dataset, seed, threads):
+    def __init__(self, cfg, fp, dataset, seed, threads):
         import torch
 
         torch.set_num_threads(threads)
-        self.torch, self.cfg, self.tp = torch, cfg, tp
+        self.torch, self.cfg, self.fp = torch, cfg, fp
         self.w = {k: torch.tensor(v, requires_grad=True)
-                  for k, v in llm_model.init_weights(cfg, seed).items()}
-        self.opt = torch.optim.AdamW(self.w.values(), lr=tp.lr, betas=(0.9, 0.999), eps=1e-8,
-                                     weight_decay=tp.wd)
+                  for k, v in llama.init_weights(cfg, seed).items()}
+        self.opt = torch.optim.AdamW(self.w.values(), lr=fp.lr, betas=(0.9, 0.999), eps=1e-8,
+                                     weight_decay=fp.wd)
         self.data = torch.tensor(dataset.data.numpy().astype(np.int64))
         self.labels = torch.tensor(dataset.labels.numpy().astype(np.int64))
 
@@ -85,7 +87,7 @@ class TorchModel:
 
     def train(self, order, ub0, ub1):
         """Micro-batches ``ub0 .. ub1-1`` of ``order`` (whole optimizer steps)."""
-        ub, period = self.tp.n_ubatch, self.tp.opt_period
+        ub, period = self.fp.n_ubatch, self.fp.opt_period
         for i in range(ub0, ub1):
             (self.loss(order[i * ub:(i + 1) * ub]) / period).backward()
             if (i + 1) % period == 0:
@@ -93,43 +95,43 @@ class TorchModel:
                 self.opt.zero_grad()
 
     def validate(self, order, ub0, ub1):
-        ub = self.tp.n_ubatch
+        ub = self.fp.n_ubatch
         with self.torch.no_grad():
             return float(np.mean([self.loss(order[i * ub:(i + 1) * ub]).item()
                                   for i in range(ub0, ub1)]))
 
 
-def validate_both(trainer, ref, dataset, order, ntrain, nval):
+def validate_both(tuner, ref, order, ntrain, nval):
     """Both models' mean loss over the validation micro-batches (forward only: no state
     changes on either side)."""
-    result = ggopt.opt.Result()
-    for ibatch in range(ntrain, ntrain + nval):
-        trainer.microbatch(dataset, ibatch, False, result)
-    return result.loss()[0], ref.validate(order, ntrain, ntrain + nval)
+    sums = [tuner.microbatch(ibatch, False, 1.0) for ibatch in range(ntrain, ntrain + nval)]
+    loss = sum(s for s, _ in sums) / sum(n for _, n in sums)
+    return loss, ref.validate(order, ntrain, ntrain + nval)
 
 
-def run(cfg, tp, dataset, nepoch, seed, threads, block, val_every=0):
+def run(cfg, fp, windows, nepoch, seed, threads, block, val_every=0):
     """Train both, alternating blocks of ``block`` optimizer steps; return the validation
-    losses of both per epoch, the seconds per optimizer step of every block of both, ggopt's
-    Timing and the validation curve ``(step, ggopt, torch)`` every ``val_every`` steps (a
-    multiple of ``block``; 0: none) and at each epoch's end."""
-    model = llm_model.build_model(cfg, Scheduler([cpu_init()]))
-    llm_model.set_weights(model, llm_model.init_weights(cfg, seed), "init")
-    trainer = llm_train.Trainer(model, tp)
-    ref = TorchModel(cfg, tp, dataset, seed, threads)
-    ntrain, nval = trainer.split(dataset)
-    period = tp.opt_period
+    losses of both per epoch, the seconds per optimizer step of every block of both and the
+    validation curve ``(step, ggopt, torch)`` every ``val_every`` steps (a multiple of
+    ``block``; 0: none) and at each epoch's end."""
+    model = llama.build_model(cfg, Scheduler([cpu_init()]))
+    llama.set_weights(model, llama.init_weights(cfg, seed), "init")
+    tuner = FineTuner(model, windows, fp)
+    dataset = tuner.dataset
+    ref = TorchModel(cfg, fp, dataset, seed, threads)
+    ntrain, nval = tuner.n_train_mb, tuner.n_val_mb
+    period = fp.opt_period
+    weight = float(np.float32(1.0) / np.float32(period))  # FineTuner's, without masked labels
     val_g, val_t, step_g, step_t, curve = [], [], [], [], []
     done = 0
     for _ in range(nepoch):
-        dataset.shuffle(trainer.opt_ctx, ntrain * tp.n_ubatch)  # as Trainer.epoch
+        dataset.shuffle(tuner.opt_ctx, ntrain * fp.n_ubatch)  # as FineTuner.train_epoch
         order = ref.torch.tensor(dataset.permutation.copy())
-        result = ggopt.opt.Result()
         for s0 in range(0, ntrain // period, block):
             s1 = min(ntrain // period, s0 + block)
             t0 = time.perf_counter()
             for ibatch in range(s0 * period, s1 * period):
-                trainer.microbatch(dataset, ibatch, True, result)
+                tuner.microbatch(ibatch, True, weight)
             t1 = time.perf_counter()
             ref.train(order, s0 * period, s1 * period)
             t2 = time.perf_counter()
@@ -137,13 +139,13 @@ def run(cfg, tp, dataset, nepoch, seed, threads, block, val_every=0):
             step_t.append((t2 - t1) / (s1 - s0))
             done += s1 - s0
             if val_every and done % val_every == 0 and s1 < ntrain // period:
-                curve.append((done, *validate_both(trainer, ref, dataset, order, ntrain, nval)))
-        g, t = validate_both(trainer, ref, dataset, order, ntrain, nval)
+                curve.append((done, *validate_both(tuner, ref, order, ntrain, nval)))
+        g, t = validate_both(tuner, ref, order, ntrain, nval)
         val_g.append(g)
         val_t.append(t)
         curve.append((done, g, t))
-    trainer.close()
-    return val_g, val_t, np.array(step_g), np.array(step_t), trainer.timing, curve
+    tuner.close()
+    return val_g, val_t, np.array(step_g), np.array(step_t), curve
 
 
 def main(argv=None) -> int:
@@ -161,17 +163,19 @@ def main(argv=None) -> int:
     if args.val_every % max(1, args.block):
         p.error("--val-every must be a multiple of --block")
     ggopt.set_n_threads(args.threads)
-    cfg, tp = llm_model.Config(), llm_train.TrainParams()
-    tokens = llm_data.tokenize(llm_data.read_corpus(llm_data.default_corpus_paths()))
+    cfg = llama.Config()
+    fp = FinetuneParams(n_batch=llm.BATCH, n_ubatch=llm.BATCH, lr=llm.LR, wd=llm.WD,
+                        static=False)
+    tokens = llm.read_corpus(llm.default_corpus_paths())
     if args.max_bytes:
         tokens = tokens[:args.max_bytes]
-    dataset = llm_data.make_dataset(tokens, cfg.n_ctx, cfg.n_ctx // 2)
-    ntok_step = cfg.n_ctx * tp.n_batch
-    print(f"{len(tokens)} bytes, {dataset.ndata} windows; {cfg}; {tp}; {args.threads} threads; "
+    windows = text_windows(list(tokens), cfg.n_ctx, cfg.n_ctx // 2)
+    ntok_step = cfg.n_ctx * fp.n_batch
+    print(f"{len(tokens)} bytes, {len(windows)} windows; {cfg}; {fp}; {args.threads} threads; "
           f"blocks of {args.block} steps")
 
-    val_g, val_t, step_g, step_t, timing, curve = run(
-        cfg, tp, dataset, args.epochs, args.seed, args.threads, max(1, args.block),
+    val_g, val_t, step_g, step_t, curve = run(
+        cfg, fp, windows, args.epochs, args.seed, args.threads, max(1, args.block),
         max(0, args.val_every))
     if args.val_every:
         for step, a, b in curve:
@@ -180,16 +184,13 @@ def main(argv=None) -> int:
     for e, (a, b) in enumerate(zip(val_g, val_t), 1):
         print(f"epoch {e}: val loss ggopt {a:.5f}  torch {b:.5f}  rel diff {abs(a - b) / b:.2%}")
     g, t = float(np.median(step_g)), float(np.median(step_t))
-    print(f"step (n_batch={tp.n_batch}x{cfg.n_ctx} tokens, median of {len(step_g)} blocks): "
+    print(f"step (n_batch={fp.n_batch}x{cfg.n_ctx} tokens, median of {len(step_g)} blocks): "
           f"ggopt {1e3 * g:.1f} ms ({ntok_step / g:.0f} tok/s), torch {1e3 * t:.1f} ms "
           f"({ntok_step / t:.0f} tok/s), ratio ggopt/torch {g / t:.2f}; means "
           f"{1e3 * step_g.mean():.1f} / {1e3 * step_t.mean():.1f} ms "
           f"(ratio {step_g.mean() / step_t.mean():.2f}); ratio per block: min "
           f"{np.min(step_g / step_t):.2f}, median {np.median(step_g / step_t):.2f}, "
           f"max {np.max(step_g / step_t):.2f}")
-    print(f"ggopt dynamic graphs per micro-batch: build + prepare_alloc + alloc "
-          f"{1e3 * timing.build / timing.n:.2f} ms of {1e3 * timing.total / timing.n:.2f} ms "
-          f"({100 * timing.build_share:.1f} %)")
     return 0
 
 

@@ -16,7 +16,7 @@ reshuffle the training shards, reset the results, ``epoch``.
 The FC group has a third row, ``numpy_matmuls``: only the matrix products of one mnist-fc
 epoch (per physical batch of 500 the two forward products, dW2, dH and dW1; the validation
 batches' forward products) as NumPy ``matmul`` into preallocated arrays, with BLAS on the same
-threads: the floor that no framework built on BLAS products gets below (issue 14: ggopt's
+threads: the floor that no framework built on BLAS products gets below (ggopt's
 epoch within 1.25x of it).
 
 ``extra_info``: ``s_per_epoch`` (the median) and, on the ggopt rows, ``ratio_vs_torch``
@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from ggopt import opt
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 from ggopt.opt.training import fit_split
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.usefixtures("bench_threads")
 MNIST_DIR = Path(os.environ.get("GGOPT_BENCH_MNIST", "")
                  or Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
 ROUNDS = {"fc": 3, "cnn": 2}  # timed epochs, after one untimed warm-up epoch
-# Issue 14's targets in seconds per epoch: CNN <= 0.7x PyTorch's time, FC <= 1.25x its matrix
+# The targets in seconds per epoch: CNN <= 0.7x PyTorch's time, FC <= 1.25x its matrix
 # products alone (and so faster than PyTorch); as speed ratios (reference seconds / ggopt's)
 # that is >= 1/0.7 and >= 0.8.
 TARGET_VS_TORCH = {"fc": 1.0, "cnn": round(1 / 0.7, 3)}

@@ -20,7 +20,8 @@ import numpy as np
 import ggopt
 from ggopt import distributed as dist
 from ggopt.backend import Scheduler, cpu_init
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 
 
 def main() -> None:

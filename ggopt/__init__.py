@@ -13,6 +13,7 @@ from __future__ import annotations
 from .backend.cpu import wait_policy as _wait_policy  # noqa: F401
 # isort: on
 from . import errors  # noqa: E402
+from ._version import __version__  # noqa: E402
 from .backend.cpu.denormals import get_flush_denormals, set_flush_denormals  # noqa: E402
 from .backend.cpu.threads import get_n_threads, openmp_enabled, set_n_threads  # noqa: E402
 from .context import Context  # noqa: E402
@@ -42,8 +43,6 @@ from .ops import __all__ as _ops_all
 from .tensor import Op, Tensor, UnaryOp
 from .types import BF16, F16, F32, I32, I64, GGType, TensorFlag
 
-__version__ = "0.1.0"
-
 __all__ = [
     "__version__", "errors", "backend", "distributed", "io", "opt", "get_n_threads",
     "set_n_threads", "openmp_enabled", "get_flush_denormals", "set_flush_denormals", "Context",
@@ -59,7 +58,7 @@ __all__ = [
 
 # The sub-packages (CuPy is imported only by ggopt.backend.cupy_init and mpi4py only by
 # ggopt.distributed.mpi_world, never here). Importing the backend also installs the host
-# allocator of Context(no_alloc=False). ggopt.dist is the alias of ggopt.distributed.
+# allocator of Context(no_alloc=False).
 # isort: off
-from . import backend, dist, distributed, io, opt  # noqa: E402, F401
+from . import backend, distributed, io, opt  # noqa: E402, F401
 # isort: on

@@ -199,7 +199,7 @@ def test_op_families_do_not_import_each_other_in_a_cycle():
 
 # --- no module reads another's private state --------------------------------------------------
 _GUARDED = {"OptContext": "opt/context.py", "Scheduler": "backend/sched.py",
-            "Dataset": "opt/dataset.py"}
+            "Dataset": "opt/dataset.py", "Result": "opt/result.py"}
 
 
 def _private_names(module: str, cls: str) -> set[str]:
@@ -231,6 +231,7 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
     inside)."""
     private = {cls: _private_names(module, cls) for cls, module in _GUARDED.items()}
     assert "_st" in private["OptContext"] and "_permutation" in private["Dataset"]
+    assert "_loss_per_datapoint" in private["Result"]
     own = {ROOT / module: cls for cls, module in _GUARDED.items()}
     files = [p for d in (ROOT, ROOT.parent / "bench", ROOT.parent / "tools") if d.exists()
              for p in d.rglob("*.py")]
@@ -249,7 +250,7 @@ def test_no_module_reads_the_private_state_of_a_context_scheduler_or_dataset():
 
 REPO = ROOT.parent
 TESTS = REPO / "tests"
-TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "examples", "distributed", "docs",
+TEST_LAYERS = {"core", "ops", "kernels", "backend", "opt", "io", "cli", "distributed", "docs",
                "tokenizers", "models", "lm", "support", "data"}
 
 
@@ -301,7 +302,7 @@ def test_tests_are_laid_out_by_layer():
     # that same-named files in two layers (ops/test_rope.py, kernels/test_rope.py) coexist
     top = {p.name for p in TESTS.glob("*.py")}
     assert top == {"__init__.py", "conftest.py", "test_architecture.py",
-                   "test_suite_hygiene.py", "test_no_crash_subprocess.py"}
+                   "test_suite_hygiene.py", "test_no_crash_subprocess.py", "test_references.py"}
     dirs = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert dirs <= TEST_LAYERS
     for d in dirs - {"data"}:
@@ -309,3 +310,66 @@ def test_tests_are_laid_out_by_layer():
     # one test file per op family, beside its kernel tests
     for fam in FAMILIES:
         assert (TESTS / "ops" / f"test_{fam}.py").is_file(), fam
+
+
+# Optional dependencies: imported inside the tests that need them (pytest.importorskip), so
+# that `pip install -e ".[test]" && python -m pytest` collects and runs without them.
+OPTIONAL = {"torch", "transformers", "peft", "llama_cpp", "mpi4py", "cupy", "cupyx",
+            "matplotlib"}
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(t, ast.Name) and t.id in ("ImportError", "ModuleNotFoundError")
+               for t in types)
+
+
+def _import_time_optional_imports(source: str) -> list[str]:
+    """``line: module`` of each import of an optional dependency that runs when the module is
+    imported: outside every function, outside ``if TYPE_CHECKING:``, and not in a ``try`` that
+    catches ImportError."""
+    found: list[str] = []
+
+    def visit(nodes: list[ast.AST], guarded: bool) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse, guarded)
+            elif isinstance(node, ast.Try):
+                visit(node.body, guarded or any(map(_catches_import_error, node.handlers)))
+                visit([*node.handlers, *node.orelse, *node.finalbody], guarded)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if not node.level else [])
+                found.extend(f"{node.lineno}: {n}" for n in names
+                             if n.split(".")[0] in OPTIONAL and not guarded)
+            else:
+                visit(list(ast.iter_child_nodes(node)), guarded)
+
+    visit(ast.parse(source).body, False)
+    return found
+
+
+def test_no_test_bench_or_tool_module_imports_an_optional_dependency_at_import_time():
+    files = [*TESTS.rglob("*.py"), *(REPO / "bench").glob("*.py"), *(REPO / "tools").glob("*.py")]
+    bad = {str(p.relative_to(REPO)): found for p in sorted(files)
+           if (found := _import_time_optional_imports(p.read_text()))}
+    assert not bad, f"import these inside the tests (pytest.importorskip): {bad}"
+
+
+def test_the_optional_import_check_sees_what_runs_at_import_time():
+    source = (
+        "import numpy\nimport torch.nn\nfrom matplotlib import pyplot\n"
+        "class A:\n    import peft\n"
+        "if True:\n    import cupy\n"
+        "try:\n    import llama_cpp\nexcept ImportError:\n    llama_cpp = None\n"
+        "try:\n    import mpi4py\nexcept ValueError:\n    pass\n"
+        "if TYPE_CHECKING:\n    import transformers\n"
+        "def f():\n    import torch\n"
+        "g = lambda: __import__('torch')\n"
+    )
+    assert _import_time_optional_imports(source) == [
+        "2: torch.nn", "3: matplotlib", "5: peft", "7: cupy", "13: mpi4py"]

@@ -1,6 +1,6 @@
 """One llama decoder block with an embedding and an output head, built twice: as a ggopt graph
 by the library's llama graph builder (the way llama.cpp builds it), and in PyTorch (float64,
-rope written from ggml's formula). Used by tests/examples/test_llama_block.py and
+rope written from ggml's formula). Used by tests/cli/test_llama_block.py and
 bench/bench_transformer.py (so it lives in tools/, which both may import).
 
 Weights are NumPy arrays in NumPy order: a ggml weight ``ne = [in, out]`` is ``(out, in)``,

@@ -1,4 +1,4 @@
-"""Make the small MNIST subset bundled in ``ggopt/examples/data``.
+"""Make the small MNIST subset bundled in ``ggopt/models/mnist/subset``.
 
 Run from the repository root::
 
@@ -19,7 +19,7 @@ from ggopt.io import idx
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT / ".." / "shared" / "data" / "mnist"
-TARGET = ROOT / "ggopt" / "examples" / "data"
+TARGET = ROOT / "ggopt" / "models" / "mnist" / "subset"
 SUBSETS = {"train": 4000, "t10k": 1000}
 
 
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("source", nargs="?", type=Path, default=DEFAULT_SOURCE,
                         help="folder with the original MNIST IDX .gz files")
     parser.add_argument("--target", type=Path, default=TARGET,
-                        help="output folder (default: ggopt/examples/data)")
+                        help="output folder (default: ggopt/models/mnist/subset)")
     args = parser.parse_args()
     for path in make_subset(args.source, args.target):
         print(f"{path}  {path.stat().st_size} bytes")

@@ -15,8 +15,8 @@ cdef extern from *:
     #include <unistd.h>
     #endif
 
-    /* The most threads a kernel accepts: ggopt._threads.MAX_N_THREADS, i.e. four per online
-       CPU and at least 512 (OpenMP runtimes end the process on far larger teams). */
+    /* The most threads a kernel accepts: ggopt.backend.cpu.threads.MAX_N_THREADS, i.e. four
+       per online CPU and at least 512 (OpenMP runtimes end the process on far larger teams). */
     static long ggopt_max_n_threads(void) {
         long n = 1;
     #if defined(_SC_NPROCESSORS_ONLN)

@@ -33,17 +33,6 @@ _FN = "ggml_opt_epoch (data-parallel)"
 EpochBatches = Callable[["OptContext", "Dataset", int, str], tuple[int, int, int]]
 
 
-def _merge(target: Result, parts: list[list[Result]]) -> None:
-    """Append the one-batch results ``parts`` (rank order, then batch order) to ``target``."""
-    for rank_parts in parts:
-        for part in rank_parts:
-            pred = part._pred[0] if part._pred else None
-            ncorrect = None if part._ncorrect < 0 else part._ncorrect
-            target._check_eval(part._loss_per_datapoint, part._opt_period, part.ndata)
-            target._add_eval(part._loss_per_datapoint, part._opt_period, part.ndata,
-                             part._loss[0], pred, ncorrect)
-
-
 def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple[Result | None, Result | None],
            idata_split: int, epoch_batches: EpochBatches) -> tuple[int, int, int]:
     """The local checks of :func:`ggopt.opt.epoch` plus the data-parallel ones."""
@@ -63,7 +52,7 @@ def _check(opt_ctx: OptContext, dataset: Dataset, results: tuple[Result | None, 
             raise DTypeError(f"results must be Result or None, got {type(result).__name__} "
                              f"({_FN})")
         if result is not None:
-            result._check_eval(opt_ctx.loss_per_datapoint, period, ndata_batch)
+            result.check_eval(opt_ctx.loss_per_datapoint, period, ndata_batch)
     return ndata_batch, ibatch_split, nbatches
 
 
@@ -118,7 +107,7 @@ def epoch_data_parallel(
             opt_ctx.eval(part)
             parts.append(part)
         if result_train is not None:
-            _merge(result_train, comm.allgather(parts))
+            result_train.merge(p for rank_parts in comm.allgather(parts) for p in rank_parts)
         if callback_train is not None:
             callback_train(True, opt_ctx, dataset, result_train, (k + 1) * period,
                            ibatch_split, t_start)
@@ -133,7 +122,7 @@ def epoch_data_parallel(
             part = None if result_eval is None else Result()
             opt_ctx.eval(part)
         if result_eval is not None:
-            _merge(result_eval, [[p] for p in comm.allgather(part) if p is not None])
+            result_eval.merge(p for p in comm.allgather(part) if p is not None)
         if callback_eval is not None:
             callback_eval(False, opt_ctx, dataset, result_eval, min(first + size, neval), neval,
                           t_start)

@@ -38,9 +38,9 @@ from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
-from ..opt._checks import check_int
+from ..opt.checks import check_float32, check_int
 from ..opt.dataset import Dataset
-from ..opt.progress import time_us, token_progress_line
+from ..opt.progress import time_us, token_progress_line, write_progress
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .controls import StepMonitor, StopTraining
@@ -82,6 +82,11 @@ class FinetuneParams:
         if not (self.lr > 0 and 0 <= self.wd <= 1):
             raise ShapeError(f"finetune: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
                              f"{self.wd}")
+        check_float32(self.lr, "lr", "finetune", low=0.0, low_open=True)
+        check_float32(self.wd, "wd", "finetune", low=0.0, high=1.0)
+        if not 0.0 <= self.val_split < 1.0:
+            raise InvalidValueError(f"finetune: val_split must be in [0, 1), got "
+                                    f"{self.val_split}")
 
     @property
     def opt_period(self) -> int:
@@ -289,9 +294,9 @@ class FineTuner:
             assert progress is not None
             loss = sums[0] / sums[1] if sums[1] else math.nan
             n_tokens = ibatch * self.fp.n_ubatch * self.windows.n_ctx
-            progress.write(token_progress_line(train, ibatch, ibatch_max, n_tokens, loss,
-                                               time_us() - t_start_us))
-            progress.flush()
+            write_progress(progress, token_progress_line(train, ibatch, ibatch_max, n_tokens,
+                                                         loss, time_us() - t_start_us),
+                           ibatch, ibatch_max)
 
         callback = bar if progress is not None and self.rank == 0 else None
         mine = self._own(ids, train)

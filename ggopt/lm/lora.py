@@ -32,7 +32,7 @@ from ..io.atomic import atomic_path
 from ..io.paths import text_path
 from ..models.llama import LlamaModel, param_shapes
 from ..models.llama.weights import check_finite, open_reader, tensor_table
-from ..opt._checks import check_float32
+from ..opt.checks import check_float32
 from ..types import FLAG_PARAM
 
 __all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "apply", "save",

@@ -97,17 +97,22 @@ def tokenize_texts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
     return ids
 
 
-def text_windows(ids: Sequence[int], n_ctx: int) -> Windows:
-    """llama.cpp's windows of ``n_ctx`` tokens every ``n_ctx // 2``.
+def text_windows(ids: Sequence[int], n_ctx: int, stride: int | None = None) -> Windows:
+    """llama.cpp's windows of ``n_ctx`` tokens every ``stride`` (default ``n_ctx // 2``, as
+    llama.cpp cuts them).
 
     Raises
     ------
     ShapeError
-        ``n_ctx`` below 2, or fewer tokens than one window needs (llama.cpp underflows there).
+        ``n_ctx`` below 2, ``stride`` below 1, or fewer tokens than one window needs
+        (llama.cpp underflows there).
     """
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
         raise ShapeError(f"text windows: the context must be an int >= 2, got {n_ctx!r}")
-    stride = n_ctx // 2
+    if stride is None:
+        stride = n_ctx // 2
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ShapeError(f"text windows: the stride must be an int >= 1, got {stride!r}")
     need = n_ctx + stride + 1
     if len(ids) < need:
         raise ShapeError(f"text windows: the text has {len(ids)} tokens; one window of "

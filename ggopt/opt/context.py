@@ -298,7 +298,7 @@ class OptContext(Checkpointing, ContextViews):
         assert b is not None and persist is not None and self._outputs is not None
         nd = self._outputs.ne[1]
         if result is not None:
-            result._check_eval(b.loss_per_datapoint, spec.opt_period, nd)
+            result.check_eval(b.loss_per_datapoint, spec.opt_period, nd)
         graph = self._allocated_graph
         assert graph is not None
         if spec.sched.allocated_graph is not graph:
@@ -342,7 +342,7 @@ class OptContext(Checkpointing, ContextViews):
         ncorrect = None
         if b.ncorrect is not None:
             ncorrect = int(tensor_get(b.ncorrect).reshape(-1)[0])
-        result._add_eval(b.loss_per_datapoint, spec.opt_period, nd, loss, pred, ncorrect)
+        result.add_eval(b.loss_per_datapoint, spec.opt_period, nd, loss, pred, ncorrect)
 
     @_locked
     def reset(self, optimizer: bool) -> None:

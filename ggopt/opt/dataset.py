@@ -14,7 +14,7 @@ from ..context import Context
 from ..errors import DTypeError, InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import GGType, as_type
-from ._checks import check_int
+from .checks import check_int
 from .rng import Mt19937
 
 __all__ = ["Dataset"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import DTypeError
 from ..graph import GRAPH_DEFAULT_SIZE
-from ._checks import check_float32
+from .checks import check_float32
 from .enums import BuildType, LossType, OptimizerType
 
 if TYPE_CHECKING:

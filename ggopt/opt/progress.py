@@ -1,6 +1,8 @@
 """The epoch progress bar, drawn exactly as ggml draws it (loss and accuracy, for
 classification), the bar of next-token training (loss, perplexity, tokens/s, no accuracy),
-and the clock they read."""
+the clock they read, and how a redrawn bar goes to its sink: on a terminal, every redraw in
+place (``\\r``); elsewhere (a CI log, a notebook, a pipe) a line at the start, every ~10 %, and
+at the end (:func:`write_progress`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from .dataset import Dataset
 
 __all__ = ["time_us", "format_hms", "progress_bar_line", "token_progress_line",
-           "epoch_callback_progress_bar"]
+           "epoch_callback_progress_bar", "is_terminal", "is_milestone", "write_progress"]
 
 # Eighth blocks, full (8/8) down to 1/8; a cell filled to less than 1/8 is a space.
 _CELLS = ("\u2588", "\u2589", "\u258a", "\u258b", "\u258c", "\u258d", "\u258e", "\u258f")
@@ -33,6 +35,36 @@ def format_hms(t_us: int) -> str:
     """Format a duration in microseconds as ``HH:MM:SS`` (hours may take more digits)."""
     s = t_us // 1_000_000
     return f"{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal, where a bar redrawn in place reads well (False when
+    the stream cannot tell, or is closed)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def is_milestone(done: int, total: int) -> bool:
+    """Whether ``done`` of ``total`` steps gets a line on a sink that is not a terminal: the
+    first, each one that starts another tenth (``10 * done // total`` grows), and the last."""
+    return done <= 1 or done >= total or 10 * done // total != 10 * (done - 1) // total
+
+
+def write_progress(stream: TextIO, line: str, done: int, total: int,
+                   terminal: bool | None = None) -> None:
+    """Write one redraw ``line`` of a bar at ``done`` of ``total`` as suits ``stream``: on a
+    terminal as it is (carriage returns redraw it in place); elsewhere only at a milestone
+    (:func:`is_milestone`), as a line of its own (no carriage return, one newline).
+    ``terminal``: what :func:`is_terminal` said of the stream, when the caller knows."""
+    if terminal if terminal is not None else is_terminal(stream):
+        stream.write(line)
+    elif is_milestone(done, total):
+        stream.write(line.replace("\r", "").rstrip(" \n") + "\n")
+    else:
+        return
+    stream.flush()
 
 
 def _fmt(x: float, decimals: int) -> str:
@@ -126,7 +158,9 @@ def epoch_callback_progress_bar(
     t_start_us: int,
     stream: TextIO | None = None,
 ) -> None:
-    """Epoch callback that redraws a progress bar in place on ``stream`` (default stderr).
+    """Epoch callback that redraws a progress bar in place on ``stream`` (default stderr);
+    where the stream is not a terminal, a line at the start, every ~10 % and at the end
+    (:func:`write_progress`).
 
     Takes ggml's epoch-callback arguments in ggml's order; ``dataset`` is unused. A line
     reads ``train: [███▋    ] data=0001500/0003000 loss=0.06607±0.01276 acc=97.73±0.27%
@@ -153,6 +187,4 @@ def epoch_callback_progress_bar(
         result.accuracy(),
         time_us() - t_start_us,
     )
-    out = sys.stderr if stream is None else stream
-    out.write(line)
-    out.flush()
+    write_progress(sys.stderr if stream is None else stream, line, ibatch, ibatch_max)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 
 __all__ = ["Result"]
 
@@ -95,23 +96,13 @@ class Result:
             return acc, math.nan
         return acc, math.sqrt(acc * (1.0 - acc) / (self._ndata - 1))
 
-    def _check_eval(self, loss_per_datapoint: bool, opt_period: int, nd: int) -> None:
-        """Raise unless a batch of ``nd`` datapoints from such a context can be added."""
-        if self._ndata > 0 and (
-            self._loss_per_datapoint != loss_per_datapoint or self._opt_period != opt_period
-        ):
-            raise ShapeError(
-                "result holds evaluations of another kind of context: loss_per_datapoint="
-                f"{self._loss_per_datapoint}, opt_period={self._opt_period}; got "
-                f"loss_per_datapoint={loss_per_datapoint}, opt_period={opt_period} (ggml_opt_eval)"
-            )
-        if self._ndata != nd * len(self._loss):
-            raise ShapeError(
-                f"varying batch size not supported: result holds {self._ndata} datapoints in "
-                f"{len(self._loss)} batches, new batch has {nd} datapoints (ggml_opt_eval)"
-            )
+    def check_eval(self, loss_per_datapoint: bool, opt_period: int, nd: int) -> None:
+        """Raise unless a batch of ``nd`` datapoints from such a context can be added (what
+        :meth:`OptContext.eval` checks before it computes)."""
+        _check_kind(self._ndata, len(self._loss), self._loss_per_datapoint, self._opt_period,
+                    loss_per_datapoint, opt_period, nd)
 
-    def _add_eval(
+    def add_eval(
         self,
         loss_per_datapoint: bool,
         opt_period: int,
@@ -120,7 +111,7 @@ class Result:
         pred: np.ndarray | None,
         ncorrect: int | None,
     ) -> None:
-        """Record one evaluation; call :meth:`_check_eval` first."""
+        """Record one evaluation of ``nd`` datapoints; call :meth:`check_eval` first."""
         if self._ndata == 0:
             self._loss_per_datapoint = loss_per_datapoint
             self._opt_period = opt_period
@@ -132,3 +123,50 @@ class Result:
             self._ncorrect = -1
         else:
             self._ncorrect += int(ncorrect)
+
+    def merge(self, parts: Iterable[Result]) -> None:
+        """Append the evaluations of ``parts``, in order, as if this result had recorded them
+        (the batches several ranks evaluated, combined). All of them are checked before
+        anything changes: DTypeError for a part that is not a Result, ShapeError for one of
+        another kind of context or batch size."""
+        parts = list(parts)
+        ndata, nbatch = self._ndata, len(self._loss)
+        kind = (self._loss_per_datapoint, self._opt_period)
+        for part in parts:
+            if not isinstance(part, Result):
+                raise DTypeError(f"Result.merge: parts must be Result, got "
+                                 f"{type(part).__name__}")
+            if not part.ndata:
+                continue
+            _check_kind(ndata, nbatch, *kind, part._loss_per_datapoint, part._opt_period,
+                        part.ndata // len(part._loss))
+            if not ndata:
+                kind = (part._loss_per_datapoint, part._opt_period)
+            ndata, nbatch = ndata + part.ndata, nbatch + len(part._loss)
+        for part in parts:
+            if not part.ndata:
+                continue
+            if not self._ndata:
+                self._loss_per_datapoint, self._opt_period = kind
+            self._ndata += part.ndata
+            self._loss.extend(part._loss)
+            self._pred.extend(p.copy() for p in part._pred)
+            self._ncorrect = -1 if min(self._ncorrect, part._ncorrect) < 0 else \
+                self._ncorrect + part._ncorrect
+
+
+def _check_kind(ndata: int, nbatch: int, have_per_datapoint: bool, have_period: int,
+                loss_per_datapoint: bool, opt_period: int, nd: int) -> None:
+    """ShapeError unless ``nd`` datapoints of such a context may join ``ndata`` datapoints in
+    ``nbatch`` batches of the kind ``(have_per_datapoint, have_period)``."""
+    if ndata > 0 and (have_per_datapoint != loss_per_datapoint or have_period != opt_period):
+        raise ShapeError(
+            "result holds evaluations of another kind of context: loss_per_datapoint="
+            f"{have_per_datapoint}, opt_period={have_period}; got "
+            f"loss_per_datapoint={loss_per_datapoint}, opt_period={opt_period} (ggml_opt_eval)"
+        )
+    if ndata != nd * nbatch:
+        raise ShapeError(
+            f"varying batch size not supported: result holds {ndata} datapoints in "
+            f"{nbatch} batches, new batch has {nd} datapoints (ggml_opt_eval)"
+        )

@@ -28,7 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import DTypeError, InvalidValueError
-from ._checks import check_float32
+from .checks import check_float32
 from .params import OptimizerParams
 
 __all__ = ["Schedule", "ConstantLR", "EpochDecayLR", "WarmupCosineLR", "constant",

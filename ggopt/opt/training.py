@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..io.paths import check_output_path
 from ..tensor import Tensor
-from ._checks import check_int
+from .checks import check_int
 from .context import OptContext
 from .dataset import Dataset
 from .enums import LossType, OptimizerType

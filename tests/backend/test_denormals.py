@@ -1,4 +1,5 @@
-"""Flush-to-zero during graph computes (``ggopt/_denormals.py``, ``_kernels/_fpmode.pyx``).
+"""Flush-to-zero during graph computes (``ggopt/backend/cpu/denormals.py``,
+``_kernels/_fpmode.pyx``).
 
 1e-20 * 1e-20 = 1e-40 is subnormal in float32: a flushing compute writes 0, IEEE arithmetic
 (NumPy, or ggopt with ``set_flush_denormals(False)``) writes about 1e-40. Products, element-wise

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import ggopt
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 
 
 def _train(arch: str, n_threads: int) -> dict[str, np.ndarray]:

@@ -1,5 +1,4 @@
-"""A KeyboardInterrupt anywhere in a compute leaves the caller's floating-point mode as it was
-(issue 21, row 2).
+"""A KeyboardInterrupt anywhere in a compute leaves the caller's floating-point mode as it was.
 
 CPython raises a signal handler's exception (Ctrl-C's KeyboardInterrupt) only between two
 bytecodes of a Python function: at a function's start and after a call returns, among others.

@@ -212,20 +212,22 @@ def test_plan_cache_size_is_checked(bad, error):
 
 
 def test_dynamic_training_is_the_same_bits_with_and_without_shared_plans():
-    from ggopt.examples import llm_data, llm_model, llm_train
+    from ggopt.cli.llm import default_corpus_paths, read_corpus
+    from ggopt.lm import FinetuneParams, FineTuner, text_windows
+    from ggopt.models import llama
 
-    cfg = llm_model.Config(n_ctx=16, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48)
-    text = llm_data.read_corpus(llm_data.default_corpus_paths()[:1])[:3000]
+    cfg = llama.Config(n_ctx=16, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=48)
+    text = read_corpus(default_corpus_paths()[:1])[:3000]
     weights, compiles = [], []
     for size in (0, 8):
         f = Fixture(plan_cache=size)  # only for its counting scheduler
-        m = llm_model.build_model(cfg, f.sched)
-        llm_model.set_weights(m, llm_model.init_weights(cfg, 3), "test")
-        ds = llm_data.make_dataset(llm_data.tokenize(text), cfg.n_ctx, 8)
-        trainer = llm_train.Trainer(m, llm_train.TrainParams(n_batch=4, n_ubatch=2))
-        trainer.fit(ds, 2, silent=True)
-        trainer.close()
-        weights.append(llm_model.get_weights(m))
+        m = llama.build_model(cfg, f.sched)
+        llama.set_weights(m, llama.init_weights(cfg, 3), "test")
+        tuner = FineTuner(m, text_windows(list(text), cfg.n_ctx, 8),
+                          FinetuneParams(n_batch=4, n_ubatch=2, lr=3e-3, static=False))
+        tuner.fit(2)
+        tuner.close()
+        weights.append(llama.get_weights(m))
         compiles.append(f.compiles)
     for name in weights[0]:
         assert same_bits(weights[0][name], weights[1][name]), name

@@ -23,7 +23,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_import_ggopt_never_imports_mpi4py():
     proc = _python(
-        "import sys, ggopt, ggopt.opt, ggopt.distributed, ggopt.examples.mnist\n"
+        "import sys, ggopt, ggopt.opt, ggopt.distributed, ggopt.cli.mnist\n"
         "from ggopt.distributed import data_parallel, epoch\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mpi4py'))\n"
     )

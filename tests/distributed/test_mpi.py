@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from ggopt.examples import mnist_model
+from ggopt.models.mnist import model as mnist_model
 from tests.support.mpi import (
     errors,
     max_rel_diff,
@@ -178,7 +178,7 @@ def test_opt_period_must_split_over_the_ranks(tmp_path):
 
 
 def test_finetune_example_two_ranks_equal_one_process(tmp_path):
-    """python -m ggopt.examples.finetune under mpiexec -n 2 (issue 23's --dist): batch 2 of
+    """python -m ggopt.examples.finetune under mpiexec -n 2 (--dist): batch 2 of
     micro-batches of 1 window, one per rank per step, the all-reduce adding the two gradients
     one process adds: the same merged model, byte for byte; only rank 0 reports."""
     from ggopt.models import llama

@@ -17,7 +17,7 @@ from ggopt.io import idx
 
 ROOT = Path(__file__).resolve().parents[2]
 MNIST = ROOT / ".." / "shared" / "data" / "mnist"
-SUBSET = ROOT / "ggopt" / "examples" / "data"
+SUBSET = ROOT / "ggopt" / "models" / "mnist" / "subset"
 TYPE_CODES = {
     np.uint8: 0x08, np.int8: 0x09, np.int16: 0x0B, np.int32: 0x0C,
     np.float32: 0x0D, np.float64: 0x0E,

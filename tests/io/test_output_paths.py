@@ -1,4 +1,4 @@
-"""Output paths checked before any work (issue 21 row 9): every writer refuses with a GgoptError
+"""Output paths checked before any work: every writer refuses with a GgoptError
 what it could not write, instead of a raw OSError about a temporary file."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def test_plot_failing_mid_write_keeps_the_file(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from matplotlib.figure import Figure
 
-    from ggopt.examples.mnist_plot import plot_history
+    from ggopt.cli.plot import plot_history
 
     history = opt.FitHistory()
     for name in ("train", "val"):

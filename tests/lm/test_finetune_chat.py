@@ -1,4 +1,4 @@
-"""Chat SFT data (issue 23): the template rendered, the loss only on the assistant's tokens,
+"""Chat SFT data: the template rendered, the loss only on the assistant's tokens,
 bad files and templates refused."""
 
 from __future__ import annotations

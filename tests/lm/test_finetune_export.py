@@ -1,4 +1,4 @@
-"""Exporting a fine-tuned llama (issue 23): every key kept, --out-type, keep's original bytes."""
+"""Exporting a fine-tuned llama: every key kept, --out-type, keep's original bytes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A fine-tuned model in a real llama.cpp (issue 23): the merged GGUF's logits and the base with
+"""A fine-tuned model in a real llama.cpp: the merged GGUF's logits and the base with
 the LoRA adapter (``lora_path``) equal ggopt's to 1e-3 (F32 KV cache, flash attention off).
 
 Skipped unless ``GGOPT_INTEROP=1`` and ``llama_cpp`` imports."""

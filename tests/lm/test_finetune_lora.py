@@ -1,4 +1,4 @@
-"""LoRA (issue 23): B = 0 is the base exactly, its gradients by the chain rule from the full
+"""LoRA: B = 0 is the base exactly, its gradients by the chain rule from the full
 gradient, the frozen base has no accumulators or moments, llama.cpp's adapter file."""
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _training_steps(net):
 
 
 def test_adapters_add_no_full_width_pass():
-    """The slow LoRA step (issue 23): the scale applies to the r-row A x, and W x + B (s A x)
+    """The slow LoRA step: the scale applies to the r-row A x, and W x + B (s A x)
     is summed inside the B product's step; full-width scales and adds only as many as the
     full fine-tune has."""
     full_steps = _training_steps(tiny())

@@ -1,6 +1,6 @@
 """LoRA on a quantized base kept as the file stores it (``base_type="keep"``): the same training
 as on the F32-dequantized base, the memory report, and the fine-tune command's
-``--base-type keep`` (issue 24) on a tiny byte-vocabulary Q4_1 llama."""
+``--base-type keep`` on a tiny byte-vocabulary Q4_1 llama."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from gguf import GGUFReader
 
 import ggopt
+from ggopt.cli.finetune import main
 from ggopt.errors import StateError
-from ggopt.examples.finetune import main
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.lm.memory import memory_report

@@ -1,7 +1,6 @@
 """ggopt.lm: generation with a KV cache gives the full forward's logits and greedy tokens, builds
 its one-token graph once, holds only the slots it needs; perplexity is llama-perplexity's;
-sampling options and the CLI's generate/eval/tokenize refuse bad values naming the option
-(issue 21 rows 10 and 11)."""
+sampling options and the CLI's generate/eval/tokenize refuse bad values naming the option."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
+from ggopt.cli import llm
 from ggopt.errors import InvalidValueError, OutOfMemoryError, ShapeError
-from ggopt.examples import llm
 from ggopt.lm import Generator, SamplingParams, generate, perplexity, sample
 from ggopt.lm import generation as generate_module
 from ggopt.models import llama
@@ -61,7 +60,7 @@ def test_one_token_graph_is_planned_once(small, monkeypatch):
 
 
 def test_cache_holds_prompt_plus_new_tokens_only(tmp_path, monkeypatch):
-    # Issue 21 row 11: a 47 KB file with context_length 30000 allocated ctx^2 until a
+    # A 47 KB file with context_length 30000 allocated ctx^2 until a
     # MemoryError or the OOM killer; now the cache has prompt + n - 1 slots.
     path = tmp_path / "long.gguf"
     cfg = llama.Config(n_ctx=30000, n_embd=16, n_layer=1, n_head=2, n_head_kv=2, n_ff=32)
@@ -220,3 +219,18 @@ def test_chat_templates_render_and_fail_clearly(small):
 def test_cli_generate_chat_without_template(small, capsys):
     code, _, err = _run(capsys, "generate", "--model", str(small[2]), "--chat", "-n", "2")
     assert code == 1 and "no tokenizer.chat_template" in err
+
+
+def test_cli_eval_progress_suits_stderr_and_no_progress_silences_it(small, capsys, tmp_path):
+    _, _, path = small
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 2)
+    args = ["eval", "--model", str(path), "--text", str(text), "--ctx", "64"]
+    code, out, err = _run(capsys, *args)
+    assert code == 0 and "\r" not in err  # captured stderr is not a terminal: lines
+    lines = [line for line in err.splitlines() if line.startswith("eval: [")]
+    assert [line.split("]")[0] for line in lines] == [f"eval: [{i}/8" for i in range(1, 9)]
+    code, quiet_out, quiet_err = _run(capsys, *args, "--no-progress")
+    assert code == 0 and "eval: [" not in quiet_err
+    ppl = [line for line in out.splitlines() if line.startswith("perplexity: ")]
+    assert len(ppl) == 1 and ppl[0] in quiet_out

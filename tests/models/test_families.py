@@ -209,7 +209,7 @@ def test_kept_base_and_lora_run_every_family(tmp_path, arch):
 
 @pytest.mark.parametrize("arch", NAMES)
 def test_the_command_lines_run_every_family(tmp_path, arch, capsys):
-    from ggopt.examples import finetune, llm
+    from ggopt.cli import finetune, llm
     path, _ = _file(tmp_path, arch)
     text = tmp_path / "t.txt"
     text.write_bytes(text_tokens(400).astype(np.uint8).tobytes())

@@ -80,7 +80,7 @@ def test_unsupported_rope_scaling_is_refused(tmp_path, kind):
         llama.load(path)
 
 
-# Issue 21 row 12: keys of the wrong type were loaded and run ("8" refused as "expected 8,
+# Keys of the wrong type were loaded and run ("8" refused as "expected 8,
 # got 8"); llama.cpp's types are now enforced with messages naming the types.
 @pytest.mark.parametrize("key,value,found,expected", [
     ("llama.context_length", ("64", V.STRING), "str", "u32"),

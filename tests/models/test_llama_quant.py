@@ -143,7 +143,7 @@ def test_a_non_finite_block_scale_is_refused(tmp_path, qtype):
 
 
 def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_path, capsys):
-    from ggopt.examples import llm
+    from ggopt.cli import llm
 
     path = str(_file(tmp_path, Q.Q4_1))
     text = tmp_path / "t.txt"

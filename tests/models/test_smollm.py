@@ -58,7 +58,7 @@ def test_perplexity_within_half_a_percent_of_llama_cpp(smollm):
 
 
 def test_cli_tokenize_eval_generate_chat(tmp_path, capsys):
-    from ggopt.examples import llm
+    from ggopt.cli import llm
     from tools.smollm import GPL3
 
     path = str(q4_1_path())

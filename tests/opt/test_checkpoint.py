@@ -17,8 +17,8 @@ import ggopt
 from ggopt import opt
 from ggopt.backend import tensor_get
 from ggopt.errors import DTypeError, GgoptError, InvalidValueError, ShapeError, StateError
-from ggopt.examples import mnist_model
 from ggopt.io import gguf
+from ggopt.models.mnist import model as mnist_model
 from ggopt.opt import checkpoint, checkpoint_file
 from ggopt.opt.rng import Mt19937
 from tests.support import ckpt as h

@@ -1,4 +1,4 @@
-"""Checkpoints that cannot half-load, hang or hide corruption (issue 21 rows 1, 3, 4, 5, 7):
+"""Checkpoints that cannot half-load, hang or hide corruption:
 an all-zero generator state, a malformed loss accumulator, another model's checkpoint in a
 dynamic context, flipped bytes (checksums), and resuming a different run."""
 
@@ -191,7 +191,7 @@ def test_fit_refuses_to_resume_a_different_run(tmp_path):
 def test_cli_resume_force_flag():
     import argparse
 
-    from ggopt.examples import training_cli
+    from ggopt.cli import training_args as training_cli
 
     p = argparse.ArgumentParser()
     training_cli.add_training_args(p)

@@ -18,6 +18,7 @@ from ggopt import (
 from ggopt import backend as gb
 from ggopt.opt.training import fit_split
 from tests.support.opt_fixture import get_test_opt_pars, make_ctx_data
+from tests.support.terminal import Terminal
 from tests.support.threadcheck import (
     PARALLEL_ELEMENTS,
     count_new_threads,
@@ -126,7 +127,7 @@ def test_fit_history_sum_loss():
 
 def test_fit_output_matches_ggml_format():
     cd = make_ctx_data(opt.OptimizerType.SGD, init_opt_ctx=False)
-    stream = io.StringIO()
+    stream = Terminal()  # on a terminal the bars are ggml's, redrawn in place
     _fit(cd, silent=False, stream=stream)
     text = stream.getvalue()
     lines = text.split("\n")
@@ -144,6 +145,21 @@ def test_fit_output_matches_ggml_format():
     assert lines[4] == "ggml_opt_fit: epoch 0002/0002:"
     assert re.fullmatch(r"ggml_opt_fit: training took \d\d:\d\d:\d\d", lines[-2])
     assert lines[-1] == ""
+
+
+def test_fit_output_off_a_terminal_is_whole_lines():
+    cd = make_ctx_data(opt.OptimizerType.SGD, init_opt_ctx=False)
+    stream = io.StringIO()
+    _fit(cd, silent=False, stream=stream)
+    text = stream.getvalue()
+    assert "\r" not in text
+    lines = text.split("\n")
+    assert lines[0] == "ggml_opt_fit: epoch 0001/0002:"
+    # three batches: each is a milestone (the first, a new tenth, the last), one line each
+    assert [line.split(" loss=")[0] for line in lines[1:7]] == [
+        f"{part}[{bar}] data=000000{i}/0000003" for part in ("train: ", "val:   ")
+        for i, bar in ((1, "██▋     "), (2, "█████▎  "), (3, "███████▉"))]
+    assert re.fullmatch(r"ggml_opt_fit: training took \d\d:\d\d:\d\d", lines[-2])
 
 
 def test_fit_silent_prints_nothing(capsys):

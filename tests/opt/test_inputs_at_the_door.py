@@ -1,4 +1,4 @@
-"""Public opt values checked where they enter (issue 21 rows 6, 9 and 13): optimizer values and
+"""Public opt values checked where they enter: optimizer values and
 schedule constants in float32, the kernels' type; fit's checkpoint path and a run's rates before
 training; batch destinations before anything is copied."""
 

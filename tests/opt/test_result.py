@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from ggopt.errors import ShapeError
+from ggopt.errors import DTypeError, ShapeError
 from ggopt.opt.result import Result
 
 
 def _feed(result, losses, *, per_datapoint=False, opt_period=1, nd=1, pred=None, ncorrect=None):
     for k, loss in enumerate(losses):
-        result._check_eval(per_datapoint, opt_period, nd)
-        result._add_eval(
+        result.check_eval(per_datapoint, opt_period, nd)
+        result.add_eval(
             per_datapoint,
             opt_period,
             nd,
@@ -126,7 +126,7 @@ def test_varying_batch_size_rejected_without_change():
     r = Result()
     _feed(r, [1.0], nd=2)
     with pytest.raises(ShapeError, match="varying batch size"):
-        r._check_eval(False, 1, 3)
+        r.check_eval(False, 1, 3)
     assert r.ndata == 2 and r.loss()[0] == 1.0
 
 
@@ -135,5 +135,53 @@ def test_other_context_kind_rejected(per_datapoint, opt_period):
     r = Result()
     _feed(r, [1.0])
     with pytest.raises(ShapeError, match="another kind of context"):
-        r._check_eval(per_datapoint, opt_period, 1)
+        r.check_eval(per_datapoint, opt_period, 1)
+    assert r.ndata == 1
+
+
+def _state(r: Result):
+    return r.ndata, r.loss(), r.accuracy(), r.pred().tolist()
+
+
+def test_merge_equals_recording_the_parts_in_order():
+    losses, preds, ncorrect = [1.5, 2.0, 0.25, 3.0], [[1, 2], [3, 4], [5, 6], [7, 8]], [1, 2, 0, 1]
+    whole = Result()
+    _feed(whole, losses, per_datapoint=True, opt_period=2, nd=2, pred=preds, ncorrect=ncorrect)
+    a, b, empty, merged = Result(), Result(), Result(), Result()
+    _feed(a, losses[:1], per_datapoint=True, opt_period=2, nd=2, pred=preds[:1],
+          ncorrect=ncorrect[:1])
+    _feed(b, losses[1:], per_datapoint=True, opt_period=2, nd=2, pred=preds[1:],
+          ncorrect=ncorrect[1:])
+    merged.merge([a, empty, b])
+    assert _state(merged) == _state(whole)
+    assert a.ndata == 2 and b.ndata == 6  # the parts are unchanged
+
+
+def test_merge_without_accuracy_keeps_none():
+    a, b = Result(), Result()
+    _feed(a, [1.0], ncorrect=[1])
+    _feed(b, [2.0])  # no accuracy (not CROSS_ENTROPY)
+    a.merge([b])
+    assert a.ndata == 2 and a.loss()[0] == 3.0 and math.isnan(a.accuracy()[0])
+
+
+@pytest.mark.parametrize("kwargs, match", [({"opt_period": 2}, "another kind of context"),
+                                           ({"per_datapoint": True}, "another kind"),
+                                           ({"nd": 3}, "varying batch size")])
+def test_merge_refuses_other_kinds_before_anything_changes(kwargs, match):
+    r, good, bad = Result(), Result(), Result()
+    _feed(r, [1.0])
+    _feed(good, [2.0])
+    _feed(bad, [3.0], **kwargs)
+    before = _state(r)
+    with pytest.raises(ShapeError, match=match):
+        r.merge([good, bad])
+    assert _state(r) == before
+
+
+def test_merge_refuses_what_is_not_a_result():
+    r = Result()
+    _feed(r, [1.0])
+    with pytest.raises(DTypeError, match="parts must be Result, got float"):
+        r.merge([1.0])  # type: ignore[list-item]
     assert r.ndata == 1

@@ -15,7 +15,8 @@ import numpy as np
 import ggopt
 from ggopt import opt
 from ggopt.backend import tensor_get
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 from tests.support.state import observable_state
 
 NBATCH_LOGICAL = 1000

@@ -19,7 +19,8 @@ import ggopt
 from ggopt import distributed as dist
 from ggopt import ops as g
 from ggopt.backend import Scheduler, alloc_ctx_tensors, cpu_init, tensor_get, tensor_set
-from ggopt.examples import mnist_data, mnist_model
+from ggopt.models.mnist import data as mnist_data
+from ggopt.models.mnist import model as mnist_model
 from ggopt.opt import Dataset, LossType, OptimizerType, get_default_optimizer_params
 
 

@@ -1,5 +1,5 @@
 """A float64 NumPy forward of the byte-level llama (llama.cpp's math, written from its formulas):
-the reference for ggopt's logits in tests/examples/test_llm.py and the interop test."""
+the reference for ggopt's logits in tests/cli/test_llm.py and the interop test."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The shared fixture of ggml's test-opt (``helper_get_ctx_data``), for tests/test_opt_*.py.
+"""The shared fixture of ggml's test-opt (``helper_get_ctx_data``), for the tests in tests/opt/.
 
 Model: ``outputs = scale(add(inputs, weights), 1.0)`` with a single parameter ``weights``
 starting at ``ndata/2 = 3``; ``inputs`` has ``nbatch_physical`` elements, so ``outputs.ne[1]

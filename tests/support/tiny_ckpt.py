@@ -11,8 +11,8 @@ import numpy as np
 import ggopt
 from ggopt import opt
 from ggopt.backend import alloc_ctx_tensors, tensor_set
-from ggopt.examples import mnist_model
 from ggopt.io import gguf
+from ggopt.models.mnist import model as mnist_model
 from ggopt.opt import checkpoint_file
 from tests.support.state import observable_state
 

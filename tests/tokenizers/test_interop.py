@@ -1,7 +1,7 @@
 """ggopt.tokenizers against a real llama.cpp (``llama-cpp-python``, vocabulary only).
 
 Skipped unless ``GGOPT_INTEROP=1``: ``GGOPT_INTEROP=1 python -m pytest -m interop
-tests/test_tokenizers_interop.py``. ``Llama.tokenize(text, add_bos, special)`` is
+tests/tokenizers/test_interop.py``. ``Llama.tokenize(text, add_bos, special)`` is
 ``llama_tokenize(add_special, parse_special)``.
 """
 

@@ -64,7 +64,7 @@ def test_smollm2_exact_ids():
     assert (tok.model, tok.pre, tok.n_vocab, tok.bos, tok.eos) == ("gpt2", "smollm", 49152, 1, 2)
     assert not tok.add_bos and not tok.add_eos
     # the ids of llama.cpp's smollm pre-tokenizer: every digit alone, then GPT-2's regex
-    # (derived with the `tokenizers` package built as docs/pretrained.md describes)
+    # (derived with Hugging Face's `tokenizers` package)
     assert tok.encode("Hello world") == [19556, 905]
     assert tok.encode(" Hello World!\n\n12345 apples") == [38699, 2260, 17, 1116, 33, 34, 35,
                                                             36, 37, 13855]

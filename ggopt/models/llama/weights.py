@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from ...errors import DTypeError, InvalidValueError, ShapeError
+from ...opt.progress import is_terminal, write_progress
 
 __all__ = ["SUPPORTED_TYPES", "open_reader", "tensor_table", "check_tensors", "as_f32",
            "check_finite", "iter_f32", "ProgressBar"]
@@ -113,22 +114,26 @@ def iter_f32(table: dict[str, Any], shapes: dict[str, tuple[int, ...]], where: s
 
 
 class ProgressBar:
-    """``load: [#####.....] 136/272 tensors, 46 MB`` on ``stream``, redrawn in place."""
+    """``load: [#####.....] 136/272 tensors, 46 MB`` on ``stream``: redrawn in place on a
+    terminal; elsewhere a line at the start, every ~10 % and at the end
+    (:func:`ggopt.opt.progress.write_progress`)."""
 
     WIDTH = 30
 
     def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total, self.stream, self.nbytes = total, stream or sys.stderr, 0
         self._shown = -1
+        self._terminal = is_terminal(self.stream)
 
     def update(self, done: int, nbytes: int) -> None:
         self.nbytes += nbytes
         filled = math.floor(self.WIDTH * done / max(self.total, 1))
-        if filled == self._shown and done != self.total:
-            return
-        self._shown = filled
+        if self._terminal:
+            if filled == self._shown and done != self.total:
+                return
+            self._shown = filled
         bar = "#" * filled + "." * (self.WIDTH - filled)
         end = "\n" if done == self.total else ""
-        self.stream.write(f"\rload: [{bar}] {done}/{self.total} tensors, "
-                          f"{self.nbytes / 1e6:.0f} MB{end}")
-        self.stream.flush()
+        write_progress(self.stream, f"\rload: [{bar}] {done}/{self.total} tensors, "
+                                    f"{self.nbytes / 1e6:.0f} MB{end}", done, self.total,
+                       self._terminal)

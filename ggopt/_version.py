@@ -1,0 +1,4 @@
+"""ggopt's version: the one place it is written (``pyproject.toml`` reads it, ``ggopt --version``
+prints it)."""
+
+__version__ = "0.1.0"

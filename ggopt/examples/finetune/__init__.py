@@ -1,0 +1,1 @@
+"""``python -m ggopt.examples.finetune``: the old name of ``ggopt.cli.finetune``."""

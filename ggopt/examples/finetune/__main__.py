@@ -1,0 +1,3 @@
+from ggopt.cli.finetune import main
+
+raise SystemExit(main())

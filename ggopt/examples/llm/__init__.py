@@ -1,0 +1,1 @@
+"""``python -m ggopt.examples.llm``: the old name of ``ggopt.cli.llm``."""

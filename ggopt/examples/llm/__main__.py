@@ -1,0 +1,3 @@
+from ggopt.cli.llm import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""``python -m ggopt.examples.mnist``: the old name of ``ggopt.cli.mnist``."""

@@ -1,0 +1,3 @@
+from ggopt.cli.mnist import main
+
+raise SystemExit(main())
