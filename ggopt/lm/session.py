@@ -1,8 +1,8 @@
 """A fine-tune in a few calls (:class:`FineTune`): load a llama GGUF, attach a LoRA adapter or
 not, text or chat data, fit with a progress bar, validation every N steps, early stopping and
 the best state kept, save the adapter and the merged GGUF, generate. The fine-tune command
-(``ggopt finetune``, :mod:`ggopt.cli.finetune`) does the same with every option; the parts are public
-(:mod:`.windows`, :mod:`.chat`, :mod:`.finetune`, :mod:`.controls`, :mod:`.lora`,
+(``ggopt finetune``, :mod:`ggopt.cli.finetune`) does the same with every option; the parts
+are public (:mod:`.windows`, :mod:`.chat`, :mod:`.finetune`, :mod:`.controls`, :mod:`.lora`,
 :mod:`.export`).
 """
 
