@@ -5,9 +5,12 @@ the measured numbers).
 
 On the F32 copy (``ggopt.models.llama.write_f32``) the logits agree to 1e-3 on 128 tokens of
 GPL-3, fed at once and the last 32 one at a time (generation's one-token products), and greedy
-generation of 32 tokens is identical; on the Q4_1 file as shipped llama.cpp
-rounds the activations to 8 bits for its Q4_1/Q8_0 products, so its logits differ from ggopt's
-(dequantized, F32) by that rounding. Perplexity of GPL-3 at ctx 256: within 0.5 %.
+generation of 32 tokens is identical. On the Q4_1 file as shipped both round the activations
+to 8 bits for the Q4_1/Q8_0 products (ggopt's integer products equal llama.cpp's on the same
+inputs: tests/kernels/test_quant_dot_interop.py), but the rounding turns the other ops'
+float-rounding differences (1e-7) into whole 8-bit steps, so the logits still differ by up to
+about 2 (a 1-ulp change of one norm weight moves ggopt's own logits as much: see
+docs/quantized-products.md). Perplexity of GPL-3 at ctx 256: within 0.5 %.
 """
 
 from __future__ import annotations
@@ -64,10 +67,11 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
 
 
-def test_q4_1_difference_is_activation_rounding(setup):
-    model, _, ids = setup
+def test_q4_1_kept_logits_near_llama_cpp(setup):
+    _, _, ids = setup
     q4 = llama_cpp_model(q4_1_path(), 256)
-    ours, theirs = llama.logits(model, ids[:128]), _cpp_logits(q4, ids[:128])
+    kept = llama.load(q4_1_path(), progress=False, base_type="keep")
+    ours, theirs = llama.logits(kept, ids[:128]), _cpp_logits(q4, ids[:128])
     diff = np.abs(ours - theirs)
     print(f"\nQ4_1 as shipped: largest logit difference {diff.max():.3g}, mean "
           f"{diff.mean():.3g}; logits span {np.ptp(theirs):.1f}")
