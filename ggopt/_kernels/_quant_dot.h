@@ -239,19 +239,27 @@ static inline int32_t ggopt_code_offset(int wtype) {
     return wtype == GGOPT_Q4_0 ? 8 : (wtype == GGOPT_Q5_0 ? 16 : 0);
 }
 
-/* dp[lane] += sum over e in [e0, e1) of code(lane, e) * a[e]: codes unsigned (u8) against
-   signed activations, or (sgn) signed codes against biased u8 activations; lanes innermost
-   so that the loops vectorize */
+/* dp[lane] += sum over e in [e0, e1) (multiples of 4) of code(lane, e) * a[e]: codes unsigned
+   (u8) against signed activations, or (sgn) signed codes against biased u8 activations. Each
+   lane's 4 codes are one 32-bit word, taken apart with shifts, so that the loop over the 16
+   lanes vectorizes. */
 static inline __attribute__((always_inline)) void ggopt_dp_lanes(
         const uint8_t *codes, const int8_t *a, int e0, int e1, int sgn, int32_t *dp) {
-    for (int e = e0; e < e1; e++) {
-        const uint8_t *c = codes + (e >> 2) * (4 * GGOPT_LANES) + (e & 3);
+    for (int e = e0; e < e1; e += 4) {
+        const uint8_t *c = codes + (e >> 2) * (4 * GGOPT_LANES);
+        uint32_t w[GGOPT_LANES];
+        memcpy(w, c, sizeof w);
         if (sgn) {
-            int32_t av = (int32_t)(uint8_t)a[e];
-            for (int l = 0; l < GGOPT_LANES; l++) dp[l] += av * (int32_t)(int8_t)c[4 * l];
+            int32_t a0 = (uint8_t)a[e], a1 = (uint8_t)a[e + 1], a2 = (uint8_t)a[e + 2],
+                    a3 = (uint8_t)a[e + 3];
+            for (int l = 0; l < GGOPT_LANES; l++)
+                dp[l] += a0 * ((int32_t)(w[l] << 24) >> 24) + a1 * ((int32_t)(w[l] << 16) >> 24)
+                       + a2 * ((int32_t)(w[l] << 8) >> 24) + a3 * ((int32_t)w[l] >> 24);
         } else {
-            int32_t av = (int32_t)a[e];
-            for (int l = 0; l < GGOPT_LANES; l++) dp[l] += av * (int32_t)c[4 * l];
+            int32_t a0 = a[e], a1 = a[e + 1], a2 = a[e + 2], a3 = a[e + 3];
+            for (int l = 0; l < GGOPT_LANES; l++)
+                dp[l] += a0 * (int32_t)(w[l] & 0xff) + a1 * (int32_t)((w[l] >> 8) & 0xff)
+                       + a2 * (int32_t)((w[l] >> 16) & 0xff) + a3 * (int32_t)(w[l] >> 24);
         }
     }
 }

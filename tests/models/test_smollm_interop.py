@@ -22,7 +22,14 @@ import pytest
 
 from ggopt.lm import Generator, SamplingParams, generate, perplexity
 from ggopt.models import llama
-from tools.smollm import GPL3, f32_path, llama_cpp_model, llama_cpp_perplexity, q4_1_path
+from tools.smollm import (
+    GPL3,
+    f32_path,
+    llama_cpp_model,
+    llama_cpp_perplexity,
+    q4_1_path,
+    quantized_path,
+)
 
 pytestmark = [
     pytest.mark.interop,
@@ -88,3 +95,23 @@ def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     print(f"\nGPL-3 ctx 256 ({ours.n_chunks} windows): ggopt {ours.ppl:.4f} +/- "
           f"{ours.ppl_err:.4f}, llama.cpp {theirs:.4f}; {ours.tokens_per_second:.0f} tokens/s")
     assert abs(ours.ppl / theirs - 1) < 0.005
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
+def test_files_of_llama_cpp_s_quantizer_kept(setup, ftype):
+    """Q8_0 and Q4_K_M files (Q4_K, Q6_K, Q5_0, Q8_0 matrices) made by llama.cpp, kept:
+    logits near llama.cpp's and GPL-3's perplexity at ctx 256 within 0.5 % of it."""
+    _, _, ids = setup
+    path = quantized_path(ftype)
+    cpp = llama_cpp_model(path, 256)
+    kept = llama.load(path, progress=False, base_type="keep")
+    ours, theirs = llama.logits(kept, ids[:128]), _cpp_logits(cpp, ids[:128])
+    diff = np.abs(ours - theirs)
+    agree = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
+    ppl, want = perplexity(kept, ids, 256).ppl, llama_cpp_perplexity(cpp, ids, 256)
+    print(f"\n{ftype} kept: logits max {diff.max():.3g} mean {diff.mean():.3g}, top-1 "
+          f"{100 * agree:.1f} %; GPL-3 ctx 256 ggopt {ppl:.4f}, llama.cpp {want:.4f} "
+          f"({100 * (ppl / want - 1):+.3f} %)")
+    assert diff.max() < 0.05 * np.ptp(theirs) and agree > 0.9
+    assert abs(ppl / want - 1) < 0.005
