@@ -142,7 +142,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ge.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped)")
+                         "stores them (quantized, mapped), multiplied as llama.cpp's CPU "
+                         "backend does (activations rounded to 8 bits)")
     ge.set_defaults(func=_generate)
 
     ev = sub.add_parser("eval", help="perplexity on text, as llama-perplexity")
@@ -153,7 +154,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ev.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped)")
+                         "stores them (quantized, mapped), multiplied as llama.cpp's CPU "
+                         "backend does (activations rounded to 8 bits)")
     ev.set_defaults(func=_eval)
 
     to = sub.add_parser("tokenize", help="print token ids as llama-tokenize --ids")
