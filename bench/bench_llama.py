@@ -164,3 +164,33 @@ def test_eval(benchmark, ratio_to, impl, f32_model):
     benchmark.extra_info["tokens_per_second"] = round(
         2 * EVAL_CTX / benchmark.stats.stats.median, 1) if benchmark.stats else None
     ratio_to(impl, llama_cpp=None)
+
+
+@pytest.mark.benchmark(group=f"generate {N_GEN} tokens, SmolLM2 Q4_1 kept, alternating rounds")
+def test_generate_q4_1_kept_alternating(benchmark):
+    """The shipped Q4_1 file kept (``base_type="keep"``: ggml's integer products) against
+    llama.cpp on the same file, alternating rounds as test_generate_alternating; stores both
+    sides' minimum seconds and the ratios of llama.cpp's time to ggopt's (above 1: ggopt is
+    faster). The greedy tokens may differ: the 8-bit rounding of the activations turns float
+    rounding differences into whole steps (docs/quantized-products.md)."""
+    path = q4_1_path()
+    kept = llama.load(path, progress=False, base_type="keep")
+    llm = llama_cpp_model(path, len(PROMPT) + N_GEN + 1)
+    llm.set_cache(None)
+    llm.n_threads = ggopt.get_n_threads()
+    wall: dict[str, list[float]] = {"ggopt": [], "llama_cpp": []}
+
+    def one_round() -> None:
+        for impl, fn in (("llama_cpp", lambda: _greedy_cpp(llm)),
+                         ("ggopt", lambda: _greedy_ggopt(kept))):
+            t0 = time.perf_counter()
+            assert len(fn()) == N_GEN
+            wall[impl].append(time.perf_counter() - t0)
+
+    benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
+    ours, theirs = np.array(wall["ggopt"]), np.array(wall["llama_cpp"])
+    benchmark.extra_info["ggopt_min_s"] = round(float(ours.min()), 4)
+    benchmark.extra_info["llama_cpp_min_s"] = round(float(theirs.min()), 4)
+    benchmark.extra_info["min_ratio_vs_llama_cpp"] = round(float(theirs.min() / ours.min()), 3)
+    benchmark.extra_info["median_ratio_vs_llama_cpp"] = round(
+        float(np.median(theirs / ours)), 3)

@@ -1,7 +1,9 @@
 """Products of a quantized weight (``_kernels/_quant.pyx``) beside the F32 product, at
 SmolLM2's FFN shapes with 256 tokens (a LoRA batch of 1 x 256): ffn_up (576 -> 1536) for the
 32-element block types Q8_0 and Q4_1, ffn_down (1536 -> 576, rows of whole 256-element
-super-blocks) for the K-quants Q4_K and Q6_K.
+super-blocks) for those and the K-quants Q4_K and Q6_K. The forward is ggml's integer product
+(activations rounded to 8 bits, ``mul_mat_q8``; checked against the NumPy port), the gradient
+``grad_x`` the dequantized F32 product.
 
 Each group runs the F32 graph first, then the quantized graphs (one-node graphs computed by
 the scheduler on ``GGOPT_BENCH_THREADS`` threads, default 2); the quantized rows store their
@@ -18,6 +20,7 @@ from gguf.constants import GGMLQuantizationType as GQT
 
 import ggopt
 from ggopt import backend as gb
+from ggopt.backend.array.ops.quant import int_product
 from ggopt.types import F32, GGType
 from tools.kquants import gguf_values, k_blocks
 
@@ -27,7 +30,7 @@ N = 256
 ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
 #: (input size K, output size M) and the types of each group
 SHAPES = {"ffn_up": ((576, 1536), ["f32", "q8_0", "q4_1"]),
-          "ffn_down": ((1536, 576), ["f32", "q4_k", "q6_k"])}
+          "ffn_down": ((1536, 576), ["f32", "q8_0", "q4_1", "q4_k", "q6_k"])}
 ROWS = [(shape, impl) for shape, (_, impls) in SHAPES.items() for impl in impls]
 
 
@@ -60,7 +63,9 @@ def _graph(impl: str, case: str, K: int, M: int):
     gb.tensor_set(tw, data)
     gb.tensor_set(tx, x if case == "forward" else g)
     cctx = ggopt.Context()
-    if case == "forward":  # y = x W^T
+    if case == "forward" and qtype.is_quantized:  # y = x W^T, ggml's integer product
+        out, expected = ggopt.mul_mat(cctx, tw, tx), int_product(data, int(qtype), x)
+    elif case == "forward":
         out, expected = ggopt.mul_mat(cctx, tw, tx), x @ wd.T
     else:  # dx = g W: mul_mat's backward rule for x
         out, expected = ggopt.out_prod(cctx, tw, ggopt.transpose(cctx, tx)), g @ wd

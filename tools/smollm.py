@@ -79,3 +79,25 @@ def llama_cpp_perplexity(llm, ids: list[int], n_ctx: int) -> float:
         lse = np.log(np.exp(z - zmax).sum(-1)) + zmax[:, 0]
         nll.append(lse - z[np.arange(len(z)), window[first + 1:]])
     return float(np.exp(np.concatenate(nll).mean()))
+
+
+#: llama.cpp's file types (``llama_ftype``) that ``quantized_path`` makes
+LLAMA_FTYPES = {"Q8_0": 7, "Q4_K_M": 15}
+
+
+def quantized_path(ftype: str) -> Path:
+    """SmolLM2 quantized to ``ftype`` (a key of LLAMA_FTYPES) by llama.cpp's own quantizer
+    (``llama_model_quantize`` of llama-cpp-python) from the F32 copy; made once, cached."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    src = f32_path()
+    dst = cache_dir() / F32_NAME.replace("F32", ftype)
+    if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
+        low = llama_cpp.llama_cpp
+        params = low.llama_model_quantize_default_params()
+        params.ftype = LLAMA_FTYPES[ftype]
+        params.nthread = 2
+        tmp = dst.with_suffix(".part")
+        if low.llama_model_quantize(str(src).encode(), str(tmp).encode(), params) != 0:
+            raise RuntimeError(f"llama_model_quantize failed for {ftype}")
+        tmp.replace(dst)
+    return dst

@@ -1,6 +1,7 @@
 """Quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants Q4_K and Q6_K, whose
 256-element super-blocks are read, never written): conversion to and from float32, row
-gathers, and the products of a quantized weight with float32 activations.
+gathers, and the products of a quantized weight with float32 activations (``*_quantized``;
+ggml's integer products, which mul_mat computes, are ``_quant_dot.pyx``).
 
 The block arithmetic is in ``_quant_blocks.h`` (ggml's reference quantizer and dequantizer)
 and ``_quant_kblocks.h`` (the K-quants' dequantizer).

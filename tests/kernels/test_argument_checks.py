@@ -32,6 +32,7 @@ from ggopt._kernels import (
     _pointwise,
     _pool,
     _quant,
+    _quant_dot,
     _reduce,
     _rope,
     _softmax,
@@ -374,6 +375,7 @@ def _quant_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
     blocks = np.zeros((2, 3, 4, 68), np.uint8)  # zero scales: every value 0
     values, rows = _f32(2, 3, 4, 64), np.full((2, 3, 4, 64), 7.0, np.float32)
     out_mm, out_op = np.full((5, 4), 7.0, np.float32), np.full((5, 64), 7.0, np.float32)
+    act_q = np.full((5, 64), 7, np.int8)
     return {
         "dequantize_rows": (rows, lambda n: _quant.dequantize_rows(blocks, q8, rows, n)),
         "quantize_rows": (blocks, lambda n: _quant.quantize_rows(values, q8, blocks, n)),
@@ -383,6 +385,11 @@ def _quant_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
             blocks[0, 0], q8, _f32(5, 64), out_mm, n)),
         "out_prod_quantized": (out_op, lambda n: _quant.out_prod_quantized(
             blocks[0, 0], q8, _f32(5, 4), out_op, n)),
+        "mul_mat_q8": (out_mm, lambda n: _quant_dot.mul_mat_q8(blocks[0, 0], q8, _f32(5, 64),
+                                                           out_mm, n)),
+        "quantize_activations": (act_q, lambda n: _quant_dot.quantize_activations(
+            _f32(5, 64), q8, act_q, np.zeros((5, 2), np.float32), np.zeros((5, 2), np.float32),
+            np.zeros((5, 4), np.int32), n)),
     }
 
 
@@ -408,12 +415,13 @@ def test_every_kernel_takes_valid_thread_counts(name):
 def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
     modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _lowp, _norm,
-               _optim, _pool, _pointwise, _quant, _reduce, _rope, _softmax]
-    settings = {"available", "kernel", "set_kernel"}  # _lowp's kernel choice, no work of their own
+               _optim, _pool, _pointwise, _quant, _quant_dot, _reduce, _rope, _softmax]
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
-              and getattr(getattr(mod, name), "__module__", None) == mod.__name__} - settings
-    assert public == set(KERNELS)
+              and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
+    # the kernel choices of _lowp and _quant_dot: switches, no work of their own
+    switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel"}
+    assert public - switches == set(KERNELS)
 
 
 @pytest.mark.parametrize("name", ["get_rows", "im2col", "pool_2d", "unary", "sum_all", "copy"])

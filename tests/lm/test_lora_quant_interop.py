@@ -43,22 +43,31 @@ def _cpp_logits(path, lora_path=None):
     return np.asarray(llm.scores[:len(IDS)], np.float32)
 
 
-@pytest.fixture(scope="module")
-def adapted(tmp_path_factory):
-    model = llama.load(q4_1_path(), progress=False, base_type="keep")
+def _adapted(base_type: str, path: Path | None = None):
+    """(logits without, with the adapter) of the Q4_1 file loaded as ``base_type`` with one
+    seeded adapter (saved to ``path`` when given)."""
+    model = llama.load(q4_1_path(), progress=False, base_type=base_type)
     base = llama.logits(model, IDS)
     ad = lora.create(model.net, 8, 16.0, seed=0)
     rng = np.random.default_rng(7)
-    for t in ad.b.values():  # a trained-looking adapter
+    for t in ad.b.values():  # a trained-looking adapter (the same values every time)
         gb.tensor_set(t, (rng.standard_normal((t.ne[1], t.ne[0])) * 0.05).astype(np.float32))
     lora.attach(model.net, ad)
+    if path is not None:
+        lora.save(path, ad)
+    return base, llama.logits(model, IDS)
+
+
+@pytest.fixture(scope="module")
+def adapted(tmp_path_factory):
     path = tmp_path_factory.mktemp("lora") / "adapter.gguf"
-    lora.save(path, ad)
-    return base, llama.logits(model, IDS), path
+    base, ours = _adapted("keep", path)
+    return base, ours, path
 
 
 def test_adapter_on_the_f32_copy_equals_ggopt_to_1e_3(adapted):
-    _, ours, path = adapted
+    _, _, path = adapted
+    _, ours = _adapted("f32")  # the dequantized load: F32 products, as on the F32 copy
     diff = float(np.abs(_cpp_logits(f32_path(), path) - ours).max())
     print(f"\nF32 copy + adapter: largest logit difference {diff:.3g}")
     assert diff < 1e-3

@@ -1,6 +1,7 @@
 """``llama.load(path, base_type="keep")``: small random quantized llamas keep the file's types
-(matrices mapped read-only, no copy; norms F32), compute the logits, generations and
-perplexities of the dequantized F32 load, and refuse what a frozen quantized base cannot do."""
+(matrices mapped read-only, no copy; norms F32), compute their products as ggml does (the
+activations rounded to 8 bits: logits within the rounding of the dequantized F32 load's, not
+equal to them), and refuse what a frozen quantized base cannot do."""
 
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ def _file(tmp_path, qtype, embd=Q.Q8_0, cfg=CFG):
     return path
 
 
+def _assert_q8_rounding(got: np.ndarray, want: np.ndarray, rel: float = 0.05) -> None:
+    """``got`` (a kept model's logits) are ``want`` (the F32 load's) moved by the 8-bit
+    rounding of the activations (the tied Q8_0 output head's at least): not equal, within
+    ``rel`` of their largest magnitude."""
+    diff = float(np.abs(got - want).max())
+    assert 0 < diff < rel * np.abs(want).max()
+
+
 @pytest.mark.parametrize("qtype", KERNEL_TYPES)
-def test_keep_maps_the_matrices_and_gives_the_f32_logits(tmp_path, qtype):
+def test_keep_maps_the_matrices_and_rounds_like_ggml(tmp_path, qtype):
     path = _file(tmp_path, qtype)
     f32 = llama.load(path, progress=False)
     kept = llama.load(path, progress=False, base_type="keep")
@@ -55,7 +64,7 @@ def test_keep_maps_the_matrices_and_gives_the_f32_logits(tmp_path, qtype):
                                       .view(w.numpy().dtype))
     want = llama.logits(f32, IDS)
     got = llama.logits(kept, IDS)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    _assert_q8_rounding(got, want)
     assert not any(t.flags & FLAG_PARAM for t in kept.net.params.values())
     for name, arr in llama.get_weights(kept.net).items():  # dequantized for export
         np.testing.assert_array_equal(arr, llama.get_weights(f32.net)[name])
@@ -76,21 +85,22 @@ def test_keep_dequantizes_types_without_kernels(tmp_path):
         else:
             assert w.type is ggopt.F32 and not is_read_only(w)
     f32 = llama.load(path, progress=False)
-    want = llama.logits(f32, IDS)
-    np.testing.assert_allclose(llama.logits(kept, IDS), want, rtol=0,
-                               atol=1e-4 * np.abs(want).max())
+    # random K-quant blocks make logits of a few hundred; the rounding moves them by ~20 %
+    _assert_q8_rounding(llama.logits(kept, IDS), llama.logits(f32, IDS), rel=0.3)
 
 
-def test_keep_generates_and_evaluates_as_the_f32_load(tmp_path):
+def test_keep_generates_its_own_greedy_tokens_and_evaluates_near_the_f32_load(tmp_path):
     path = _file(tmp_path, Q.Q4_1)
     f32 = llama.load(path, progress=False)
     kept = llama.load(path, progress=False, base_type="keep")
     greedy = SamplingParams(temp=0)
-    assert generate(kept, list(IDS[:5]), 12, greedy).tokens == \
-        generate(f32, list(IDS[:5]), 12, greedy).tokens
-    ids = list(np.random.default_rng(3).integers(0, 256, 200))
-    a, b = perplexity(f32, ids, 32), perplexity(kept, ids, 32)
-    assert b.n_chunks == a.n_chunks and abs(b.ppl / a.ppl - 1) < 1e-5
+    ids = list(IDS[:5])
+    for _ in range(6):  # one token at a time against the whole prompt each time
+        ids.append(int(np.argmax(llama.logits(kept, ids)[-1])))
+    assert generate(kept, list(IDS[:5]), 6, greedy).tokens == ids[5:]
+    text = list(np.random.default_rng(3).integers(0, 256, 200))
+    a, b = perplexity(f32, text, 32), perplexity(kept, text, 32)
+    assert b.n_chunks == a.n_chunks and 0 < abs(b.ppl / a.ppl - 1) < 0.01
 
 
 def test_kept_logits_are_the_same_bits_for_1_and_2_threads(tmp_path):
@@ -142,7 +152,7 @@ def test_a_non_finite_block_scale_is_refused(tmp_path, qtype):
         llama.load(path, progress=False, base_type="keep")
 
 
-def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_path, capsys):
+def test_cli_generate_and_eval_with_base_type_keep(tmp_path, capsys):
     from ggopt.cli import llm
 
     path = str(_file(tmp_path, Q.Q4_1))
@@ -158,7 +168,9 @@ def test_cli_generate_and_eval_with_base_type_keep_print_the_f32_results(tmp_pat
         ppl = [x.split()[:2] for x in capsys.readouterr().out.splitlines()
                if x.startswith("perplexity")]
         outs[base_type] = (gen, ppl)
-    assert outs["keep"] == outs["f32"] and outs["keep"][0] and outs["keep"][1]
+    assert outs["keep"][0] and outs["keep"][1] and len(outs["keep"][1]) == len(outs["f32"][1])
+    for (name, keep), (_, f32) in zip(outs["keep"][1], outs["f32"][1], strict=True):
+        assert name == "perplexity:" and 0 < abs(float(keep) / float(f32) - 1) < 0.01
 
 
 def test_a_file_of_the_other_byte_order_is_not_mapped(tmp_path):

@@ -1,12 +1,12 @@
 """SmolLM2-135M-Instruct Q4_1 as shipped, loaded with ``base_type="keep"`` (marker ``model``):
-its matrices stay Q4_1/Q8_0 (mapped from the file), its logits equal the F32-dequantized
-load's to 1e-4, and its GPL-3 perplexity at ctx 256 is within 0.5 % of llama.cpp's on the same
-file (tests/data/smollm2_reference.json, written by tools/llama_reference.py).
+its matrices stay Q4_1/Q8_0 (mapped from the file), its products are ggml's integer products
+(the activations rounded to Q8_1 / Q8_0 blocks, as llama.cpp's CPU backend computes them), and
+its GPL-3 perplexity at ctx 256 is within 0.5 % of llama.cpp's on the same file
+(tests/data/smollm2_reference.json, written by tools/llama_reference.py).
 
-Why 1e-4 against ggopt's F32 computation rather than against llama.cpp's Q4_1 logits: ggopt's
-products dequantize the weight exactly and multiply in F32, while llama.cpp's CPU kernels
-first round the activations to 8 bits (Q8_1 / Q8_0 blocks), which moves its logits by up to a
-few hundredths; tests/models/test_smollm_interop.py measures that difference.
+The 8-bit rounding makes the logits sensitive: a value on a rounding boundary moves a whole
+step, so the F32-dequantized load's logits differ by up to a few units (not by float
+rounding); tests/models/test_smollm_interop.py measures the difference to llama.cpp.
 """
 
 from __future__ import annotations
@@ -43,13 +43,15 @@ def test_weights_stay_quantized_and_mapped(kept):
           f"{as_f32 / 1e6:.1f} MB")
 
 
-def test_logits_equal_the_f32_dequantized_load(kept):
+def test_logits_are_the_f32_load_s_moved_by_the_8_bit_rounding(kept):
     ids = REF["gpl3_tokens_1024"][:128]
     want = llama.logits(llama.load(q4_1_path(), progress=False), ids)
     got = llama.logits(kept, ids)
-    diff = float(np.abs(got - want).max())
-    print(f"\nkept Q4_1 vs F32-dequantized: largest logit difference {diff:.3g}")
-    assert diff < 1e-4
+    diff = np.abs(got - want)
+    agree = float(np.mean(got.argmax(-1) == want.argmax(-1)))
+    print(f"\nkept Q4_1 vs F32-dequantized: largest logit difference {diff.max():.3g}, mean "
+          f"{diff.mean():.3g}, top-1 agreement {100 * agree:.1f} %")
+    assert 0 < diff.max() < 0.05 * np.ptp(want) and agree > 0.9
 
 
 @pytest.mark.slow

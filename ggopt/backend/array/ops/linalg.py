@@ -10,7 +10,7 @@ from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ._base import COMPILERS, Srcs, split_axes
 from .lowp import rounded, widened
-from .quant import dequantized
+from .quant import dequantized, int_product
 
 if TYPE_CHECKING:
     from ..backend import ArrayBackend
@@ -40,6 +40,8 @@ def _whole(arr: Any) -> list[tuple[int, ...]]:
 def _mul_mat(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     # Per 2-D slice: C (N, M) = B (N, K) @ A (M, K).T; OUT_PROD: R (n1, n0) = B (K, n1).T @ A
     a, b, c = mem(srcs[0]), mem(srcs[1]), mem(node)
+    if srcs[0].type.is_quantized and node.op is Op.MUL_MAT:
+        return _int_products(be, int(srcs[0].type), a, b, c)
     if srcs[0].type.is_quantized:
         raw, qt = a, srcs[0]
         return lambda: _products(be, node, dequantized(be, qt, raw), b, c)()
@@ -47,6 +49,21 @@ def _mul_mat(be: ArrayBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step
         t = srcs[0].type
         return lambda: _products(be, node, widened(be, t, a), rounded(be, t, b), c)()
     return _products(be, node, a, b, c)
+
+
+def _int_products(be: ArrayBackend, qtype: int, a: Any, b: Any, c: Any) -> Step:
+    """MUL_MAT of the quantized rows ``a`` (raw blocks) with ``b`` into ``c``, per 2-D slice
+    (ggml's dim-2/3 broadcast), as ggml's integer product."""
+    r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
+
+    def step() -> None:
+        raw, x = be.to_host(a), be.to_host(b)
+        for i3 in range(b.shape[0]):
+            for i2 in range(b.shape[1]):
+                c[i3, i2] = be.xp.asarray(int_product(raw[i3 // r3, i2 // r2], qtype,
+                                                      x[i3, i2]))
+
+    return step
 
 
 def _products(be: ArrayBackend, node: Tensor, a: Any, b: Any, c: Any) -> Step:

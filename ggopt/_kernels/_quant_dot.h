@@ -1,0 +1,479 @@
+/* ggml's integer products of a quantized weight (its mul_mat on the CPU backend): the
+   activations are rounded to the weight type's vec_dot_type (Q4_0, Q5_0, Q8_0 -> Q8_0;
+   Q4_1, Q5_1 -> Q8_1; Q4_K, Q6_K -> Q8_K) as ggml's x86 quantize_row_q8_* computes them,
+   then each block's integer sum is scaled and the blocks are added in order.
+
+   Activations (ggopt_q8_rows): per row the int8 codes (biased to u8 by 128 for a Q8_0
+   weight), one float scale per block (Q8_0/Q8_1: the F16 d's value; Q8_K: its F32 d), Q8_1's
+   s (its F16 value) and the integer sum of every 16 codes (Q8_K's bsums; the 32-blocks' sums
+   for their offsets).
+   Weights are packed per 16 rows ("a group"; lane j = row j): per block, the codes as
+   [k/4][lane][4 bytes] (unsigned 0..63, or signed for Q8_0) and the block's scales per lane.
+   Every output is one running float sum over the blocks in order, the block's terms computed
+   as  acc = acc + (dw * da) * (float)isum  [ + mw * s | - (dmin * da) * (float)msum ],
+   each product and sum rounded once (no FMA: setup.py), so the AVX-512 VNNI kernel and the
+   portable one give the same bits; the integer sums are exact in both. */
+#ifndef GGOPT_QUANT_DOT_H
+#define GGOPT_QUANT_DOT_H
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "_quant_blocks.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+#define GGOPT_HAVE_VNNI 1
+#include <immintrin.h>
+#define GGOPT_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#else
+#define GGOPT_HAVE_VNNI 0
+#endif
+
+enum { GGOPT_VD_Q8_0 = 8, GGOPT_VD_Q8_1 = 9, GGOPT_VD_Q8_K = 15 };
+#define GGOPT_LANES 16
+
+/* the vec_dot_type of a weight type, 0 when it has no integer product here */
+static inline int ggopt_vec_dot_type(int wtype) {
+    switch (wtype) {
+    case GGOPT_Q4_0: case GGOPT_Q5_0: case GGOPT_Q8_0: return GGOPT_VD_Q8_0;
+    case GGOPT_Q4_1: case GGOPT_Q5_1: return GGOPT_VD_Q8_1;
+    case GGOPT_Q4_K: case GGOPT_Q6_K: return GGOPT_VD_Q8_K;
+    default: return 0;
+    }
+}
+
+/* ---------------------------------------------------------------- activations */
+
+/* _mm_max_ps(a, b): a when a > b, else b (so b when either is NaN) */
+static inline float ggopt_maxps(float a, float b) { return a > b ? a : b; }
+
+/* cvtps_epi32 of an already rounded value: INT32_MIN for NaN or out of range */
+static inline int32_t ggopt_cvt_i32(float r) {
+    return (r >= -2147483648.0f && r < 2147483648.0f) ? (int32_t)r : INT32_MIN;
+}
+
+/* One block of 32 as ggml's AVX quantize_row_q8_0 / q8_1: max|x| by its lane tree, d =
+   amax/127 stored as F16, codes = round-to-nearest-even(x * (127/amax)) saturated to int8;
+   *s = F16(d * sum of the unsaturated ints) (Q8_1). Writes codes (biased by 128 when bias). */
+static inline void ggopt_q8_block32(const float *x, int8_t *q, float *d_out, float *s_out,
+                                    int bias) {
+    float m[8], m4[4];
+    for (int l = 0; l < 8; l++) {
+        m[l] = fabsf(x[l]);
+        m[l] = ggopt_maxps(m[l], fabsf(x[8 + l]));
+        m[l] = ggopt_maxps(m[l], fabsf(x[16 + l]));
+        m[l] = ggopt_maxps(m[l], fabsf(x[24 + l]));
+    }
+    for (int l = 0; l < 4; l++) m4[l] = ggopt_maxps(m[4 + l], m[l]);
+    m4[0] = ggopt_maxps(m4[0], m4[2]);
+    m4[1] = ggopt_maxps(m4[1], m4[3]);
+    float amax = ggopt_maxps(m4[0], m4[1]);
+    float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    uint32_t sum = 0;
+    for (int j = 0; j < GGOPT_QK; j++) {
+        int32_t i = ggopt_cvt_i32(nearbyintf(x[j] * id));
+        sum += (uint32_t)i;
+        int v = i < -128 ? -128 : (i > 127 ? 127 : i);
+        q[j] = (int8_t)(bias ? (int8_t)(uint8_t)(v + 128) : v);
+    }
+    *d_out = ggopt_f16_to_f32(ggopt_f32_to_f16(d));
+    if (s_out) *s_out = ggopt_f16_to_f32(ggopt_f32_to_f16(d * (float)(int32_t)sum));
+}
+
+/* ggml's nearest_int: round to nearest even by the 1.5 * 2^23 trick (NaN -> its payload) */
+static inline int ggopt_nearest_int(float f) {
+    float v = f + 12582912.0f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* One super-block of 256 as ggml's quantize_row_q8_K (x86 runs the reference): the element
+   of largest magnitude (the first; NaN never counts) maps to -127, d = 1/iscale in F32 */
+static inline void ggopt_q8_block256(const float *x, int8_t *q, float *d_out) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < GGOPT_QK_K; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) { amax = ax; max = x[j]; }
+    }
+    if (amax == 0.0f) {
+        memset(q, 0, GGOPT_QK_K);
+        *d_out = 0.0f;
+        return;
+    }
+    float iscale = -127.0f / max;
+    for (int j = 0; j < GGOPT_QK_K; j++) {
+        int v = ggopt_nearest_int(iscale * x[j]);
+        q[j] = (int8_t)(v < 127 ? v : 127);
+    }
+    *d_out = 1.0f / iscale;
+}
+
+/* the sums of each 16 codes (unbiased) */
+static inline void ggopt_q8_sums16(const int8_t *q, Py_ssize_t K, int bias, int32_t *sums) {
+    for (Py_ssize_t i = 0; i < K / 16; i++) {
+        int32_t s = 0;
+        for (int j = 0; j < 16; j++) s += bias ? (int32_t)(uint8_t)q[16 * i + j] - 128
+                                               : (int32_t)q[16 * i + j];
+        sums[i] = s;
+    }
+}
+
+/* one activation row of K: codes q[K], scales d[K/qb], s[K/32] (Q8_1), sums[K/16] */
+static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q,
+                                float *d, float *s, int32_t *sums) {
+    if (vtype == GGOPT_VD_Q8_K) {
+        for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++)
+            ggopt_q8_block256(x + b * GGOPT_QK_K, q + b * GGOPT_QK_K, d + b);
+    } else {
+        for (Py_ssize_t b = 0; b < K / GGOPT_QK; b++)
+            ggopt_q8_block32(x + b * GGOPT_QK, q + b * GGOPT_QK, d + b,
+                             vtype == GGOPT_VD_Q8_1 ? s + b : NULL, bias);
+    }
+    ggopt_q8_sums16(q, K, bias, sums);
+}
+
+/* ---------------------------------------------------------------- weight packing */
+
+/* per-lane scales of one packed block: 32-blocks use d, m (Q4_1/Q5_1's min) and wsum (Q8_0's
+   code sums, for the 128 bias of the activations); the K-quants d, m (Q4_K's dmin), sc (one
+   scale per 32 elements for Q4_K, per 16 for Q6_K) and mn (Q4_K's 8 minimums) */
+typedef struct {
+    float d[GGOPT_LANES], m[GGOPT_LANES];
+    int32_t wsum[GGOPT_LANES];
+} ggopt_meta32;
+
+typedef struct {
+    float d[GGOPT_LANES], m[GGOPT_LANES];
+    int32_t sc[16][GGOPT_LANES], mn[8][GGOPT_LANES];
+} ggopt_metak;
+
+/* bytes of one packed block of a group of 16 rows */
+static inline Py_ssize_t ggopt_packed_block_bytes(int wtype) {
+    return ggopt_k_block_bytes(wtype) ? GGOPT_QK_K * GGOPT_LANES + (Py_ssize_t)sizeof(ggopt_metak)
+                                      : GGOPT_QK * GGOPT_LANES + (Py_ssize_t)sizeof(ggopt_meta32);
+}
+
+/* element e's code in the packed [e/4][lane][e%4] order */
+static inline void ggopt_put_code(uint8_t *codes, int lane, int e, int code) {
+    codes[(e >> 2) * (4 * GGOPT_LANES) + lane * 4 + (e & 3)] = (uint8_t)code;
+}
+
+static inline void ggopt_pack_block32(int wtype, const uint8_t *b, int lane, uint8_t *codes,
+                                      ggopt_meta32 *meta) {
+    int q[GGOPT_QK];
+    float m = 0.0f;
+    int32_t wsum = 0;
+    switch (wtype) {
+    case GGOPT_Q8_0:
+        for (int j = 0; j < GGOPT_QK; j++) { q[j] = (int8_t)b[2 + j]; wsum += q[j]; }
+        break;
+    case GGOPT_Q4_0: ggopt_codes(b + 2, NULL, q); break;
+    case GGOPT_Q4_1: m = ggopt_load_f16(b + 2); ggopt_codes(b + 4, NULL, q); break;
+    case GGOPT_Q5_0: ggopt_codes(b + 6, b + 2, q); break;
+    case GGOPT_Q5_1: m = ggopt_load_f16(b + 2); ggopt_codes(b + 8, b + 4, q); break;
+    }
+    for (int j = 0; j < GGOPT_QK; j++) ggopt_put_code(codes, lane, j, q[j]);
+    meta->d[lane] = ggopt_load_f16(b);
+    meta->m[lane] = m;
+    meta->wsum[lane] = wsum;
+}
+
+static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint8_t *codes,
+                                     ggopt_metak *meta) {
+    if (wtype == GGOPT_Q4_K) {
+        meta->d[lane] = ggopt_load_f16(b);
+        meta->m[lane] = ggopt_load_f16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            ggopt_q4_k_scale_min(j, b + 4, &sc, &mn);
+            meta->sc[j][lane] = sc;
+            meta->mn[j][lane] = mn;
+        }
+        for (int e = 0; e < GGOPT_QK_K; e++) {
+            int g = e >> 6, l = e & 63;
+            uint8_t byte = b[16 + 32 * g + (l & 31)];
+            ggopt_put_code(codes, lane, e, l < 32 ? byte & 0x0f : byte >> 4);
+        }
+        return;
+    }
+    /* Q6_K: ql[128] | qh[64] | scales[16] | d */
+    meta->d[lane] = ggopt_load_f16(b + 208);
+    meta->m[lane] = 0.0f;
+    for (int j = 0; j < 16; j++) meta->sc[j][lane] = (int8_t)b[192 + j];
+    for (int e = 0; e < GGOPT_QK_K; e++) {
+        int h = e >> 7, qq = (e & 127) >> 5, l = e & 31;
+        int lo = (b[64 * h + (qq & 1) * 32 + l] >> ((qq >> 1) * 4)) & 0x0f;
+        int hi = (b[128 + 32 * h + l] >> (2 * qq)) & 3;
+        ggopt_put_code(codes, lane, e, lo | (hi << 4));
+    }
+}
+
+/* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes zero) */
+static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows,
+                                    Py_ssize_t nb, uint8_t *dst) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype);
+    int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
+    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
+    if (nrows < GGOPT_LANES) memset(dst, 0, (size_t)(pbb * nb));
+    for (int r = 0; r < nrows; r++) {
+        const uint8_t *row = (const uint8_t *)(w + r * ws);
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            uint8_t *blk = dst + b * pbb;
+            if (kq) ggopt_pack_blockk(wtype, row + b * bb, r, blk, (ggopt_metak *)(blk + ncode));
+            else ggopt_pack_block32(wtype, row + b * bb, r, blk, (ggopt_meta32 *)(blk + ncode));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- products */
+
+typedef struct {
+    const int8_t *q;       /* rows of K codes, row stride K */
+    const float *d, *s;    /* rows of nb scales (and Q8_1's s) */
+    const int32_t *sums;   /* rows of K/16 sums */
+    Py_ssize_t K, nb;
+} ggopt_q8_rows;
+
+/* the offset of a 32-block type's codes (Q4_0: 8, Q5_0: 16; 0 for the rest) */
+static inline int32_t ggopt_code_offset(int wtype) {
+    return wtype == GGOPT_Q4_0 ? 8 : (wtype == GGOPT_Q5_0 ? 16 : 0);
+}
+
+/* dp[lane] += sum over e in [e0, e1) (multiples of 4) of code(lane, e) * a[e]: codes unsigned
+   (u8) against signed activations, or (sgn) signed codes against biased u8 activations. Each
+   lane's 4 codes are one 32-bit word, taken apart with shifts, so that the loop over the 16
+   lanes vectorizes. */
+static inline __attribute__((always_inline)) void ggopt_dp_lanes(
+        const uint8_t *codes, const int8_t *a, int e0, int e1, int sgn, int32_t *dp) {
+    for (int e = e0; e < e1; e += 4) {
+        const uint8_t *c = codes + (e >> 2) * (4 * GGOPT_LANES);
+        uint32_t w[GGOPT_LANES];
+        memcpy(w, c, sizeof w);
+        if (sgn) {
+            int32_t a0 = (uint8_t)a[e], a1 = (uint8_t)a[e + 1], a2 = (uint8_t)a[e + 2],
+                    a3 = (uint8_t)a[e + 3];
+            for (int l = 0; l < GGOPT_LANES; l++)
+                dp[l] += a0 * ((int32_t)(w[l] << 24) >> 24) + a1 * ((int32_t)(w[l] << 16) >> 24)
+                       + a2 * ((int32_t)(w[l] << 8) >> 24) + a3 * ((int32_t)w[l] >> 24);
+        } else {
+            int32_t a0 = a[e], a1 = a[e + 1], a2 = a[e + 2], a3 = a[e + 3];
+            for (int l = 0; l < GGOPT_LANES; l++)
+                dp[l] += a0 * (int32_t)(w[l] & 0xff) + a1 * (int32_t)((w[l] >> 8) & 0xff)
+                       + a2 * (int32_t)((w[l] >> 16) & 0xff) + a3 * (int32_t)(w[l] >> 24);
+        }
+    }
+}
+
+/* portable: out[r*ldo + lane] for rows n0..n0+nr of x and the lanes < nl of one group; each
+   output the VNNI kernel's integers and float operations in the same order */
+GGOPT_MULTIVERSION
+static void ggopt_qdot_group_scalar(int wtype, const uint8_t *grp, const ggopt_q8_rows *x,
+                                    Py_ssize_t n0, int nr, int nl, float *out, Py_ssize_t ldo) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
+    int kq = ggopt_k_block_bytes(wtype) != 0, bias = wtype == GGOPT_Q8_0;
+    int32_t off = ggopt_code_offset(wtype);
+    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
+    for (int r = 0; r < nr; r++) {
+        const int8_t *xq = x->q + (n0 + r) * K;
+        const float *xd = x->d + (n0 + r) * nb, *xs = x->s ? x->s + (n0 + r) * nb : NULL;
+        const int32_t *xsum = x->sums + (n0 + r) * (K / 16);
+        float acc[GGOPT_LANES] = {0};
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            const uint8_t *codes = grp + b * pbb;
+            int32_t isum[GGOPT_LANES] = {0}, msum[GGOPT_LANES] = {0};
+            if (!kq) {
+                const ggopt_meta32 *meta = (const ggopt_meta32 *)(codes + ncode);
+                ggopt_dp_lanes(codes, xq + b * GGOPT_QK, 0, GGOPT_QK, bias, isum);
+                int32_t asum = xsum[2 * b] + xsum[2 * b + 1];
+                for (int l = 0; l < GGOPT_LANES; l++) {
+                    isum[l] -= bias ? 128 * meta->wsum[l] : off * asum;
+                    float t = meta->d[l] * xd[b];
+                    acc[l] = acc[l] + t * (float)isum[l];
+                    if (xs) acc[l] = acc[l] + meta->m[l] * xs[b];
+                }
+                continue;
+            }
+            const ggopt_metak *meta = (const ggopt_metak *)(codes + ncode);
+            const int8_t *a = xq + b * GGOPT_QK_K;
+            const int32_t *bs = xsum + b * 16;
+            int q4k = wtype == GGOPT_Q4_K, sub = q4k ? 32 : 16;
+            for (int j = 0; j < GGOPT_QK_K / sub; j++) {
+                int32_t dp[GGOPT_LANES] = {0};
+                ggopt_dp_lanes(codes, a, sub * j, sub * j + sub, 0, dp);
+                int32_t pair = q4k ? bs[2 * j] + bs[2 * j + 1] : 32 * bs[j];
+                for (int l = 0; l < GGOPT_LANES; l++) {
+                    if (q4k) {
+                        isum[l] += dp[l] * meta->sc[j][l];
+                        msum[l] += meta->mn[j][l] * pair;
+                    } else {
+                        isum[l] += (dp[l] - pair) * meta->sc[j][l];
+                    }
+                }
+            }
+            for (int l = 0; l < GGOPT_LANES; l++) {
+                float t = meta->d[l] * xd[b];
+                acc[l] = acc[l] + t * (float)isum[l];
+                if (q4k) acc[l] = acc[l] - (meta->m[l] * xd[b]) * (float)msum[l];
+            }
+        }
+        for (int l = 0; l < nl; l++) out[r * ldo + l] = acc[l];
+    }
+}
+
+#if GGOPT_HAVE_VNNI
+/* the VNNI kernel: nr (<= 4) activation rows x 2 groups (32 weight rows) at once */
+GGOPT_VNNI static inline __attribute__((always_inline)) void ggopt_qdot_vnni_nr(
+        int wtype, const uint8_t *g0, const uint8_t *g1, const ggopt_q8_rows *x, Py_ssize_t n0,
+        const int nr, float *acc_out) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
+    int kq = ggopt_k_block_bytes(wtype) != 0, bias = wtype == GGOPT_Q8_0;
+    int32_t off = ggopt_code_offset(wtype);
+    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
+    __m512 acc[4][2];
+    const int8_t *xq[4];
+    for (int r = 0; r < nr; r++) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        xq[r] = x->q + (n0 + r) * K;
+    }
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        const uint8_t *c0 = g0 + b * pbb, *c1 = g1 + b * pbb;
+        if (!kq) {
+            __m512i ia[4][2];
+            for (int r = 0; r < nr; r++) ia[r][0] = ia[r][1] = _mm512_setzero_si512();
+            for (int k4 = 0; k4 < 8; k4++) {
+                __m512i w0 = _mm512_loadu_si512(c0 + 64 * k4), w1 = _mm512_loadu_si512(c1 + 64 * k4);
+                for (int r = 0; r < nr; r++) {
+                    int32_t a4;
+                    memcpy(&a4, xq[r] + b * GGOPT_QK + 4 * k4, 4);
+                    __m512i xa = _mm512_set1_epi32(a4);
+                    if (bias) {
+                        ia[r][0] = _mm512_dpbusd_epi32(ia[r][0], xa, w0);
+                        ia[r][1] = _mm512_dpbusd_epi32(ia[r][1], xa, w1);
+                    } else {
+                        ia[r][0] = _mm512_dpbusd_epi32(ia[r][0], w0, xa);
+                        ia[r][1] = _mm512_dpbusd_epi32(ia[r][1], w1, xa);
+                    }
+                }
+            }
+            const ggopt_meta32 *m0 = (const ggopt_meta32 *)(c0 + ncode);
+            const ggopt_meta32 *m1 = (const ggopt_meta32 *)(c1 + ncode);
+            const ggopt_meta32 *ms[2] = {m0, m1};
+            for (int r = 0; r < nr; r++) {
+                Py_ssize_t n = n0 + r;
+                __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
+                int32_t asum = x->sums[n * (K / 16) + 2 * b] + x->sums[n * (K / 16) + 2 * b + 1];
+                for (int g = 0; g < 2; g++) {
+                    __m512i isum = bias
+                        ? _mm512_sub_epi32(ia[r][g], _mm512_slli_epi32(
+                              _mm512_loadu_si512(ms[g]->wsum), 7))
+                        : _mm512_sub_epi32(ia[r][g], _mm512_set1_epi32(off * asum));
+                    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
+                    acc[r][g] = _mm512_add_ps(acc[r][g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
+                    if (x->s)
+                        acc[r][g] = _mm512_add_ps(acc[r][g], _mm512_mul_ps(
+                            _mm512_loadu_ps(ms[g]->m), _mm512_set1_ps(x->s[n * nb + b])));
+                }
+            }
+        } else {
+            const ggopt_metak *ms[2] = {(const ggopt_metak *)(c0 + ncode),
+                                        (const ggopt_metak *)(c1 + ncode)};
+            __m512i is[4][2];
+            for (int r = 0; r < nr; r++) is[r][0] = is[r][1] = _mm512_setzero_si512();
+            int q4k = wtype == GGOPT_Q4_K, nsub = q4k ? 8 : 16, steps = q4k ? 8 : 4;
+            for (int j = 0; j < nsub; j++) {
+                __m512i ia[4][2];
+                for (int r = 0; r < nr; r++) ia[r][0] = ia[r][1] = _mm512_setzero_si512();
+                for (int k4 = j * steps; k4 < (j + 1) * steps; k4++) {
+                    __m512i w0 = _mm512_loadu_si512(c0 + 64 * k4);
+                    __m512i w1 = _mm512_loadu_si512(c1 + 64 * k4);
+                    for (int r = 0; r < nr; r++) {
+                        int32_t a4;
+                        memcpy(&a4, xq[r] + b * GGOPT_QK_K + 4 * k4, 4);
+                        __m512i xa = _mm512_set1_epi32(a4);
+                        ia[r][0] = _mm512_dpbusd_epi32(ia[r][0], w0, xa);
+                        ia[r][1] = _mm512_dpbusd_epi32(ia[r][1], w1, xa);
+                    }
+                }
+                for (int g = 0; g < 2; g++) {
+                    __m512i sc = _mm512_loadu_si512(ms[g]->sc[j]);
+                    for (int r = 0; r < nr; r++) {
+                        __m512i dp = ia[r][g];
+                        if (!q4k)
+                            dp = _mm512_sub_epi32(dp, _mm512_set1_epi32(
+                                32 * x->sums[(n0 + r) * (K / 16) + b * 16 + j]));
+                        is[r][g] = _mm512_add_epi32(is[r][g], _mm512_mullo_epi32(dp, sc));
+                    }
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                Py_ssize_t n = n0 + r;
+                const int32_t *bs = x->sums + n * (K / 16) + b * 16;
+                __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
+                for (int g = 0; g < 2; g++) {
+                    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
+                    acc[r][g] = _mm512_add_ps(acc[r][g],
+                                              _mm512_mul_ps(t, _mm512_cvtepi32_ps(is[r][g])));
+                    if (q4k) {
+                        __m512i msum = _mm512_setzero_si512();
+                        for (int j = 0; j < 8; j++)
+                            msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
+                                _mm512_loadu_si512(ms[g]->mn[j]),
+                                _mm512_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
+                        __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
+                        acc[r][g] = _mm512_sub_ps(acc[r][g],
+                                                  _mm512_mul_ps(tm, _mm512_cvtepi32_ps(msum)));
+                    }
+                }
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        _mm512_storeu_ps(acc_out + r * 32, acc[r][0]);
+        _mm512_storeu_ps(acc_out + r * 32 + 16, acc[r][1]);
+    }
+}
+
+GGOPT_VNNI static void ggopt_qdot_vnni(int wtype, const uint8_t *g0, const uint8_t *g1,
+                                       const ggopt_q8_rows *x, Py_ssize_t n0, int nr,
+                                       float *acc_out) {
+    switch (nr) {
+    case 4: ggopt_qdot_vnni_nr(wtype, g0, g1, x, n0, 4, acc_out); break;
+    case 3: ggopt_qdot_vnni_nr(wtype, g0, g1, x, n0, 3, acc_out); break;
+    case 2: ggopt_qdot_vnni_nr(wtype, g0, g1, x, n0, 2, acc_out); break;
+    default: ggopt_qdot_vnni_nr(wtype, g0, g1, x, n0, 1, acc_out); break;
+    }
+}
+
+static inline int ggopt_cpu_has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+#else
+static inline int ggopt_cpu_has_vnni(void) { return 0; }
+#endif
+
+/* One panel: rows of 2 groups (g1 may be unused when ml <= 16) against all N activation rows:
+   out[n*ldo + m] for m < ml (<= 32). scratch: 4 x 32 floats. */
+static inline void ggopt_qdot_panel(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
+                                    const ggopt_q8_rows *x, Py_ssize_t N, float *out,
+                                    Py_ssize_t ldo, int use_vnni, float *scratch) {
+    for (Py_ssize_t n0 = 0; n0 < N; n0 += 4) {
+        int nr = N - n0 < 4 ? (int)(N - n0) : 4;
+#if GGOPT_HAVE_VNNI
+        if (use_vnni) {
+            ggopt_qdot_vnni(wtype, g0, g1, x, n0, nr, scratch);
+            for (int r = 0; r < nr; r++)
+                memcpy(out + (n0 + r) * ldo, scratch + r * 32, (size_t)ml * sizeof(float));
+            continue;
+        }
+#else
+        (void)use_vnni;
+        (void)scratch;
+#endif
+        ggopt_qdot_group_scalar(wtype, g0, x, n0, nr, ml < 16 ? ml : 16, out + n0 * ldo, ldo);
+        if (ml > 16)
+            ggopt_qdot_group_scalar(wtype, g1, x, n0, nr, ml - 16, out + n0 * ldo + 16, ldo);
+    }
+}
+#endif

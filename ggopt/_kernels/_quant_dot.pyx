@@ -1,0 +1,225 @@
+"""ggml's integer products of a quantized weight (its CPU backend's mul_mat): the activations
+rounded to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K, as ggml's x86
+``quantize_row_q8_*``), integer sums per block, then the blocks' scales, added block after
+block (``mul_mat_q8``; the rounding alone: ``quantize_activations``).
+
+C in ``_quant_dot.h``: the activations' rounding, the packed weight panels, the AVX-512 VNNI
+kernel (chosen at import when the CPU has it) and the portable one (the same bits). Shapes,
+types and thread counts are checked before anything is written; every output is computed by
+one thread in one order, so the results do not depend on ``n_threads``.
+"""
+
+from cython.parallel cimport prange
+from libc.stdint cimport int8_t, int32_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from ggopt._kernels._common cimport check_n_threads, check_shape
+from ggopt._kernels._openmp cimport omp_get_thread_num
+
+from ggopt._kernels._openmp_helpers import min_parallel_work
+from ggopt.errors import DTypeError, ShapeError
+
+cdef extern from "_quant_dot.h" nogil:
+    ctypedef struct ggopt_q8_rows:
+        const int8_t *q
+        const float *d
+        const float *s
+        const int32_t *sums
+        Py_ssize_t K, nb
+    int ggopt_q_block_bytes(int type)
+    int ggopt_q_block_elems(int type)
+    int ggopt_vec_dot_type(int wtype)
+    int ggopt_cpu_has_vnni()
+    void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q, float *d,
+                      float *s, int32_t *sums)
+    Py_ssize_t ggopt_packed_block_bytes(int wtype)
+    void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows, Py_ssize_t nb,
+                          uint8_t *dst)
+    void ggopt_qdot_panel(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
+                          const ggopt_q8_rows *x, Py_ssize_t N, float *out, Py_ssize_t ldo,
+                          int use_vnni, float *scratch)
+
+cdef enum:
+    VD_Q8_1 = 9
+    VD_Q8_K = 15
+# Below this many elements the activations are rounded on the calling thread only.
+cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
+
+
+cdef int _check_unit(str fn, str name, Py_ssize_t n, Py_ssize_t stride,
+                     Py_ssize_t itemsize) except -1:
+    """ShapeError unless a row of ``n`` items has a unit stride (rows may be spaced freely)."""
+    if n > 1 and stride != itemsize:
+        raise ShapeError(f"{fn}: {name} needs a unit stride along its rows, got a stride of "
+                         f"{stride} bytes")
+    return 0
+
+
+cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
+                               Py_ssize_t ne0) except -1:
+    """Blocks per row, checking that ``row_bytes`` are exactly the blocks of ``ne0`` elements."""
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype), bb = ggopt_q_block_bytes(qtype)
+    if ne0 % qk:
+        raise ShapeError(f"{fn}: rows of {ne0} elements are not whole {qk}-element blocks")
+    if row_bytes != ne0 // qk * bb:
+        raise ShapeError(f"{fn}: a row of {ne0} elements of type {qtype} is {ne0 // qk * bb} "
+                         f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
+    return ne0 // qk
+
+# The integer products: AVX-512 VNNI when the CPU has it, unless forced to the portable kernel
+# (the same bits; for tests).
+cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
+cdef int _force_portable = 0
+# weight rows per panel of mul_mat_q8 (two packed groups of 16)
+cdef Py_ssize_t Q8_PANEL = 32
+
+
+def vnni_kernel() -> bool:
+    """True when mul_mat_q8 runs its AVX-512 VNNI kernel (the CPU has it, not forced off)."""
+    return bool(_HAS_VNNI and not _force_portable)
+
+
+def force_portable(bint on) -> None:
+    """Make mul_mat_q8 use its portable kernel (same results; for tests and measurements)."""
+    global _force_portable
+    _force_portable = on
+
+
+cdef int _vec_dot_type(str fn, int qtype) except -1:
+    cdef int vt = ggopt_vec_dot_type(qtype)
+    if vt == 0:
+        raise DTypeError(f"{fn}: type {qtype} has no integer product (expected Q4_0=2, Q4_1=3, "
+                         "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q6_K=14)")
+    return vt
+
+
+def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1] q not None,
+                         float[:, ::1] d not None, float[:, ::1] s not None,
+                         int32_t[:, ::1] sums not None, int n_threads):
+    """Round the rows of ``x`` (N, K) to the vec_dot_type of weight type ``qtype`` as ggml's
+    x86 ``quantize_row_q8_0/q8_1/q8_K`` do: ``q`` (N, K) the int8 codes (plus 128, as uint8
+    bits, for a Q8_0 weight), ``d`` (N, blocks) the scales (Q8_0/Q8_1: the F16 d's value;
+    Q8_K: F32), ``s`` (N, K/32) Q8_1's F16 s (untouched for the other types), ``sums``
+    (N, K/16) the sums of each 16 codes."""
+    cdef str fn = "quantize_activations"
+    check_n_threads(fn, n_threads)
+    cdef int vt = _vec_dot_type(fn, qtype)
+    _check_unit(fn, "x", x.shape[1], x.strides[1], 4)
+    cdef Py_ssize_t N = x.shape[0], K = x.shape[1], qb = 256 if vt == VD_Q8_K else 32, n
+    if K % qb:
+        raise ShapeError(f"{fn}: rows of {K} elements are not whole {qb}-element blocks")
+    check_shape(fn, "q", q.shape, 2, N, K)
+    check_shape(fn, "d", d.shape, 2, N, K // qb)
+    check_shape(fn, "sums", sums.shape, 2, N, K // 16)
+    if vt == VD_Q8_1:
+        check_shape(fn, "s", s.shape, 2, N, K // 32)
+    if N == 0 or K == 0:
+        return
+    cdef const char *xb = <const char *>&x[0, 0]
+    cdef Py_ssize_t xs = x.strides[0]
+    cdef int bias = qtype == 8
+    with nogil:
+        for n in prange(N, schedule="static", num_threads=n_threads,
+                        use_threads_if=N * K >= MIN_PARALLEL_WORK):
+            ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, &q[n, 0], &d[n, 0],
+                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0])
+
+
+def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
+               float[:, :] out not None, int n_threads):
+    """``out = x @ W.T`` as ggml's CPU backend computes mul_mat of a quantized ``w`` (M rows of
+    K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
+    per block, then the blocks' scales, added block after block.
+
+    Panels of 32 weight rows are packed into a per-thread scratch and multiplied against all
+    of ``x`` (AVX-512 VNNI or the portable kernel: the same bits); every output is summed in
+    the same order whichever thread computes it.
+
+    Parameters
+    ----------
+    w : (M, row bytes) uint8, unit stride in a row
+    x : (N, K) float32, unit stride in a row
+    out : (N, M) float32, unit stride in a row, overwritten
+    """
+    cdef str fn = "mul_mat (quantized src0, integer product)"
+    check_n_threads(fn, n_threads)
+    cdef int vt = _vec_dot_type(fn, qtype)
+    _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
+    _check_unit(fn, "x", x.shape[1], x.strides[1], 4)
+    _check_unit(fn, "out", out.shape[1], out.strides[1], 4)
+    cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1]
+    check_shape(fn, "out", out.shape, 2, N, M)
+    cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
+    cdef Py_ssize_t npanels = (M + Q8_PANEL - 1) // Q8_PANEL, p, i, n
+    if N == 0 or M == 0:
+        return
+    cdef Py_ssize_t ldo = out.strides[0] // 4 if N > 1 else M
+    cdef float *ob = &out[0, 0]
+    if K == 0:
+        for i in range(N):
+            memset(ob + i * ldo, 0, M * sizeof(float))
+        return
+    cdef Py_ssize_t nb32 = K // 32
+    cdef int8_t *aq = <int8_t *>malloc(N * K)
+    cdef float *ad = <float *>malloc(N * nb32 * sizeof(float))
+    cdef float *as_ = <float *>malloc(N * nb32 * sizeof(float)) if vt == VD_Q8_1 else NULL
+    cdef int32_t *asums = <int32_t *>malloc(N * (K // 16) * sizeof(int32_t))
+    cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
+    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
+    cdef Py_ssize_t tbytes = 2 * gbytes + 4 * 32 * sizeof(float) + 64
+    cdef char *scratch = <char *>malloc(team * tbytes)
+    if aq == NULL or ad == NULL or asums == NULL or scratch == NULL or (
+            vt == VD_Q8_1 and as_ == NULL):
+        free(aq)
+        free(ad)
+        free(as_)
+        free(asums)
+        free(scratch)
+        raise MemoryError(f"{fn}: out of memory for the {N}x{K} quantized activations and "
+                          f"{team} packed panels of {gbytes * 2} bytes")
+    cdef ggopt_q8_rows rows
+    rows.q = aq
+    rows.d = ad
+    rows.s = as_
+    rows.sums = asums
+    rows.K = K
+    rows.nb = nb
+    cdef const char *xb = <const char *>&x[0, 0]
+    cdef Py_ssize_t xs = x.strides[0]
+    cdef const char *wb = <const char *>&w[0, 0]
+    cdef Py_ssize_t ws = w.strides[0]
+    cdef int bias = qtype == 8, use_vnni = _HAS_VNNI and not _force_portable
+    cdef Py_ssize_t qb = K // nb
+    cdef char *mine
+    try:
+        with nogil:
+            for n in prange(N, schedule="static", num_threads=n_threads,
+                            use_threads_if=N * K >= MIN_PARALLEL_WORK):
+                ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, aq + n * K,
+                             ad + n * (K // qb), as_ + n * nb32 if vt == VD_Q8_1 else NULL,
+                             asums + n * (K // 16))
+            for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
+                            use_threads_if=team > 1):
+                mine = scratch + omp_get_thread_num() * tbytes
+                _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
+                          <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N, ob + p * Q8_PANEL,
+                          ldo, use_vnni, mine, gbytes)
+    finally:
+        free(aq)
+        free(ad)
+        free(as_)
+        free(asums)
+        free(scratch)
+
+
+cdef void _q8_panel(int qtype, const char *w, Py_ssize_t ws, int ml, Py_ssize_t nb,
+                    const ggopt_q8_rows *rows, Py_ssize_t N, float *out, Py_ssize_t ldo,
+                    int use_vnni, char *scratch, Py_ssize_t gbytes) noexcept nogil:
+    """Pack weight rows [0, ml) (ml <= 32) into two groups, then out[:, :ml] of the panel."""
+    cdef uint8_t *g0 = <uint8_t *>scratch
+    cdef uint8_t *g1 = g0 + gbytes
+    cdef float *acc = <float *>(scratch + 2 * gbytes)
+    ggopt_pack_group(qtype, w, ws, min(ml, 16), nb, g0)
+    ggopt_pack_group(qtype, w + 16 * ws, ws, max(ml - 16, 0), nb, g1)
+    ggopt_qdot_panel(qtype, g0, g1, ml, rows, N, out, ldo, use_vnni, acc)

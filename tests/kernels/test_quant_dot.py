@@ -1,0 +1,169 @@
+"""ggml's integer products of a quantized weight (``_quant_dot.mul_mat_q8``) and the rounding of
+the activations to the weight type's vec_dot_type (``_quant_dot.quantize_activations``) against
+the NumPy port in ``backend/array/ops/quant.py``: the Q8 codes, scales and sums bit for bit
+(ties, zeros, equal blocks, huge values, NaN and infinities), the products bit for bit on odd
+shapes and strided views, on 1, 2 and 3 threads, with the AVX-512 VNNI kernel and the forced
+portable one. (llama.cpp's own functions: test_quant_dot_interop.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggopt import quants
+from ggopt._kernels import _quant_dot
+from ggopt.backend.array.ops import quant as ref
+from ggopt.errors import DTypeError, ShapeError
+from ggopt.types import GGType
+from tools.kquants import k_blocks
+
+TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0, GGType.Q4_K,
+         GGType.Q6_K]
+IDS = {"ids": lambda t: t.name}
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _weights(qtype: GGType, rows: int, cols: int, seed: int) -> np.ndarray:
+    if qtype.can_quantize:
+        w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+        return quants.quantize(w, qtype)
+    return k_blocks(qtype, rows, cols, seed=seed)
+
+
+def _activations(qtype: GGType, x: np.ndarray, n_threads: int = 1):
+    n, k = x.shape
+    qb = ref.VEC_DOT_TYPES[int(qtype)][1]
+    q, d = np.empty((n, k), np.int8), np.empty((n, k // qb), np.float32)
+    s, sums = np.empty((n, k // 32), np.float32), np.empty((n, k // 16), np.int32)
+    _quant_dot.quantize_activations(x, int(qtype), q, d, s, sums, n_threads)
+    return q, d, s, sums
+
+
+def _hard_rows(qb: int) -> np.ndarray:
+    """Rows of blocks that test the rounding: ties at .5, zeros, all-equal blocks, huge and
+    tiny magnitudes, NaN and infinities."""
+    rng = np.random.default_rng(7)
+    n = 4 * qb
+    rows = [rng.standard_normal(n) * 3,
+            (np.arange(n) - n / 2) * (127 / (n / 2)),          # exact multiples: ties
+            rng.integers(-127, 128, n) + 0.5,                   # .5 after scaling by 1
+            np.zeros(n), np.full(n, 2.5), np.full(n, -1e30),
+            rng.standard_normal(n) * 1e38, rng.standard_normal(n) * 1e-30]
+    bad = rng.standard_normal(n)
+    bad[[3, qb + 5, 2 * qb + 9]] = np.nan
+    bad[[7, 2 * qb + 1, 3 * qb]] = np.inf
+    bad[qb + 2] = -np.inf
+    rows.append(bad)
+    with np.errstate(over="ignore"):
+        return np.array(rows).astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", [GGType.Q8_0, GGType.Q4_1, GGType.Q4_K], **IDS)
+def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype):
+    x = _hard_rows(ref.VEC_DOT_TYPES[int(qtype)][1])
+    q, d, s, sums = _activations(qtype, x)
+    rq, rd, rs = ref.q8_activations(x, int(qtype))
+    bias = 128 if qtype == GGType.Q8_0 else 0  # a Q8_0 weight's activations: u8 codes
+    codes = (q.view(np.uint8).astype(np.int32) - 128) if bias else q.astype(np.int32)
+    np.testing.assert_array_equal(codes, rq.reshape(q.shape))
+    np.testing.assert_array_equal(d, rd, strict=True)  # NaN where ggml's scale is NaN
+    np.testing.assert_array_equal(sums, codes.reshape(len(x), -1, 16).sum(-1))
+    if rs is not None:
+        np.testing.assert_array_equal(s, rs)
+
+
+def test_q8_rounding_details():
+    """Q8_0: nearest even after multiplying by 127/amax; an all-zero block has d = 0; an
+    infinity makes its block's codes -128 except zeros (inf * 0 is NaN). Q8_K: the element of
+    largest magnitude maps to -127 (d = max / -127) and a NaN element to 0."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, :4] = [127.0, 0.5, 1.5, -2.5]
+    q, d, _, _ = _activations(GGType.Q4_0, x)
+    assert q[0, :4].tolist() == [127, 0, 2, -2] and d[0, 0] == np.float32(
+        np.float16(1.0))
+    q, d, _, _ = _activations(GGType.Q4_0, np.zeros((1, 32), np.float32))
+    assert not q.any() and d[0, 0] == 0
+    x = np.ones((1, 256), np.float32)
+    x[0, 10], x[0, 11] = -4.0, np.nan
+    q, d, _, _ = _activations(GGType.Q4_K, x)
+    assert q[0, 10] == -127 and q[0, 11] == 0 and q[0, 0] == 32
+    assert d[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(-4))
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("portable", [False, True])
+def test_product_is_the_numpy_port_bit_for_bit(qtype, portable):
+    k = 512
+    raw = _weights(qtype, 45, k, seed=int(qtype))
+    x = np.random.default_rng(1).standard_normal((7, k)).astype(np.float32)
+    want = ref.int_product(raw, int(qtype), x)
+    try:
+        _quant_dot.force_portable(portable)
+        for n in (1, 2, 3):
+            out = np.full((7, 45), np.nan, np.float32)
+            _quant_dot.mul_mat_q8(raw, int(qtype), x, out, n)
+            np.testing.assert_array_equal(_bits(out), _bits(want))
+    finally:
+        _quant_dot.force_portable(False)
+    deq = quants.dequantize(raw, qtype)
+    f32 = x @ deq.T  # the activations' rounding: about 1 % of the products' spread
+    assert 0 < np.abs(want - f32).max() < 0.02 * np.abs(f32).max()
+
+
+@pytest.mark.parametrize("qtype", [GGType.Q4_1, GGType.Q8_0, GGType.Q6_K], **IDS)
+def test_product_of_views_odd_sizes_and_tails(qtype):
+    """Strided weight rows, strided activation and output rows, 1..37 rows of each (every
+    tail of the 4-row and 32-row blocks)."""
+    k = 256
+    raw = _weights(qtype, 37, k, seed=3)
+    wide = np.zeros((37, raw.shape[1] + 40), np.uint8)
+    wide[:, 5:5 + raw.shape[1]] = raw
+    x = np.random.default_rng(4).standard_normal((9, k + 3)).astype(np.float32)
+    for n, m in ((1, 1), (3, 17), (5, 32), (9, 37)):
+        out = np.full((n, m + 2), 7.0, np.float32)
+        _quant_dot.mul_mat_q8(wide[:m, 5:5 + raw.shape[1]], int(qtype), x[:n, 1:k + 1],
+                          out[:, 1:m + 1], 2)
+        want = ref.int_product(raw[:m], int(qtype), x[:n, 1:k + 1])
+        np.testing.assert_array_equal(_bits(out[:, 1:m + 1]), _bits(want))
+        assert (out[:, 0] == 7).all() and (out[:, -1] == 7).all()
+
+
+def test_vnni_kernel_is_used_on_a_cpu_that_has_it():
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    has = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
+    assert _quant_dot.vnni_kernel() == has
+    _quant_dot.force_portable(True)
+    try:
+        assert not _quant_dot.vnni_kernel()
+    finally:
+        _quant_dot.force_portable(False)
+
+
+def test_non_finite_scales_give_nan_or_inf_not_a_crash():
+    raw = quants.quantize(np.ones((3, 64), np.float32), GGType.Q4_1)
+    raw[1, 0:2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    x = np.ones((2, 64), np.float32)
+    x[1, 3] = np.nan
+    out = np.empty((2, 3), np.float32)
+    _quant_dot.mul_mat_q8(raw, int(GGType.Q4_1), x, out, 2)
+    want = ref.int_product(raw, int(GGType.Q4_1), x)
+    np.testing.assert_array_equal(out, want)
+    assert np.isfinite(out[0, 0]) and not np.isfinite(out[:, 1]).any()
+
+
+def test_refusals():
+    raw = quants.quantize(np.ones((3, 64), np.float32), GGType.Q4_0)
+    with pytest.raises(ShapeError, match="out"):
+        _quant_dot.mul_mat_q8(raw, int(GGType.Q4_0), np.ones((2, 64), np.float32),
+                          np.empty((2, 4), np.float32), 1)
+    with pytest.raises(ShapeError, match="bytes"):
+        _quant_dot.mul_mat_q8(raw, int(GGType.Q4_0), np.ones((2, 96), np.float32),
+                          np.empty((2, 3), np.float32), 1)
+    with pytest.raises(DTypeError, match="integer product|quantized type"):
+        _quant_dot.mul_mat_q8(raw, 0, np.ones((2, 64), np.float32),
+                          np.empty((2, 3), np.float32), 1)
+    with pytest.raises(ShapeError, match="256-element"):
+        _activations(GGType.Q4_K, np.ones((1, 64), np.float32))
