@@ -17,6 +17,10 @@ learning-rate schedule included; ``--plot`` draws the losses per epoch.
 (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and F32 matrices mapped from the file, no copy; F32 only for the
 norms, the adapter and the activations). A full fine-tune (no ``--lora``/``--adapter``) trains
 every weight and so needs ``--base-type f32``: the weights dequantized to F32 at load.
+
+``--compute-type bf16`` runs the weights' products in BF16 (F32 sums): with LoRA the frozen base
+is stored in BF16 (converted once at load); a full fine-tune keeps F32 weights and AdamW state
+and rounds the weights to BF16 once per step (see ``--help`` and ``docs/compute-type.md``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ from ..lm.finetune import EpochStats, FinetuneParams, FineTuner
 from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
 from ..models.llama import load, weight_map
+from ..models.llama.compute import COMPUTE_TYPES, load_compute_type
+from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
+from ..models.llama.weights import file_weights
 from ..opt import OptimizerParams
 from . import training_cli
 from .mnist import _world  # the MNIST example's MPI set-up (--dist), shared
@@ -73,6 +80,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="f32 (default): dequantize the weights to F32 at load (needed for a "
                         "full fine-tune, which trains them); keep: LoRA on the weights as the "
                         "file stores them (quantized, mapped, frozen)")
+    p.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     p.add_argument("--out-type", choices=OUT_TYPES, default="f32")
     p.add_argument("--dynamic", action="store_true",
                    help="a fresh graph per micro-batch, as llama-finetune builds them (the same "
@@ -121,7 +129,9 @@ def run(args: argparse.Namespace) -> None:
     rank0 = comm is None or comm.rank == 0
     if not rank0:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
-    model = load(args.model, base_type=args.base_type, progress=rank0)
+    trains_base = args.lora is None and args.adapter is None
+    model = load(args.model, base_type=args.base_type, progress=rank0,
+                 compute_type=load_compute_type(args.compute_type, trains_base))
     tok = model.require_tokenizer()
     texts = []
     for path in args.text or ():
@@ -148,7 +158,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"lora: {len(adapter.a)} adapted weights, {adapter.n_params()} trainable "
               f"parameters (base frozen)")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
-                        val_split=args.val_split, static=not args.dynamic, seed=args.seed)
+                        val_split=args.val_split, static=not args.dynamic, seed=args.seed,
+                        compute_type=args.compute_type)
     base = OptimizerParams()
     base.adamw.wd = fp.wd
     n_steps = FineTuner.count_steps(windows, fp)
@@ -183,6 +194,8 @@ def run(args: argparse.Namespace) -> None:
     if not rank0:
         return  # every rank holds the same weights; rank 0 writes them
     weights: Mapping[str, np.ndarray] = weight_map(net)  # one tensor at a time in F32
+    if model.compute_type == "bf16" and model.base_type == "f32":
+        weights = file_weights(args.model)  # the file's values, not the base's BF16 rounding
     unchanged: set[str] = set()  # LoRA: the frozen base outside the adapted weights
     if adapter is not None:
         unchanged = set(weights) - set(adapter.a)

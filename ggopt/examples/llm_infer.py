@@ -17,6 +17,8 @@ from .. import set_n_threads
 from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, perplexity
 from ..models import llama
+from ..models.llama.compute import COMPUTE_TYPES
+from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
 
 __all__ = ["add_commands", "read_bytes"]
@@ -46,7 +48,8 @@ def read_bytes(paths: list[str], option: str) -> bytes:
 def _load(args: argparse.Namespace) -> llama.Model:
     if args.threads is not None:
         set_n_threads(args.threads)
-    model = llama.load(args.model, base_type=getattr(args, "base_type", "f32"))
+    model = llama.load(args.model, base_type=getattr(args, "base_type", "f32"),
+                       compute_type=getattr(args, "compute_type", "f32"))
     print(f"main: loaded {args.model} ({model.cfg.n_layer} layers, {model.cfg.n_vocab} "
           f"tokens, {', '.join(f'{n} {k}' for k, n in model.tensor_types.items())}) in "
           f"{model.load_seconds:.2f} s", file=sys.stderr)
@@ -142,7 +145,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ge.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped)")
+                         "stores them (quantized, F16, BF16: mapped)")
+    ge.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     ge.set_defaults(func=_generate)
 
     ev = sub.add_parser("eval", help="perplexity on text, as llama-perplexity")
@@ -153,7 +157,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     ev.add_argument("--threads", type=_positive, metavar="N", help="CPU threads")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped)")
+                         "stores them (quantized, F16, BF16: mapped)")
+    ev.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     ev.set_defaults(func=_eval)
 
     to = sub.add_parser("tokenize", help="print token ids as llama-tokenize --ids")
