@@ -40,7 +40,7 @@ from .graph import (
 from .ops import *  # noqa: F401,F403 - the op constructors, ggml names
 from .ops import __all__ as _ops_all
 from .tensor import Op, Tensor, UnaryOp
-from .types import F16, F32, I32, I64, GGType, TensorFlag
+from .types import BF16, F16, F32, I32, I64, GGType, TensorFlag
 
 __version__ = "0.1.0"
 
@@ -52,7 +52,8 @@ __all__ = [
     "StateError", "BackendUnavailableError",
     "OutOfMemoryError", "Graph", "GRAPH_DEFAULT_SIZE", "new_graph", "new_graph_custom",
     "build_forward_expand", "graph_dup", "build_backward_expand", "graph_reset", "graph_get_grad",
-    "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "I32",
+    "graph_get_grad_acc", "Op", "UnaryOp", "Tensor", "GGType", "TensorFlag", "F32", "F16", "BF16",
+    "I32",
     "I64", *[n for n in _ops_all if n not in ("GradSink", "BACKWARD")],
 ]
 

@@ -1,18 +1,20 @@
 """Products of a BF16 or F16 weight with float32 activations, as ggml's CPU backend defines
 them: the activations rounded to the weight's type (round to nearest even), F32 sums. The
-packed GEMM is ``_lowp_gemm.h``; BF16 runs on AVX-512 BF16 (``vdpbf16ps``) where the CPU has
-it, else on a portable kernel that computes the same bits (F16: AVX-512F, else portable).
+packed GEMM is ``_lowp_gemm.h``, with three kernels that compute the same bits: ``dpbf16``
+(AVX-512 BF16's ``vdpbf16ps``; BF16 on AMD), ``fma`` (AVX-512F FMA on values widened to
+float32; F16, and BF16 elsewhere) and ``portable`` (any CPU).
 
-``GGOPT_LOWP_PORTABLE=1`` in the environment (read at import) or :func:`set_portable` forces
-the portable kernels (tests). Shapes, types and thread counts are checked before anything is
-written (ShapeError / DTypeError / InvalidValueError); the bits do not depend on ``n_threads``.
+``GGOPT_LOWP_KERNEL=portable|dpbf16|fma`` in the environment (read at import) or
+:func:`set_kernel` forces one (tests). Shapes, types and thread counts are checked before
+anything is written (ShapeError / DTypeError / InvalidValueError); the bits do not depend on
+``n_threads``.
 """
 
 import os
 
 from ggopt._kernels._common cimport check_n_threads
 
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 
 cdef extern from "_lowp_gemm.h" nogil:
     ctypedef struct ggopt_lp_args:
@@ -24,28 +26,59 @@ cdef extern from "_lowp_gemm.h" nogil:
         Py_ssize_t c_rs, c_cs
         Py_ssize_t n, m, k
         int wtype
-    int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads, int hw)
-    int ggopt_lp_has_hw(int wtype)
+        int kernel
+    int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads)
+    int ggopt_lp_can_run(int kernel)
+    int ggopt_lp_best_kernel(int wtype)
 
 cdef enum:
     F16 = 1
     BF16 = 30
 
-cdef bint _portable = os.environ.get("GGOPT_LOWP_PORTABLE", "").strip().lower() in (
-    "1", "true", "yes", "on")
+#: the kernels, by their ids in _lowp_gemm.h
+KERNELS = ("portable", "dpbf16", "fma")
+cdef int _forced = -1   # a kernel id, or -1: the best this CPU runs
 
 
-def set_portable(bint on):
-    """Force the portable kernels (``on``) or let the CPU's units run (the default)."""
-    global _portable
-    _portable = on
+def available():
+    """The kernels this CPU runs: ``portable`` always; ``fma`` with AVX-512F; ``dpbf16`` with
+    AVX-512 BF16 too."""
+    return [name for i, name in enumerate(KERNELS) if ggopt_lp_can_run(i)]
 
 
-def hardware(int wtype):
-    """True when products of ``wtype`` (1 = F16, 30 = BF16) run on the CPU's vector units
-    (AVX-512 BF16 / AVX-512F), False on the portable kernel (no such unit, or forced)."""
-    _check_type("hardware", wtype)
-    return (not _portable) and ggopt_lp_has_hw(wtype) != 0
+def set_kernel(name):
+    """Force the kernel of every product (``None``: the best for this CPU, the default; tests
+    compare the kernels). F16 weights run ``dpbf16`` as ``fma`` (it has no F16 form)."""
+    global _forced
+    if name is None:
+        _forced = -1
+        return
+    if name not in KERNELS:
+        raise InvalidValueError(f"set_kernel: unknown kernel {name!r}; expected one of "
+                                f"{', '.join(KERNELS)} or None")
+    if not ggopt_lp_can_run(KERNELS.index(name)):
+        raise InvalidValueError(f"set_kernel: this CPU cannot run {name!r}; it runs "
+                                f"{', '.join(available())}")
+    _forced = KERNELS.index(name)
+
+
+cdef int _kernel_id(int wtype) noexcept:
+    if _forced < 0:
+        return ggopt_lp_best_kernel(wtype)
+    if wtype == F16 and _forced == 1:
+        return 2
+    return _forced
+
+
+def kernel(int wtype):
+    """The kernel products of ``wtype`` (1 = F16, 30 = BF16) run on now."""
+    _check_type("kernel", wtype)
+    return KERNELS[_kernel_id(wtype)]
+
+
+_env = os.environ.get("GGOPT_LOWP_KERNEL", "").strip().lower()
+if _env and _env != "auto":
+    set_kernel(_env)
 
 
 cdef int _check_type(str fn, int wtype) except -1:
@@ -87,11 +120,11 @@ def lowp_gemm(const unsigned short[:, :] w not None, int wtype, const float[:, :
     a.c_rs = _elems(fn, "out", out.strides[0], 4)
     a.c_cs = _elems(fn, "out", out.strides[1], 4)
     a.n, a.m, a.k, a.wtype = x.shape[0], M, K, wtype
-    cdef int hw = (not _portable) and ggopt_lp_has_hw(wtype) != 0
+    a.kernel = _kernel_id(wtype)
     cdef int rc
     if a.n == 0 or a.m == 0:
         return
     with nogil:
-        rc = ggopt_lp_gemm(&a, n_threads, hw)
+        rc = ggopt_lp_gemm(&a, n_threads)
     if rc != 0:
         raise MemoryError(f"{fn}: no memory for the packed operands")

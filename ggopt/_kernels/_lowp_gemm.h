@@ -39,6 +39,9 @@
 #define GGOPT_LP_NR (16 * GGOPT_LP_NV)
 #define GGOPT_LP_BF16 30
 #define GGOPT_LP_F16 1
+#define GGOPT_LP_PORTABLE 0    /* the kernels */
+#define GGOPT_LP_DPBF16 1
+#define GGOPT_LP_FMA 2
 
 /* ---- conversions ---- */
 
@@ -86,14 +89,18 @@ static inline float ggopt_lp_daz(float v) {
     return fabsf(v) < FLT_MIN ? copysignf(0.0f, v) : v;
 }
 
-static inline float ggopt_lp_dp_step(float c, uint16_t xh, uint16_t wh) {
-    float x = ggopt_lp_bf16_to_f32(xh), w = ggopt_lp_bf16_to_f32(wh);
-    if (x != x) return ggopt_lp_bits_f32(((uint32_t)xh << 16) | 0x00400000u);
-    if (w != w) return ggopt_lp_bits_f32(((uint32_t)wh << 16) | 0x00400000u);
+/* x and w are BF16 values as float32 */
+static inline float ggopt_lp_dp_step_f(float c, float x, float w) {
+    if (x != x) return ggopt_lp_bits_f32(ggopt_lp_f32_bits(x) | 0x00400000u);
+    if (w != w) return ggopt_lp_bits_f32(ggopt_lp_f32_bits(w) | 0x00400000u);
     if (c != c) return c;
     float r = fmaf(ggopt_lp_daz(x), ggopt_lp_daz(w), ggopt_lp_daz(c));
     if (r != r) return ggopt_lp_bits_f32(0xffc00000u);
     return ggopt_lp_daz(r);
+}
+
+static inline float ggopt_lp_dp_step(float c, uint16_t xh, uint16_t wh) {
+    return ggopt_lp_dp_step_f(c, ggopt_lp_bf16_to_f32(xh), ggopt_lp_bf16_to_f32(wh));
 }
 
 /* ---- the operands ---- */
@@ -107,11 +114,27 @@ typedef struct {
     ptrdiff_t c_rs, c_cs;
     ptrdiff_t n, m, k;         /* i < n, j < m, k < K */
     int wtype;                 /* GGOPT_LP_BF16 or GGOPT_LP_F16 */
+    int kernel;                /* GGOPT_LP_PORTABLE, GGOPT_LP_DPBF16 or GGOPT_LP_FMA */
 } ggopt_lp_args;
 
-/* Steps of the reduction: BF16 pairs, or single F16 elements. */
+/* The packed operands hold float32 values, one element a step (F16; BF16 on the FMA kernel,
+   each pair's odd element first), or BF16 pairs, two elements a step (vdpbf16ps's words). */
+static inline int ggopt_lp_widened(const ggopt_lp_args *a) {
+    return a->wtype == GGOPT_LP_F16 || a->kernel == GGOPT_LP_FMA;
+}
+
+/* Steps of the reduction. */
 static inline ptrdiff_t ggopt_lp_steps(const ggopt_lp_args *a) {
-    return a->wtype == GGOPT_LP_BF16 ? (a->k + 1) / 2 : a->k;
+    if (a->wtype == GGOPT_LP_F16) return a->k;
+    return a->kernel == GGOPT_LP_FMA ? 2 * ((a->k + 1) / 2) : (a->k + 1) / 2;
+}
+
+/* Element k of step s of a widened BF16 operand: pairs (2p, 2p+1), the odd one first. */
+static inline ptrdiff_t ggopt_lp_step_elem(ptrdiff_t s) { return s ^ 1; }
+
+/* A BF16 value's float32, subnormals read as zero (vdpbf16ps's DAZ), for widened packing. */
+static inline uint32_t ggopt_lp_bf16_daz_bits(uint16_t h) {
+    return (h & 0x7f80u) == 0 ? (uint32_t)(h & 0x8000u) << 16 : (uint32_t)h << 16;
 }
 
 /* X's row block ib (rows ib*MR ..) packed: word [p * MR + r] holds row r's step p (BF16: the
@@ -126,7 +149,13 @@ static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst)
             continue;
         }
         const float *row = a->x + i * a->x_rs;
-        if (a->wtype == GGOPT_LP_BF16) {
+        if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {
+            for (ptrdiff_t s = 0; s < steps; s++) {
+                ptrdiff_t k = ggopt_lp_step_elem(s);
+                dst[s * GGOPT_LP_MR + r] = k < a->k ?
+                    ggopt_lp_bf16_daz_bits(ggopt_lp_f32_to_bf16(row[k * a->x_cs])) : 0u;
+            }
+        } else if (a->wtype == GGOPT_LP_BF16) {
             for (ptrdiff_t p = 0; p < steps; p++) {
                 uint32_t lo = ggopt_lp_f32_to_bf16(row[2 * p * a->x_cs]);
                 uint32_t hi = 2 * p + 1 < a->k ? ggopt_lp_f32_to_bf16(row[(2 * p + 1) * a->x_cs]) : 0;
@@ -147,7 +176,15 @@ static void ggopt_lp_pack_w(const ggopt_lp_args *a, ptrdiff_t j0, uint32_t *dst)
     int nc = (int)(a->m - j0 < GGOPT_LP_NR ? a->m - j0 : GGOPT_LP_NR);
     if (nc < GGOPT_LP_NR)
         memset(dst, 0, (size_t)steps * GGOPT_LP_NR * sizeof(uint32_t));
-    if (a->wtype == GGOPT_LP_BF16) {
+    if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {
+        for (int c = 0; c < nc; c++) {
+            const uint16_t *col = a->w + (j0 + c) * a->w_rs;
+            for (ptrdiff_t s = 0; s < steps; s++) {
+                ptrdiff_t k = ggopt_lp_step_elem(s);
+                dst[s * GGOPT_LP_NR + c] = k < K ? ggopt_lp_bf16_daz_bits(col[k * a->w_cs]) : 0u;
+            }
+        }
+    } else if (a->wtype == GGOPT_LP_BF16) {
         if (a->w_cs == 1) {  /* rows of W along the reduction: copy 32-bit pairs */
             for (int c = 0; c < nc; c++) {
                 const uint16_t *row = a->w + (j0 + c) * a->w_rs;
@@ -179,6 +216,17 @@ static void ggopt_lp_pack_w(const ggopt_lp_args *a, ptrdiff_t j0, uint32_t *dst)
 }
 
 /* ---- micro-kernels: tile[r][c] = sums of an MR x NR tile over all steps ---- */
+
+/* Output (r, c) of a widened BF16 tile, emulating vdpbf16ps's steps one by one: the FMA
+   kernel's result for outputs that came out NaN (whose payload the emulation defines). */
+static float ggopt_lp_widened_output(const uint32_t *xp, const uint32_t *wp, ptrdiff_t steps,
+                                     int r, int c) {
+    float s = 0.0f;
+    for (ptrdiff_t p = 0; p < steps; p++)
+        s = ggopt_lp_dp_step_f(s, ggopt_lp_bits_f32(xp[p * GGOPT_LP_MR + r]),
+                               ggopt_lp_bits_f32(wp[p * GGOPT_LP_NR + c]));
+    return s;
+}
 
 static void ggopt_lp_tile_portable(int wtype, const uint32_t *xp, const uint32_t *wp,
                                    ptrdiff_t steps, float *tile) {
@@ -221,53 +269,100 @@ static void ggopt_lp_tile_portable(int wtype, const uint32_t *xp, const uint32_t
         for (int v = 0; v < GGOPT_LP_NV; v++)                                                \
             _mm512_storeu_ps(tile + r * GGOPT_LP_NR + 16 * v, acc[r][v]);
 
-#define GGOPT_LP_DP(c, x, w) _mm512_dpbf16_ps((c), (__m512bh)(x), (__m512bh)(w))
-#define GGOPT_LP_FMA(c, x, w) \
+#define GGOPT_LP_STEP_DP(c, x, w) _mm512_dpbf16_ps((c), (__m512bh)(x), (__m512bh)(w))
+#define GGOPT_LP_STEP_FMA(c, x, w) \
     _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(w), (c))
 
 __attribute__((target("avx512f,avx512bf16")))
 static void ggopt_lp_tile_bf16_hw(const uint32_t *xp, const uint32_t *wp, ptrdiff_t steps,
                                   float *tile) {
-    GGOPT_LP_TILE_BODY(GGOPT_LP_DP)
+    GGOPT_LP_TILE_BODY(GGOPT_LP_STEP_DP)
 }
 
 __attribute__((target("avx512f")))
 static void ggopt_lp_tile_f16_hw(const uint32_t *xp, const uint32_t *wp, ptrdiff_t steps,
                                  float *tile) {
-    GGOPT_LP_TILE_BODY(GGOPT_LP_FMA)
+    GGOPT_LP_TILE_BODY(GGOPT_LP_STEP_FMA)
 }
 #endif
 
-/* 1 when this CPU runs the hardware kernel of wtype (AVX-512 BF16, or AVX-512F for F16). */
-static int ggopt_lp_has_hw(int wtype) {
+/* 1 when this CPU runs `kernel` (DPBF16: AVX-512 BF16; FMA: AVX-512F; PORTABLE: any). */
+static int ggopt_lp_can_run(int kernel) {
+    if (kernel == GGOPT_LP_PORTABLE) return 1;
 #if GGOPT_LP_X86
     __builtin_cpu_init();
-    if (wtype == GGOPT_LP_BF16) return __builtin_cpu_supports("avx512bf16") &&
-                                       __builtin_cpu_supports("avx512f");
-    return __builtin_cpu_supports("avx512f");
+    if (!__builtin_cpu_supports("avx512f")) return 0;
+    return kernel == GGOPT_LP_FMA || (kernel == GGOPT_LP_DPBF16 &&
+                                      __builtin_cpu_supports("avx512bf16"));
 #else
-    (void)wtype;
     return 0;
 #endif
 }
 
-static void ggopt_lp_tile(const ggopt_lp_args *a, int hw, const uint32_t *xp,
-                          const uint32_t *wp, ptrdiff_t steps, float *tile) {
+/* The fastest kernel for wtype on this CPU. BF16: vdpbf16ps on AMD (Zen 4 runs it at twice
+   the F32 FMA rate), else the FMA kernel on widened values (an Intel Xeon with AVX-512 BF16
+   runs vdpbf16ps at half its FMA rate), else portable; F16: FMA, else portable. */
+static int ggopt_lp_best_kernel(int wtype) {
 #if GGOPT_LP_X86
-    if (hw) {
-        if (a->wtype == GGOPT_LP_BF16) ggopt_lp_tile_bf16_hw(xp, wp, steps, tile);
-        else ggopt_lp_tile_f16_hw(xp, wp, steps, tile);
+    __builtin_cpu_init();
+    if (wtype == GGOPT_LP_BF16 && __builtin_cpu_is("amd") && ggopt_lp_can_run(GGOPT_LP_DPBF16))
+        return GGOPT_LP_DPBF16;
+#endif
+    (void)wtype;
+    return ggopt_lp_can_run(GGOPT_LP_FMA) ? GGOPT_LP_FMA : GGOPT_LP_PORTABLE;
+}
+
+static void ggopt_lp_tile(const ggopt_lp_args *a, const uint32_t *xp, const uint32_t *wp,
+                          ptrdiff_t steps, float *tile) {
+#if GGOPT_LP_X86
+    if (a->kernel == GGOPT_LP_DPBF16) {
+        ggopt_lp_tile_bf16_hw(xp, wp, steps, tile);
+        return;
+    }
+    if (a->kernel == GGOPT_LP_FMA) {
+        ggopt_lp_tile_f16_hw(xp, wp, steps, tile);
+        if (a->wtype == GGOPT_LP_BF16)   /* NaN payloads as vdpbf16ps makes them */
+            for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
+                if (tile[i] != tile[i])
+                    tile[i] = ggopt_lp_widened_output(xp, wp, steps, i / GGOPT_LP_NR,
+                                                      i % GGOPT_LP_NR);
         return;
     }
 #endif
-    (void)hw;
+    if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {  /* not reached: FMA is x86 */
+        for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
+            tile[i] = ggopt_lp_widened_output(xp, wp, steps, i / GGOPT_LP_NR, i % GGOPT_LP_NR);
+        return;
+    }
     ggopt_lp_tile_portable(a->wtype, xp, wp, steps, tile);
 }
 
-/* C = r(X) W^T on n_threads threads (hw: 1 for the hardware kernel, which the caller has
-   checked with ggopt_lp_has_hw). Returns 0, or -1 when scratch memory ran out (C is then
-   partly written). */
-static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads, int hw) {
+/* The FMA kernel on BF16 runs with flush-to-zero and denormals-are-zero (vdpbf16ps's FTZ and
+   DAZ); the caller's MXCSR is restored after. */
+static inline unsigned ggopt_lp_enter_ftz(const ggopt_lp_args *a) {
+#if GGOPT_LP_X86
+    if (a->kernel == GGOPT_LP_FMA && a->wtype == GGOPT_LP_BF16) {
+        unsigned saved = _mm_getcsr();
+        _mm_setcsr(saved | 0x8040u);
+        return saved;
+    }
+#endif
+    (void)a;
+    return 0;
+}
+
+static inline void ggopt_lp_leave_ftz(const ggopt_lp_args *a, unsigned saved) {
+#if GGOPT_LP_X86
+    if (a->kernel == GGOPT_LP_FMA && a->wtype == GGOPT_LP_BF16) _mm_setcsr(saved);
+#endif
+    (void)a;
+    (void)saved;
+}
+
+/* C = r(X) W^T on n_threads threads with a->kernel, which the caller has checked with
+   ggopt_lp_can_run. Returns 0, or -1 when scratch memory ran out (C is then partly
+   written). */
+static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads) {
     if (a->n <= 0 || a->m <= 0) return 0;
     ptrdiff_t steps = ggopt_lp_steps(a);
     ptrdiff_t n_blocks = (a->n + GGOPT_LP_MR - 1) / GGOPT_LP_MR;
@@ -288,6 +383,7 @@ static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads, int hw) {
             #pragma omp atomic write
             failed = 1;
         }
+        unsigned csr = ggopt_lp_enter_ftz(a);
         #pragma omp for schedule(static)
         for (ptrdiff_t jp = 0; jp < n_panels; jp++) {
             if (wpack == NULL) continue;
@@ -295,7 +391,7 @@ static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads, int hw) {
             int nc = (int)(a->m - j0 < GGOPT_LP_NR ? a->m - j0 : GGOPT_LP_NR);
             ggopt_lp_pack_w(a, j0, wpack);
             for (ptrdiff_t ib = 0; ib < n_blocks; ib++) {
-                ggopt_lp_tile(a, hw, xpack + ib * xwords, wpack, steps, tile);
+                ggopt_lp_tile(a, xpack + ib * xwords, wpack, steps, tile);
                 ptrdiff_t i0 = ib * GGOPT_LP_MR;
                 int nr = (int)(a->n - i0 < GGOPT_LP_MR ? a->n - i0 : GGOPT_LP_MR);
                 for (int r = 0; r < nr; r++) {
@@ -306,6 +402,7 @@ static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads, int hw) {
                 }
             }
         }
+        ggopt_lp_leave_ftz(a, csr);
         free(wpack);
     }
     free(xpack);

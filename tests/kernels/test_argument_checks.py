@@ -409,7 +409,7 @@ def test_every_public_kernel_is_covered():
     """A new kernel must be added to _calls() (and so to the thread-count checks)."""
     modules = [_attention, _conv, _conv2d, _copy, _elementwise, _gather, _get_rows, _lowp, _norm,
                _optim, _pool, _pointwise, _quant, _reduce, _rope, _softmax]
-    settings = {"set_portable", "hardware"}  # _lowp's kernel choice, no work of their own
+    settings = {"available", "kernel", "set_kernel"}  # _lowp's kernel choice, no work of their own
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__} - settings

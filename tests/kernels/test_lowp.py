@@ -10,7 +10,7 @@ import ggopt._kernels._lowp as _lowp
 import numpy as np
 import pytest
 
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.lowp import bf16_from_f32, f32_from_bf16, round_to
 from ggopt.types import BF16, F16
 
@@ -29,15 +29,18 @@ def _values(t, bits: np.ndarray) -> np.ndarray:
     return f32_from_bf16(bits) if t is BF16 else bits.view(np.float16).astype(np.float32)
 
 
-def _gemm(t, w, x, n_threads=2, portable=False, transposed=False, out=None):
+def _gemm(t, w, x, n_threads=2, kernel=None, transposed=False, out=None):
     out = np.full((x.shape[0], w.shape[1] if transposed else w.shape[0]), np.nan, np.float32) \
         if out is None else out
-    _lowp.set_portable(portable)
+    _lowp.set_kernel(kernel)
     try:
         _lowp.lowp_gemm(w, int(t), x, out, n_threads, transposed)
     finally:
-        _lowp.set_portable(False)
+        _lowp.set_kernel(None)
     return out
+
+
+KERNELS = _lowp.available()
 
 
 def _ordered(t, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -53,12 +56,13 @@ def _ordered(t, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return acc
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("t", [BF16, F16], ids=lambda t: t.name)
 @pytest.mark.parametrize("size", SIZES, ids=str)
-def test_exact_order_and_float64_bound(t, size):
+def test_exact_order_and_float64_bound(t, size, kernel):
     n, m, k = size
     w, x = _bits(t, _f32(m, k, seed=1)), _f32(n, k, seed=2)
-    got = _gemm(t, w, x)
+    got = _gemm(t, w, x, kernel=kernel)
     np.testing.assert_array_equal(got.view(np.uint32), _ordered(t, w, x).view(np.uint32))
     ref = round_to(t, x).astype(np.float64) @ _values(t, w).astype(np.float64).T
     bound = k * np.finfo(np.float32).eps * (np.abs(round_to(t, x)) @ np.abs(_values(t, w)).T)
@@ -69,25 +73,29 @@ def test_exact_order_and_float64_bound(t, size):
 def test_threads_portable_and_transposed_give_the_same_bits(t):
     w, x = _bits(t, _f32(100, 77, seed=3)), _f32(19, 77, seed=4)
     first = _gemm(t, w, x, 1)
-    for got in (_gemm(t, w, x, 2), _gemm(t, w, x, 3), _gemm(t, w, x, 2, portable=True),
-                _gemm(t, np.ascontiguousarray(w.T), x, 3, transposed=True),
-                _gemm(t, np.ascontiguousarray(w.T), x, 1, portable=True, transposed=True)):
+    others = [_gemm(t, w, x, 2), _gemm(t, w, x, 3),
+              _gemm(t, np.ascontiguousarray(w.T), x, 3, transposed=True)]
+    others += [_gemm(t, w, x, n, kernel=k) for k in KERNELS for n in (1, 3)]
+    others += [_gemm(t, np.ascontiguousarray(w.T), x, 2, kernel=k, transposed=True)
+               for k in KERNELS]
+    for got in others:
         np.testing.assert_array_equal(got.view(np.uint32), first.view(np.uint32))
 
 
-def test_strided_views_and_a_strided_output():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_strided_views_and_a_strided_output(kernel):
     wbig = bf16_from_f32(_f32(40, 90, seed=5))
     xbig = _f32(30, 80, seed=6)
     w, x = wbig[::2, 1:70:2], xbig[::3, ::2][:, :35]        # w (20, 35), x (10, 35)
     out_big = np.full((10, 60), 7.0, np.float32)
     out = out_big[:, ::3]                                  # (10, 20), column stride 3
-    _gemm(BF16, w, x, 2, out=out)
+    _gemm(BF16, w, x, 2, kernel=kernel, out=out)
     np.testing.assert_array_equal(
         out, _ordered(BF16, np.ascontiguousarray(w), np.ascontiguousarray(x)))
     assert np.all(np.delete(out_big, np.s_[::3], axis=1) == 7.0)
     wr, xr = w[::-1, ::-1], x[:, ::-1]                      # negative strides
-    np.testing.assert_array_equal(
-        _gemm(BF16, wr, xr), _ordered(BF16, np.ascontiguousarray(wr), np.ascontiguousarray(xr)))
+    want = _ordered(BF16, np.ascontiguousarray(wr), np.ascontiguousarray(xr))
+    np.testing.assert_array_equal(_gemm(BF16, wr, xr, kernel=kernel), want)
 
 
 def _adversarial_bf16(shape, seed):
@@ -104,36 +112,40 @@ def _adversarial_bf16(shape, seed):
     return np.where(pick > 0.95, special[rng.integers(0, len(special), shape)], bits)
 
 
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k != "portable"])
 @pytest.mark.parametrize("seed", range(4))
-def test_portable_equals_hardware_on_adversarial_bf16(seed):
-    if not _lowp.hardware(int(BF16)):
-        pytest.skip("this CPU has no AVX-512 BF16: nothing to compare the portable kernel with")
+def test_every_kernel_equals_the_portable_one_on_adversarial_bf16(seed, kernel):
     w = _adversarial_bf16((50, 41), seed)
     x = f32_from_bf16(_adversarial_bf16((13, 41), seed + 100))
     # activations that are not BF16 values round on the way in (subnormal F32 ones too)
     x[::4] = _f32(4, 41, seed=seed) * np.float32(1e-38)
-    hw, port = _gemm(BF16, w, x, 2), _gemm(BF16, w, x, 3, portable=True)
-    np.testing.assert_array_equal(hw.view(np.uint32), port.view(np.uint32))
-    assert np.isnan(hw).any() and (hw == 0).any() and np.isfinite(hw).any()
+    fast, port = _gemm(BF16, w, x, 2, kernel=kernel), _gemm(BF16, w, x, 3, kernel="portable")
+    np.testing.assert_array_equal(fast.view(np.uint32), port.view(np.uint32))
+    assert np.isnan(fast).any() and (fast == 0).any() and np.isfinite(fast).any()
 
 
-def test_portable_equals_hardware_under_flush_to_zero():
-    """The products ignore the MXCSR (vdpbf16ps does): flush-to-zero and denormals-are-zero,
-    as a graph compute sets them, change no bit of either kernel."""
-    if not _lowp.hardware(int(BF16)):
-        pytest.skip("no AVX-512 BF16 on this CPU")
+def test_kernels_ignore_the_callers_flush_to_zero():
+    """vdpbf16ps ignores the MXCSR and the other kernels set or emulate its FTZ/DAZ: the
+    flush-to-zero mode of a graph compute changes no bit."""
     from ggopt._kernels._fpmode import ComputeFloatMode, flushing, supported
 
-    w = _adversarial_bf16((30, 64), 7)
-    x = f32_from_bf16(_adversarial_bf16((9, 64), 8))
-    plain = _gemm(BF16, w, x, 2, portable=True)
     if not supported():
         pytest.skip("no flush-to-zero control on this CPU")
+    w = _adversarial_bf16((30, 64), 7)
+    x = f32_from_bf16(_adversarial_bf16((9, 64), 8))
+    plain = _gemm(BF16, w, x, 2, kernel="portable")
     with ComputeFloatMode(2):
         assert flushing()
-        hw, port = _gemm(BF16, w, x, 2), _gemm(BF16, w, x, 2, portable=True)
-    for got in (hw, port):
-        np.testing.assert_array_equal(got.view(np.uint32), plain.view(np.uint32))
+        got = [_gemm(BF16, w, x, 2, kernel=k) for k in KERNELS]
+    for g in got:
+        np.testing.assert_array_equal(g.view(np.uint32), plain.view(np.uint32))
+
+
+def test_kernel_choice():
+    assert "portable" in KERNELS and _lowp.kernel(int(BF16)) in KERNELS
+    with pytest.raises(InvalidValueError, match="unknown kernel"):
+        _lowp.set_kernel("amx")
+    assert _lowp.kernel(int(BF16)) in KERNELS  # unchanged by the refusal
 
 
 def test_empty_and_refused_arguments():
