@@ -44,6 +44,9 @@ import numpy as np
 
 CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "hf-lora",
            "llamacpp-full", "ggopt-lora-q4_1", "llamacpp-q4_1")
+#: PyTorch's low-precision rows (``--compute-type bf16`` compares against the fastest of each
+#: kind): the model in bf16, fp32 weights under bf16 autocast (``bench/finetune_hf.py``)
+HF_LOWP = ("hf-full-autocast", "hf-lora-bf16", "hf-lora-autocast")
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
@@ -162,20 +165,23 @@ def _torch_peak(threads: int, reps: int) -> dict[str, float]:
 
 def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
               profile: dict | None = None, static: bool = True,
-              quantized: bool = False) -> list[float]:
+              quantized: bool = False, compute_type: str = "f32") -> list[float]:
     """Step times; with ``profile`` (a dict), also fills it with the seconds per category
     over the steps after ``warm`` and the weight products' flops."""
     from ggopt.backend.profile import NodeTimes
     from ggopt.lm import lora
     from ggopt.lm.finetune import FinetuneParams, FineTuner
     from ggopt.models import llama
+    from ggopt.models.llama.compute import load_compute_type
 
     model = llama.load(model_path(quantized), progress=False,
-                       base_type="keep" if quantized else "f32")
+                       base_type="keep" if quantized else "f32",
+                       compute_type=load_compute_type(compute_type, not lora_rank))
     if lora_rank:
         lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
     ft = FineTuner(model.net, gpl3_windows(model, n_ctx),
-                   FinetuneParams(lr=1e-5, val_split=0.0, static=static))
+                   FinetuneParams(lr=1e-5, val_split=0.0, static=static,
+                                  compute_type=compute_type))
     times = []
     rec = NodeTimes()
     with rec if profile is not None else contextlib.nullcontext():
@@ -272,14 +278,15 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
                             windows, steps)
 
 
-def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[float]:
+def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int,
+                  mode: str = "fp32") -> list[float]:
     from bench.finetune_hf import run_hf
     from ggopt.models import llama
 
     model = llama.load(model_path(), progress=False)
     windows, cfg, weights = gpl3_windows(model, n_ctx), model.cfg, llama.get_weights(model.net)
     model = None  # free ggopt's copy
-    return run_hf(lora_rank, steps, windows, cfg, weights, threads)
+    return run_hf(lora_rank, steps, windows, cfg, weights, threads, mode)
 
 
 def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int,
@@ -319,7 +326,8 @@ def run_llama_finetune(binary: str, steps: int, n_ctx: int, threads: int,
 
 
 def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: int,
-          profile: bool, static: bool, llama_finetune: str | None = None) -> None:
+          profile: bool, static: bool, llama_finetune: str | None = None,
+          compute_type: str = "f32") -> None:
     import ggopt
 
     ggopt.set_n_threads(threads)
@@ -332,9 +340,11 @@ def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: in
         return
     prof: dict | None = {} if profile and config.startswith("ggopt") else None
     if config.startswith("ggopt"):
-        times = run_ggopt(r, steps, n_ctx, warm, prof, static, config.endswith("q4_1"))
+        times = run_ggopt(r, steps, n_ctx, warm, prof, static, config.endswith("q4_1"),
+                          compute_type)
     elif config.startswith("hf"):
-        times = run_hf_config(r, steps, n_ctx, threads)
+        mode = config.split("-")[2] if config.count("-") == 2 else "fp32"
+        times = run_hf_config(r, steps, n_ctx, threads, mode)
     else:
         times = run_torch(r, steps, n_ctx, threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -392,10 +402,13 @@ def main(argv: list[str] | None = None) -> int:
                         "static graph, the same bits)")
     p.add_argument("--llama-finetune", default=os.environ.get("LLAMA_FINETUNE"),
                    help="llama.cpp's llama-finetune binary (default $LLAMA_FINETUNE)")
+    p.add_argument("--compute-type", choices=("f32", "bf16"), default="f32",
+                   help="ggopt's products (docs/compute-type.md); the hf-* rows of "
+                        f"{', '.join(HF_LOWP)} are PyTorch's bf16 counterparts")
     args = p.parse_args(argv)
     if args.child:
         child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
-              args.profile, not args.dynamic, args.llama_finetune)
+              args.profile, not args.dynamic, args.llama_finetune, args.compute_type)
         return 0
     model_path()
     results: dict[str, list[float]] = {}
@@ -416,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                    str(args.threads), "--rank", str(args.rank), "--ctx", str(args.ctx),
                    *(["--profile"] if args.profile else []),
                    *(["--dynamic"] if args.dynamic else []),
-                   *(["--llama-finetune", args.llama_finetune] if args.llama_finetune else [])]
+                   *(["--llama-finetune", args.llama_finetune] if args.llama_finetune else []),
+                   "--compute-type", args.compute_type]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             rec = json.loads(out.strip().splitlines()[-1])
             results.setdefault(config, []).extend(rec["times"][args.warm:])
@@ -445,6 +459,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind}: ggopt {args.ctx / g:.1f} vs {label} {args.ctx / t:.1f} tokens/s "
                       f"(x{t / g:.2f}); peak RSS {peaks[f'ggopt-{kind}']:.0f} vs "
                       f"{peaks[f'{ref}-{kind}']:.0f} MB")
+        hf = {c: med[c] for c in (f"hf-{kind}", *HF_LOWP) if c in med and f"-{kind}" in c}
+        if g and hf:
+            best = min(hf, key=hf.__getitem__)
+            print(f"{kind} ({args.compute_type}): ggopt {args.ctx / g:.1f} vs the fastest "
+                  f"PyTorch row {best} {args.ctx / hf[best]:.1f} tokens/s (x{hf[best] / g:.2f}); "
+                  f"peak RSS {peaks[f'ggopt-{kind}']:.0f} vs {peaks[best]:.0f} MB")
     return 0
 
 

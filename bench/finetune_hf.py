@@ -53,7 +53,7 @@ def hf_state_dict(weights: dict[str, np.ndarray], n_head: int, n_head_kv: int
     return out
 
 
-def build_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray], lora_rank: int) -> Any:
+def build_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray], lora_rank: int = 0) -> Any:
     """A transformers llama holding ``weights``; with ``lora_rank`` wrapped by peft (alpha
     2 * rank on the seven projections, no dropout), else every weight trainable."""
     import transformers
@@ -83,17 +83,38 @@ def build_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray], lora_rank:
     return model
 
 
+#: PyTorch's precisions: fp32; the model in bf16 (``model.to(torch.bfloat16)`` before PEFT
+#: wraps it); fp32 weights under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+HF_MODES = ("fp32", "bf16", "autocast")
+
+
 def run_hf(lora_rank: int, steps: int, windows: Any, cfg: Any, weights: dict[str, np.ndarray],
-           threads: int) -> list[float]:
-    """Time ``steps`` AdamW steps (lr 1e-5) of one window each; return the step times."""
+           threads: int, mode: str = "fp32") -> list[float]:
+    """Time ``steps`` AdamW steps (lr 1e-5) of one window each in ``mode`` (:data:`HF_MODES`);
+    return the step times."""
+    import contextlib
+
     import torch
 
     torch.set_num_threads(threads)
-    model = build_model(torch, cfg, weights, lora_rank)
+    model = build_model(torch, cfg, weights, 0)
     weights.clear()
+    if mode == "bf16":
+        model = model.to(torch.bfloat16)
+    if lora_rank:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=lora_rank, lora_alpha=2 * lora_rank, lora_dropout=0.0, bias="none",
+            target_modules=HF_TARGETS))
     params = [p for p in model.parameters() if p.requires_grad]
-    return time_adamw_steps(torch, params, lambda tok: model(input_ids=tok).logits, windows,
-                            steps)
+
+    def logits(tok: Any) -> Any:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else \
+                contextlib.nullcontext():
+            return model(input_ids=tok).logits.float()
+
+    return time_adamw_steps(torch, params, logits, windows, steps)
 
 
 def time_adamw_steps(torch: Any, params: list[Any], logits_of: Callable[[Any], Any],

@@ -19,6 +19,10 @@ continue bit for bit, the learning-rate schedule included; Ctrl-C stops with one
 --base-type keep trains the LoRA adapter on the model's weights as the file stores them
 (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and F32 matrices mapped from the file); a full fine-tune (no --lora)
 trains every weight and so needs --base-type f32 (the weights dequantized at load).
+
+--compute-type bf16 runs the weights' products in BF16 (F32 sums): with LoRA the frozen base
+is stored in BF16 (converted once at load); a full fine-tune keeps F32 weights and AdamW state
+and rounds the weights to BF16 once per step (docs/compute-type.md).
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ from ..lm.memory import memory_report, peak_rss_bytes
 from ..lm.windows import text_windows, tokenize_texts
 from ..models import load
 from ..models.llama import weight_map
+from ..models.llama.compute import COMPUTE_TYPES, load_compute_type
+from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
+from ..models.llama.weights import file_weights
 from ..opt import OptimizerParams
 from ..opt.schedule import Schedule
 from . import training_args as training_cli
@@ -115,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="f32 (default): dequantize the weights to F32 at load (needed for a "
                         "full fine-tune, which trains them); keep: LoRA on the weights as the "
                         "file stores them (quantized, mapped, frozen)")
+    p.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     p.add_argument("--out-type", choices=OUT_TYPES, default="f32",
                    help="the merged model's type: f32 (default) keeps every bit of the "
                         "training; f16, bf16, q8_0 for the matrices; keep: each tensor in the "
@@ -255,7 +263,9 @@ def run(args: argparse.Namespace) -> None:
     rank0 = comm is None or comm.rank == 0
     if not rank0:
         sys.stdout = open(os.devnull, "w")  # one report: rank 0 prints it
-    model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress)
+    trains_base = args.lora is None and args.adapter is None
+    model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress,
+                 compute_type=load_compute_type(args.compute_type, trains_base))
     tok = model.require_tokenizer()
     check_exportable(args.model)  # the export at the end cannot fail on the input's keys
     if args.text:
@@ -278,7 +288,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"lora: {len(adapter.a)} adapted weights, {adapter.n_params()} trainable "
               f"parameters (base frozen), lr {args.lr:g}")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
-                        val_split=args.val_split, static=not args.dynamic, seed=args.seed)
+                        val_split=args.val_split, static=not args.dynamic, seed=args.seed,
+                        compute_type=args.compute_type)
     base = OptimizerParams()
     base.adamw.wd = fp.wd
     n_steps = FineTuner.count_steps(windows, fp)
@@ -342,6 +353,8 @@ def run(args: argparse.Namespace) -> None:
     if not rank0:
         return  # every rank holds the same weights; rank 0 writes them
     weights: Mapping[str, np.ndarray] = weight_map(net)  # one tensor at a time in F32
+    if model.compute_type == "bf16" and model.base_type == "f32":
+        weights = file_weights(args.model)  # the file's values, not the base's BF16 rounding
     unchanged: set[str] = set()  # LoRA: the frozen base outside the adapted weights
     if adapter is not None:
         unchanged = set(weights) - set(adapter.a)

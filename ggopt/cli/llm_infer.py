@@ -17,6 +17,8 @@ from .. import set_n_threads
 from ..errors import InvalidValueError, ShapeError
 from ..lm import SamplingParams, generate, lora, perplexity, preflight
 from ..models import Model, load
+from ..models.llama.compute import COMPUTE_TYPES
+from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
 from ..models.llama.vocab import require, tokenizer_of
 from ..opt.progress import write_progress
@@ -66,7 +68,8 @@ def _load(args: argparse.Namespace) -> Model:
     if args.threads is not None:
         set_n_threads(args.threads)
     model = load(args.model, base_type=getattr(args, "base_type", "f32"),
-                 progress=False if args.no_progress else None)
+                 progress=False if args.no_progress else None,
+                 compute_type=getattr(args, "compute_type", "f32"))
     if adapters:
         lora.apply(model.net, [(lora.load(path, model.net), s) for path, s in adapters])
         print(f"main: {len(adapters)} LoRA adapter(s): "
@@ -179,8 +182,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     help="no progress on stderr (loading)")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped), multiplied as llama.cpp's CPU "
+                         "stores them (quantized, F16, BF16: mapped), multiplied as llama.cpp's CPU "
                          "backend does (activations rounded to 8 bits)")
+    ge.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     _add_lora(ge)
     ge.set_defaults(func=_generate)
 
@@ -194,8 +198,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     help="no progress on stderr (loading, evaluating)")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, mapped), multiplied as llama.cpp's CPU "
+                         "stores them (quantized, F16, BF16: mapped), multiplied as llama.cpp's CPU "
                          "backend does (activations rounded to 8 bits)")
+    ev.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     _add_lora(ev)
     ev.set_defaults(func=_eval)
 

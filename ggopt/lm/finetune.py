@@ -36,6 +36,7 @@ from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
+from ..models.llama.compute import check_compute_type
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from ..opt.checks import check_float32, check_int
@@ -66,8 +67,12 @@ class FinetuneParams:
     val_split: float = 0.05
     static: bool = True
     seed: int = 5489
+    #: "bf16": the F32 weights rounded to BF16 once per micro-batch's graph for their products
+    #: (the master copy and AdamW's state stay F32; :mod:`ggopt.models.llama.compute`)
+    compute_type: str = "f32"
 
     def check(self) -> None:
+        check_compute_type(self.compute_type, "finetune")
         for name in ("n_batch", "n_ubatch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -172,9 +177,8 @@ class FineTuner:
             params.graph_size = GRAPH_SIZE
             params.ctx_compute = Context()
             params.inputs = self.inp.tokens
-            params.outputs = self.loss_in.loss(params.ctx_compute,
-                                               build_logits(params.ctx_compute, net, self.inp,
-                                                            output=False))
+            params.outputs = self.loss_in.loss(params.ctx_compute, self._logits(
+                params.ctx_compute))
         self.opt_ctx = OptContext(params)
         self._step_ctx: Context | None = None  # the dynamic graph's context of the last step
         self._steps = 0  # optimizer steps, when the rates come from a plain callable
@@ -192,6 +196,13 @@ class FineTuner:
         self.train_seconds = 0.0
         self.train_tokens = 0  # tokens computed (padding and masked prompts included)
         self.trained_tokens = 0  # of them, those with a label (the loss is over them)
+
+    def _logits(self, ctx: Context) -> Tensor:
+        """The micro-batch's logits in ``ctx``: the weights rounded to BF16 in the graph when
+        the fine-tune's (or the model's) compute type is bf16."""
+        bf16 = "bf16" in (self.fp.compute_type, self.net.compute_type)
+        return build_logits(ctx, self.net, self.inp, output=False,
+                            compute_type="bf16" if bf16 else "f32")
 
     @staticmethod
     def _split(windows: Windows, fp: FinetuneParams) -> tuple[int, int]:
@@ -236,7 +247,7 @@ class FineTuner:
         self._check_microbatch(ibatch, weight)
         if not self.fp.static:
             ctx = Context()
-            loss = self.loss_in.loss(ctx, build_logits(ctx, self.net, self.inp, output=False))
+            loss = self.loss_in.loss(ctx, self._logits(ctx))
             gf = ggopt.new_graph_custom(ctx, GRAPH_SIZE, True)
             ggopt.build_forward_expand(gf, loss)
             self.opt_ctx.prepare_alloc(ctx, gf, self.inp.tokens, loss)
@@ -405,9 +416,12 @@ class FineTuner:
 
     def _run_key(self) -> dict[str, int | float | str]:
         """What a checkpoint must match to resume bit for bit (the data, batches, split)."""
-        return {"ctx": self.windows.n_ctx, "batch": self.fp.n_batch,
-                "micro_batch": self.fp.n_ubatch,
-                "val_split": self.fp.val_split, "data": self.dataset.digest()}
+        key: dict[str, int | float | str] = {
+            "ctx": self.windows.n_ctx, "batch": self.fp.n_batch, "micro_batch": self.fp.n_ubatch,
+            "val_split": self.fp.val_split, "data": self.dataset.digest()}
+        if self.fp.compute_type != "f32":  # an F32 run's checkpoints stay as they were
+            key["compute_type"] = self.fp.compute_type
+        return key
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,
             resume: bool | Literal["force"] = False,

@@ -29,7 +29,10 @@ from ... import F32, I32, Context, Tensor
 from ...backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_get, tensor_set
 from ...backend.buffer import buffer_of
 from ...errors import DTypeError, ShapeError, StateError
+from ...lowp import widen
 from ...quants import dequantize
+from ...types import BF16
+from .compute import check_compute_type
 from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
@@ -112,13 +115,16 @@ Projection = Callable[[Context, str, Tensor, Tensor], Tensor]
 @dataclasses.dataclass
 class LlamaModel:
     """Weights allocated on the scheduler's first backend, under llama.cpp's names; with a
-    ``projection`` every graph applies it to the blocks' projections."""
+    ``projection`` every graph applies it to the blocks' projections. ``compute_type="bf16"``
+    rounds the F32 weight matrices to BF16 in every graph (:mod:`.compute`)."""
 
     cfg: Config
     sched: Scheduler
     ctx: Context
     params: dict[str, Tensor]
     projection: Projection | None = None
+    #: the default ``compute_type`` of its graphs (:mod:`.compute`)
+    compute_type: str = "f32"
 
 
 @dataclasses.dataclass
@@ -250,19 +256,43 @@ def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,
     return k_all, v_all
 
 
-def build_logits(ctx: Context, model: LlamaModel, inp: Inputs, output: bool = True) -> Tensor:
+def build_logits(ctx: Context, model: LlamaModel, inp: Inputs, output: bool = True,
+                 compute_type: str | None = None) -> Tensor:
     """The logits ``[n_vocab, n_tokens*n_seq]`` of :func:`build_graph` without a cache;
     ``output=False`` for a loss over them (the logits then die at their gradient)."""
-    return build_graph(ctx, model, inp, output=output).logits
+    return build_graph(ctx, model, inp, output=output, compute_type=compute_type).logits
+
+
+def _rounded(c: Context, params: dict[str, Tensor], compute_type: str
+             ) -> Callable[[str], Tensor]:
+    """``weight(name)``: the weight a product uses. With ``"bf16"`` an F32 matrix is replaced
+    by its BF16 copy, one ``cpy`` node per weight in this graph (made on first use)."""
+    copies: dict[str, Tensor] = {}
+
+    def weight(name: str) -> Tensor:
+        w = params[name]
+        if compute_type == "f32" or w.type is not F32:
+            return w
+        if name not in copies:
+            copies[name] = ggopt.cpy(c, w, ggopt.set_name(c.new_tensor(BF16, w.ne),
+                                                          name + ".bf16"))
+        return copies[name]
+
+    return weight
 
 
 def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | None = None,
-                last_only: bool = False, output: bool = True) -> Graph:
+                last_only: bool = False, output: bool = True,
+                compute_type: str | None = None) -> Graph:
     """llama.cpp's graph in ``ctx``: logits ``[n_vocab, n_tokens*n_seq]`` (only the last
     token's with ``last_only``), flagged as output unless ``output=False`` (an output is
-    never freed nor overwritten: the planner keeps the logits to the end of the graph)."""
+    never freed nor overwritten: the planner keeps the logits to the end of the graph).
+    ``compute_type`` (default: the model's): ``"bf16"`` rounds every F32 weight matrix to BF16
+    once in this graph for its products (:mod:`.compute`)."""
     cfg, p, c, g = model.cfg, model.params, ctx, ggopt
     fam = cfg.family
+    weight = _rounded(c, p, check_compute_type(
+        model.compute_type if compute_type is None else compute_type, "build_graph"))
     T, B, hd = inp.n_tokens, inp.n_seq, cfg.head_dim
     N = T * B
     freqs = p.get("rope_freqs.weight")
@@ -289,9 +319,9 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     def mm(i: int, name: str, x: Tensor) -> Tensor:  # a block's projection of x (+ its bias)
         key = f"blk.{i}.{name}.weight"
         if model.projection is None:
-            y = g.mul_mat(c, p[key], x)
+            y = g.mul_mat(c, weight(key), x)
         else:
-            y = model.projection(c, key, p[key], x)
+            y = model.projection(c, key, weight(key), x)
         bias = p.get(f"blk.{i}.{name}.bias")
         return y if bias is None else g.add(c, y, bias)
 
@@ -331,7 +361,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         x = g.add(c, x, cur)
     if last_only:
         x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
-    out_w = p["token_embd.weight"] if cfg.tied_output else p["output.weight"]
+    out_w = weight("token_embd.weight" if cfg.tied_output else "output.weight")
     logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
     if cfg.softcap:
         logits = g.scale(c, g.tanh(c, g.scale(c, logits, 1.0 / cfg.softcap)), cfg.softcap)
@@ -374,7 +404,7 @@ def is_read_only(t: Tensor) -> bool:
 
 
 class WeightMap(Mapping[str, np.ndarray]):
-    """A model's weights as host float32 arrays (quantized ones dequantized), NumPy order,
+    """A model's weights as host float32 arrays (quantized, F16 and BF16 ones widened), NumPy order,
     llama.cpp's names, each made when it is looked up and not kept: a reader (the GGUF export)
     that takes one at a time holds one tensor's float32 copy, not the model's."""
 
@@ -385,6 +415,8 @@ class WeightMap(Mapping[str, np.ndarray]):
     def __getitem__(self, name: str) -> np.ndarray:
         t = self.model.params[name]
         raw = tensor_get(t)
+        if t.type.is_lowp:
+            raw = widen(t.type, raw)
         return (dequantize(raw, t.type) if t.type.is_quantized else raw).reshape(
             self.shapes[name])
 

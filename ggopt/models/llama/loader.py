@@ -21,6 +21,7 @@ from ...backend import Scheduler, cpu_init, tensor_set
 from ...errors import DTypeError, GgoptError, InvalidValueError, ShapeError
 from ...io.paths import text_path
 from .byte_gguf import byte_tokens
+from .compute import check_compute_type
 from .config import Config, config_from_fields, field_value
 from .graph import LlamaModel, build_model, param_shapes
 from .mapped import BASE_TYPES, map_model
@@ -45,6 +46,7 @@ class Model:
     tensor_types: dict[str, int]  # type name -> tensor count, as in the file
     is_bytes: bool  # ggopt's byte-level vocabulary (any bytes are tokens)
     base_type: str = "f32"  # "f32": dequantized, trainable; "keep": the file's types, frozen
+    compute_type: str = "f32"  # "bf16": the matrices stored (or rounded per graph) in BF16
 
     def require_tokenizer(self) -> Tokenizer:
         """The tokenizer, or StateError saying why there is none."""
@@ -97,14 +99,18 @@ def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.nda
 
 def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
          progress: bool | None = None, stream: TextIO | None = None,
-         base_type: str = "f32") -> Model:
+         base_type: str = "f32", compute_type: str = "f32") -> Model:
     """Load a GGUF of a family of :data:`.arch.ARCHITECTURES`, dispatched on
     ``general.architecture`` (any tensor type of :data:`weights.SUPPORTED_TYPES`).
 
     ``base_type``: ``"f32"`` (default) dequantizes every weight into F32 PARAM tensors;
     ``"keep"`` maps the F32 and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices from the file as they are
     (no copy, read-only, never PARAMs: for inference and LoRA) and dequantizes the rest
-    (:mod:`.mapped`). ``sched``: where the weights live (default: a new CPU scheduler).
+    (:mod:`.mapped`). ``compute_type="bf16"`` (:mod:`.compute`): the matrices that would be
+    F32 are stored in BF16 (rounded once, here), frozen, and every product with a weight runs
+    in BF16; a full fine-tune in BF16 loads F32 weights instead and rounds them per step
+    (``FinetuneParams(compute_type="bf16")``). ``sched``: where the weights live (default: a
+    new CPU scheduler).
     ``progress``: draw a progress bar on ``stream`` (default stderr); None = for files over
     64 MiB.
 
@@ -113,11 +119,12 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     GgoptError
         Not a readable GGUF (missing, truncated, damaged), another architecture, a key of the
         wrong type or value, a missing, unexpected or misshaped tensor, a tensor type ggopt
-        does not load, a non-finite weight, an unknown ``base_type``.
+        does not load, a non-finite weight, an unknown ``base_type`` or ``compute_type``.
     """
     if base_type not in BASE_TYPES:
         raise InvalidValueError(f"llm load: base_type must be one of {', '.join(BASE_TYPES)}, "
                                 f"got {base_type!r}")
+    check_compute_type(compute_type, "llm load")
     t0 = time.perf_counter()
     spath = text_path(path, "llm load")
     where = f"llm load {spath!r}"
@@ -130,11 +137,12 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
         progress = os.path.getsize(spath) > PROGRESS_BYTES
     bar = ProgressBar(len(shapes), stream) if progress else None
     sched = sched or Scheduler([cpu_init()])
-    if base_type == "keep":
-        if getattr(reader, "byte_order", "I") != "I":
+    if base_type == "keep" or compute_type == "bf16":
+        if base_type == "keep" and getattr(reader, "byte_order", "I") != "I":
             raise DTypeError(f"{where}: the file's byte order is not this machine's; its blocks "
                              f"cannot be mapped as they are (load it with base_type='f32')")
-        net = map_model(cfg, sched, table, where, bar)
+        net = map_model(cfg, sched, table, where, bar, keep=base_type == "keep",
+                        compute_type=compute_type)
     else:
         net = build_model(cfg, sched)
         for name, arr in iter_f32(table, shapes, where, bar):
@@ -144,4 +152,4 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
         key = t.tensor_type.name
         types[key] = types.get(key, 0) + 1
     return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes,
-                 base_type)
+                 base_type, compute_type)

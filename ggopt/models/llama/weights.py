@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
 import numpy as np
@@ -22,7 +22,7 @@ from ...errors import DTypeError, InvalidValueError, ShapeError
 from ...opt.progress import is_terminal, write_progress
 
 __all__ = ["SUPPORTED_TYPES", "open_reader", "tensor_table", "check_tensors", "as_f32",
-           "check_finite", "iter_f32", "ProgressBar"]
+           "check_finite", "iter_f32", "file_weights", "ProgressBar"]
 
 _Q = GGMLQuantizationType
 #: The tensor types ggopt loads (dequantized to F32).
@@ -111,6 +111,32 @@ def iter_f32(table: dict[str, Any], shapes: dict[str, tuple[int, ...]], where: s
         if bar is not None:
             bar.update(i + 1, int(table[name].n_bytes))
         yield name, arr
+
+
+class _FileWeights(Mapping[str, np.ndarray]):
+    def __init__(self, path: str) -> None:
+        where = f"llm weights {path!r}"
+        self.table = tensor_table(open_reader(path, where), where)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        t = self.table[name]
+        return as_f32(t, tuple(int(d) for d in t.shape)[::-1])
+
+    def __contains__(self, name: object) -> bool:  # without reading the tensor
+        return name in self.table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def file_weights(path: str | os.PathLike[str]) -> Mapping[str, np.ndarray]:
+    """A GGUF's tensors as float32 NumPy-order arrays by name, each read (dequantized) from the
+    file when it is looked up and not kept (a base stored in BF16 merged with an adapter from
+    the file's own values)."""
+    return _FileWeights(os.fspath(path))
 
 
 class ProgressBar:
