@@ -32,7 +32,7 @@ def _files() -> list[Path]:
            *(REPO / "tools").glob("*.py"), *(REPO / "docs").glob("*.md"),
            *(REPO / "bench").glob("*.md")]
     # CHANGELOG.md names what was removed: not a pointer
-    out += [REPO / n for n in ("CONTRIBUTING.md",) if (REPO / n).exists()]
+    out += [REPO / n for n in ("README.md", "CONTRIBUTING.md")]
     return sorted(out)
 
 

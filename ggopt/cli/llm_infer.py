@@ -182,8 +182,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     help="no progress on stderr (loading)")
     ge.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, F16, BF16: mapped), multiplied as llama.cpp's CPU "
-                         "backend does (activations rounded to 8 bits)")
+                         "stores them (quantized, F16, BF16: mapped), multiplied as "
+                         "llama.cpp's CPU backend does (activations rounded to 8 bits)")
     ge.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     _add_lora(ge)
     ge.set_defaults(func=_generate)
@@ -198,8 +198,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     help="no progress on stderr (loading, evaluating)")
     ev.add_argument("--base-type", choices=BASE_TYPES, default="f32",
                     help="f32 (default): weights dequantized at load; keep: as the file "
-                         "stores them (quantized, F16, BF16: mapped), multiplied as llama.cpp's CPU "
-                         "backend does (activations rounded to 8 bits)")
+                         "stores them (quantized, F16, BF16: mapped), multiplied as "
+                         "llama.cpp's CPU backend does (activations rounded to 8 bits)")
     ev.add_argument("--compute-type", choices=COMPUTE_TYPES, default="f32", help=COMPUTE_HELP)
     _add_lora(ev)
     ev.set_defaults(func=_eval)

@@ -24,7 +24,7 @@ from ...errors import ShapeError
 
 __all__ = ["Architecture", "ARCHITECTURES", "architecture"]
 
-ROPE_NORMAL, ROPE_NEOX = 0, 2  # ggml's rope modes (ggopt.ROPE_TYPE_*)
+ROPE_NORMAL, ROPE_NEOX = 0, 2  # ggml's rope modes (ggopt.ROPE_TYPE_NORMAL, ggopt.ROPE_TYPE_NEOX)
 
 
 @dataclasses.dataclass(frozen=True)
