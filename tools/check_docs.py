@@ -5,7 +5,8 @@ Covers ``*.md`` at the repository root and in ``docs/``:
 - every relative Markdown link ``[text](path#anchor)`` names an existing file and, when it
   has one, an anchor that a heading of that file produces (GitHub's slugs);
 - every command a shell block or an inline code span names, ``ggopt <subcommand> ...`` and
-  ``python -m ggopt.<module> ...`` / ``python -m bench.<module> ...``, answers ``--help`` (exit 0), and
+  ``python -m ggopt.<module> ...`` / ``python -m bench.<module> ...``, answers ``--help``
+  (exit 0), and
   every ``--option`` the docs give it appears in that help.
 
 ``ggopt <subcommand>`` runs as ``python -m ggopt.cli.main <subcommand>`` where that module

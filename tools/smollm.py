@@ -64,17 +64,40 @@ def llama_cpp_model(path: Path, n_ctx: int, n_threads: int = 2, lora_path: Path 
         low.llama_model_default_params = default
 
 
-def llama_cpp_perplexity(llm, ids: list[int], n_ctx: int) -> float:
+def llama_cpp_logits(llm, ids: list[int]):
+    """llama.cpp's logits (F32, one row a token) of ``ids`` evaluated from an empty cache."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(list(ids))
+    return np.asarray(llm.scores[:len(ids)], np.float32)
+
+
+def llama_cpp_greedy(llm, prompt: list[int], n: int) -> list[int]:
+    """The ``n`` tokens llama.cpp's argmax picks after ``prompt``, one at a time."""
+    import numpy as np
+
+    llm.reset()
+    llm.eval(list(prompt))
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out
+
+
+def llama_cpp_perplexity(llm, ids: list[int], n_ctx: int, bos: int | None = None) -> float:
     """llama-perplexity's number from llama.cpp's logits (``llm`` made with ``n_ctx``):
-    windows of ``n_ctx`` from position 0, the second half scored (SmolLM2 adds no BOS)."""
+    windows of ``n_ctx`` from position 0, the second half scored; with ``bos`` (a vocabulary
+    that adds one, e.g. Gemma's) each window's first token is replaced by it."""
     import numpy as np
 
     first, nll = n_ctx // 2, []
     for i in range(len(ids) // n_ctx):
-        window = ids[i * n_ctx:(i + 1) * n_ctx]
-        llm.reset()
-        llm.eval(window)
-        z = np.asarray(llm.scores[first:n_ctx - 1], np.float64)
+        window = list(ids[i * n_ctx:(i + 1) * n_ctx])
+        if bos is not None:
+            window[0] = bos
+        z = llama_cpp_logits(llm, window)[first:n_ctx - 1].astype(np.float64)
         zmax = z.max(-1, keepdims=True)
         lse = np.log(np.exp(z - zmax).sum(-1)) + zmax[:, 0]
         nll.append(lse - z[np.arange(len(z)), window[first + 1:]])

@@ -21,7 +21,12 @@ from ggopt.lm import Generator, SamplingParams, generate, lora, perplexity
 from ggopt.lm.export import export
 from ggopt.models import llama, load
 from tests.support.families import FAMILIES, text_tokens, write_family
-from tools.smollm import llama_cpp_model, llama_cpp_perplexity
+from tools.smollm import (
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    llama_cpp_model,
+    llama_cpp_perplexity,
+)
 
 pytestmark = [
     pytest.mark.interop,
@@ -31,11 +36,6 @@ pytestmark = [
 NAMES = sorted(FAMILIES)
 
 
-def _cpp_logits(cpp, ids):
-    cpp.reset()
-    cpp.eval(list(ids))
-    return np.asarray(cpp.scores[:len(ids)], np.float32)
-
 
 @pytest.mark.parametrize("arch", NAMES)
 def test_logits_greedy_and_perplexity_equal_llama_cpp(tmp_path, arch):
@@ -44,7 +44,7 @@ def test_logits_greedy_and_perplexity_equal_llama_cpp(tmp_path, arch):
     model = load(path, progress=False)
     cpp = llama_cpp_model(path, 64)
     ids = text_tokens(64)
-    ours, theirs = llama.logits(model, ids), _cpp_logits(cpp, ids)
+    ours, theirs = llama.logits(model, ids), llama_cpp_logits(cpp, ids)
     rel = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     gen = Generator(model, 64)
     steps = np.stack([gen.feed(ids[:32])] + [gen.feed([t]) for t in ids[32:63]])
@@ -53,12 +53,7 @@ def test_logits_greedy_and_perplexity_equal_llama_cpp(tmp_path, arch):
           f"{rel_step:.2g} one token at a time")
     assert rel < 1e-3 and rel_step < 1e-3
     prompt = list(ids[:16])
-    cpp.reset()
-    cpp.eval(prompt)
-    want = []
-    for _ in range(32):
-        want.append(int(np.argmax(cpp.scores[cpp.n_tokens - 1])))
-        cpp.eval([want[-1]])
+    want = llama_cpp_greedy(cpp, prompt, 32)
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
     text = text_tokens(640)
     ppl, ref = perplexity(model, text, 64).ppl, llama_cpp_perplexity(cpp, list(text), 64)

@@ -23,7 +23,13 @@ from ggopt.models import load
 from ggopt.models.llama.run import logits
 from tests.support.families import cpp_chat
 from tools.family_models import f32_path, shipped_path
-from tools.smollm import GPL3, llama_cpp_model
+from tools.smollm import (
+    GPL3,
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    llama_cpp_model,
+    llama_cpp_perplexity,
+)
 
 pytestmark = [
     pytest.mark.interop,
@@ -41,24 +47,6 @@ def setup():
     return load(q4, progress=False), cpp, ids
 
 
-def _cpp_logits(cpp, ids):
-    cpp.reset()
-    cpp.eval(ids)
-    return np.asarray(cpp.scores[:len(ids)], np.float32)
-
-
-def _cpp_perplexity(llm, ids: list[int], n_ctx: int, bos: int) -> float:
-    """llama-perplexity's number from llama.cpp's logits: windows of ``n_ctx``, each window's
-    first token replaced by BOS (Gemma's vocabulary adds one), the second half scored."""
-    first, nll = n_ctx // 2, []
-    for i in range(len(ids) // n_ctx):
-        window = [bos] + ids[i * n_ctx + 1:(i + 1) * n_ctx]
-        z = _cpp_logits(llm, window)[first:n_ctx - 1].astype(np.float64)
-        zmax = z.max(-1, keepdims=True)
-        lse = np.log(np.exp(z - zmax).sum(-1)) + zmax[:, 0]
-        nll.append(lse - z[np.arange(len(z)), window[first + 1:]])
-    return float(np.exp(np.concatenate(nll).mean()))
-
 
 def test_tokenizer_equals_llama_cpp(setup):
     model, cpp, ids = setup
@@ -72,7 +60,7 @@ def test_tokenizer_equals_llama_cpp(setup):
 def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     model, cpp, ids = setup
     prompt = ids[:128]
-    ours, theirs = logits(model, prompt), _cpp_logits(cpp, prompt)
+    ours, theirs = logits(model, prompt), llama_cpp_logits(cpp, prompt)
     rel = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     print(f"\nF32 copy: largest logit difference over 128 tokens x 262144: {rel:.3g} of the "
           f"largest logit")
@@ -82,12 +70,7 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     one_token = float(np.abs(np.stack(steps) - theirs[95:127]).max() / np.abs(theirs).max())
     print(f"one token at a time (positions 95..126): {one_token:.3g}")
     assert one_token < 1e-3
-    cpp.reset()
-    cpp.eval(prompt)
-    want = []
-    for _ in range(32):
-        want.append(int(np.argmax(cpp.scores[cpp.n_tokens - 1])))
-        cpp.eval([want[-1]])
+    want = llama_cpp_greedy(cpp, prompt, 32)
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
 
 
@@ -96,7 +79,7 @@ def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     q4 = llama_cpp_model(shipped_path("gemma3"), 256)
     ids = ids[:256 * 12]
     ours = perplexity(model, ids, 256, bos=ids[0])
-    theirs = _cpp_perplexity(q4, ids, 256, ids[0])
+    theirs = llama_cpp_perplexity(q4, ids, 256, bos=ids[0])
     print(f"\nGPL-3 ctx 256 ({ours.n_chunks} windows): ggopt {ours.ppl:.4f} +/- "
           f"{ours.ppl_err:.4f}, llama.cpp (Q4_K_M) {theirs:.4f}")
     assert abs(ours.ppl / theirs - 1) < 0.005

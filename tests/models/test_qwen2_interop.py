@@ -23,7 +23,13 @@ from ggopt.models import load
 from ggopt.models.llama.run import logits
 from tests.support.families import cpp_chat
 from tools.family_models import f32_path, shipped_path
-from tools.smollm import GPL3, llama_cpp_model, llama_cpp_perplexity
+from tools.smollm import (
+    GPL3,
+    llama_cpp_greedy,
+    llama_cpp_logits,
+    llama_cpp_model,
+    llama_cpp_perplexity,
+)
 
 pytestmark = [
     pytest.mark.interop,
@@ -40,11 +46,6 @@ def setup():
     ids = cpp.tokenize(GPL3.read_bytes(), add_bos=True, special=False)
     return load(q4, progress=False), cpp, ids
 
-
-def _cpp_logits(cpp, ids):
-    cpp.reset()
-    cpp.eval(ids)
-    return np.asarray(cpp.scores[:len(ids)], np.float32)
 
 
 def test_tokenizer_and_chat_template_equal_llama_cpp(setup):
@@ -64,7 +65,7 @@ def test_tokenizer_and_chat_template_equal_llama_cpp(setup):
 def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     model, cpp, ids = setup
     prompt = ids[:128]
-    ours, theirs = logits(model, prompt), _cpp_logits(cpp, prompt)
+    ours, theirs = logits(model, prompt), llama_cpp_logits(cpp, prompt)
     rel = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     print(f"\nF32 copy: largest logit difference over 128 tokens x 151936: {rel:.3g} of the "
           f"largest logit")
@@ -74,12 +75,7 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     one_token = float(np.abs(np.stack(steps) - theirs[95:127]).max() / np.abs(theirs).max())
     print(f"one token at a time (positions 95..126): {one_token:.3g}")
     assert one_token < 1e-3
-    cpp.reset()
-    cpp.eval(prompt)
-    want = []
-    for _ in range(32):
-        want.append(int(np.argmax(cpp.scores[cpp.n_tokens - 1])))
-        cpp.eval([want[-1]])
+    want = llama_cpp_greedy(cpp, prompt, 32)
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
 
 

@@ -25,6 +25,8 @@ from ggopt.models import llama
 from tools.smollm import (
     GPL3,
     f32_path,
+    llama_cpp_greedy,
+    llama_cpp_logits,
     llama_cpp_model,
     llama_cpp_perplexity,
     q4_1_path,
@@ -47,16 +49,11 @@ def setup():
     return llama.load(q4_1_path(), progress=False), cpp, ids
 
 
-def _cpp_logits(cpp, ids):
-    cpp.reset()
-    cpp.eval(ids)
-    return np.asarray(cpp.scores[:len(ids)], np.float32)
-
 
 def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     model, cpp, ids = setup
     prompt = ids[:128]
-    ours, theirs = llama.logits(model, prompt), _cpp_logits(cpp, prompt)
+    ours, theirs = llama.logits(model, prompt), llama_cpp_logits(cpp, prompt)
     diff = float(np.abs(ours - theirs).max())
     print(f"\nF32 copy: largest logit difference over 128 tokens x 49152: {diff:.3g}")
     assert diff < 1e-3
@@ -65,12 +62,7 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     one_token = float(np.abs(np.stack(steps) - theirs[95:127]).max())
     print(f"one token at a time (positions 95..126): largest difference {one_token:.3g}")
     assert one_token < 1e-3
-    cpp.reset()
-    cpp.eval(prompt)
-    want = []
-    for _ in range(32):
-        want.append(int(np.argmax(cpp.scores[cpp.n_tokens - 1])))
-        cpp.eval([want[-1]])
+    want = llama_cpp_greedy(cpp, prompt, 32)
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
 
 
@@ -78,7 +70,7 @@ def test_q4_1_kept_logits_near_llama_cpp(setup):
     _, _, ids = setup
     q4 = llama_cpp_model(q4_1_path(), 256)
     kept = llama.load(q4_1_path(), progress=False, base_type="keep")
-    ours, theirs = llama.logits(kept, ids[:128]), _cpp_logits(q4, ids[:128])
+    ours, theirs = llama.logits(kept, ids[:128]), llama_cpp_logits(q4, ids[:128])
     diff = np.abs(ours - theirs)
     print(f"\nQ4_1 as shipped: largest logit difference {diff.max():.3g}, mean "
           f"{diff.mean():.3g}; logits span {np.ptp(theirs):.1f}")
@@ -106,7 +98,7 @@ def test_files_of_llama_cpp_s_quantizer_kept(setup, ftype):
     path = quantized_path(ftype)
     cpp = llama_cpp_model(path, 256)
     kept = llama.load(path, progress=False, base_type="keep")
-    ours, theirs = llama.logits(kept, ids[:128]), _cpp_logits(cpp, ids[:128])
+    ours, theirs = llama.logits(kept, ids[:128]), llama_cpp_logits(cpp, ids[:128])
     diff = np.abs(ours - theirs)
     agree = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
     ppl, want = perplexity(kept, ids, 256).ppl, llama_cpp_perplexity(cpp, ids, 256)
