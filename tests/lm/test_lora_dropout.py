@@ -155,3 +155,22 @@ def test_a_dropout_outside_0_1_is_refused(p):
     with pytest.raises(InvalidValueError, match=r"LoRA dropout must be a number in \[0, 1\)"):
         lora.create(net, 2, 4.0, dropout=p)
     assert llama.get_weights(net).keys() == llama.get_weights(tiny()).keys()
+
+
+def test_the_session_api_checks_the_dropout_before_the_load(tmp_path, monkeypatch):
+    from ggopt.lm import FineTune, session
+    from tests.support.llama_files import write
+
+    path = tmp_path / "base.gguf"
+    write(path, llama.Config(n_ctx=32, n_embd=32, n_layer=1, n_head=4, n_head_kv=2, n_ff=64))
+    ft = FineTune(path, 2, dropout=0.1, progress=False)
+    assert ft.adapter is not None and ft.adapter.dropout == 0.1
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the dropout was checked")
+
+    monkeypatch.setattr(session, "load", no_load)
+    with pytest.raises(InvalidValueError, match=r"FineTune: the LoRA dropout must be"):
+        FineTune(path, 2, dropout=1.0, progress=False)
+    with pytest.raises(InvalidValueError, match="a LoRA dropout needs lora_rank"):
+        FineTune(path, dropout=0.1, progress=False)
