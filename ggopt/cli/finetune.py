@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-targets", default=",".join(lora.TARGETS),
                    help=f"the projections to adapt, comma-separated (default "
                         f"{','.join(lora.TARGETS)})")
+    p.add_argument("--lora-dropout", type=float, default=0.0, metavar="P",
+                   help="PEFT's LoRA dropout: while training, drop the adapter's input out "
+                        "with probability P, 0 <= P < 1 (default 0: none)")
     p.add_argument("--adapter", metavar="FILE.gguf",
                    help="continue training this LoRA adapter GGUF (default: none)")
     p.add_argument("--adapter-out", metavar="FILE.gguf",
@@ -182,6 +185,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     training_cli.check_training_args(p, args)
     if args.adapter_out and args.lora is None and args.adapter is None:
         p.error("--adapter-out needs --lora or --adapter")
+    if args.lora_dropout != 0.0 and args.lora is None and args.adapter is None:
+        p.error("--lora-dropout needs --lora or --adapter (it drops out an adapter's input)")
     if args.lora is not None and args.adapter is not None:
         p.error("--lora starts a new adapter, --adapter continues one: give one of them")
     return args
@@ -204,6 +209,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
         raise InvalidValueError("--base-type keep: a full fine-tune trains every weight, and a "
                                 "quantized weight cannot train; use --base-type f32 (the "
                                 "weights dequantized to F32) or train a --lora adapter")
+    lora.check_dropout(args.lora_dropout, "--lora-dropout")
     info = preflight.model_info(args.model)
     texts = preflight.read_texts(args.text or ())
     conversations: list[Any] = []
@@ -284,9 +290,11 @@ def run(args: argparse.Namespace) -> None:
     elif args.adapter is not None:
         adapter = lora.load(args.adapter, net)
     if adapter is not None:
+        adapter.dropout = args.lora_dropout
         lora.attach(net, adapter)
         print(f"lora: {len(adapter.a)} adapted weights, {adapter.n_params()} trainable "
-              f"parameters (base frozen), lr {args.lr:g}")
+              f"parameters (base frozen), lr {args.lr:g}"
+              f"{f', dropout {args.lora_dropout:g}' if args.lora_dropout else ''}")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
                         val_split=args.val_split, static=not args.dynamic, seed=args.seed,
                         compute_type=args.compute_type)

@@ -6,7 +6,8 @@ step every ``n_batch / n_ubatch`` micro-batches. ``static=False`` builds a fresh
 per micro-batch through the dynamic-graph API (``prepare_alloc`` -> ``alloc`` -> ``eval``), as
 llama.cpp's ``llama-finetune`` does: the same bits, about 0.1 s more per SmolLM2 step. Whatever
 is a PARAM trains: every weight for a full fine-tune (``token_embd`` included; a tied output
-sums both uses' gradients), only the adapter with :func:`ggopt.lm.lora.attach`.
+sums both uses' gradients), only the adapter with :func:`ggopt.lm.lora.attach` (its input
+dropped out in training with the adapter's ``dropout``, :mod:`.lora_dropout`).
 
 The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss_ids(logits, labels,
 MASKED)``, ggml's cross-entropy with one-hot labels (the same bits) read from the label ids, so
@@ -45,6 +46,8 @@ from ..opt.progress import time_us, token_progress_line, write_progress
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .controls import StepMonitor, StopTraining
+from .lora import LoraAdapter
+from .lora_dropout import DropoutMasks
 from .windows import MASKED, Windows, split_point, to_dataset
 
 if TYPE_CHECKING:
@@ -165,6 +168,11 @@ class FineTuner:
         T = windows.n_ctx
         self.inp: Inputs = make_inputs(net, fp.n_ubatch, T)
         self.loss_in = _LossInputs(net, fp.n_ubatch * T)
+        adapter = getattr(net.projection, "__self__", None)  # lora.attach's bound project
+        #: the LoRA dropout's mask inputs (an attached adapter with a dropout > 0), else None
+        self.dropout: DropoutMasks | None = DropoutMasks(
+            net, adapter, fp.n_ubatch * T, fp.seed) if isinstance(adapter, LoraAdapter) \
+            and adapter.dropout > 0 else None
         params = default_params(net.sched, LossType.SUM)
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
@@ -201,7 +209,9 @@ class FineTuner:
         """The micro-batch's logits in ``ctx``: the weights rounded to BF16 in the graph when
         the fine-tune's (or the model's) compute type is bf16."""
         bf16 = "bf16" in (self.fp.compute_type, self.net.compute_type)
-        return build_logits(ctx, self.net, self.inp, output=False,
+        net = self.net if self.dropout is None else \
+            dataclasses.replace(self.net, projection=self.dropout.project)
+        return build_logits(ctx, net, self.inp, output=False,
                             compute_type="bf16" if bf16 else "f32")
 
     @staticmethod
@@ -258,6 +268,11 @@ class FineTuner:
         self.dataset.get_batch_host(self._tokens, self._labels, ibatch)
         tensor_set(self.inp.tokens, self._tokens.reshape(-1))
         self.loss_in.set(self._labels, weight)
+        if self.dropout is not None:
+            if train:  # the step's counter: restored by a resume, the same on every rank
+                self.dropout.fill(self.opt_ctx.state().counters.iteration, int(ibatch))
+            else:
+                self.dropout.fill_ones()
         result = Result()
         self.opt_ctx.eval(result)
         n = int(np.count_nonzero(self._labels != MASKED))
@@ -421,6 +436,9 @@ class FineTuner:
             "val_split": self.fp.val_split, "data": self.dataset.digest()}
         if self.fp.compute_type != "f32":  # an F32 run's checkpoints stay as they were
             key["compute_type"] = self.fp.compute_type
+        if self.dropout is not None:  # so do those of a run without dropout
+            key["lora_dropout"] = self.dropout.p
+            key["lora_dropout_seed"] = self.fp.seed
         return key
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,

@@ -35,8 +35,8 @@ from ..models.llama.weights import check_finite, open_reader, tensor_table
 from ..opt.checks import check_float32
 from ..types import FLAG_PARAM
 
-__all__ = ["TARGETS", "LoraAdapter", "parse_targets", "create", "attach", "apply", "save",
-           "load", "merged"]
+__all__ = ["TARGETS", "LoraAdapter", "parse_targets", "check_dropout", "create", "attach",
+           "apply", "save", "load", "merged"]
 
 #: The projections LoRA may adapt (llama.cpp's tensor names inside a block), in graph order.
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -52,14 +52,19 @@ class LoraAdapter:
     a: dict[str, Tensor]
     b: dict[str, Tensor]
     arch: str = "llama"  # the model's general.architecture (llama.cpp checks it matches)
+    #: PEFT's ``lora_dropout``: the FineTuner drops the adapter's input out with this
+    #: probability while training (:mod:`ggopt.lm.lora_dropout`); 0: none; never saved
+    dropout: float = 0.0
 
     def scale(self, name: str) -> float:
         """``alpha / r`` of one weight (llama.cpp takes r from ``lora_b``); 1 when alpha is 0,
         as llama.cpp reads an adapter file without an alpha."""
         return self.alpha / self.b[name].ne[0] if self.alpha else 1.0
 
-    def project(self, ctx: Context, name: str, w: Tensor, x: Tensor) -> Tensor:
-        """``W x + B (scale (A x))`` (``W x`` alone for a weight without an adapter).
+    def project(self, ctx: Context, name: str, w: Tensor, x: Tensor,
+                x_adapter: Tensor | None = None) -> Tensor:
+        """``W x + B (scale (A x))`` (``W x`` alone for a weight without an adapter);
+        ``x_adapter`` (e.g. ``x`` dropped out) replaces ``x`` in ``A x``.
 
         The scale applies to the ``r``-row ``A x``, not the full-width ``B (A x)`` (the same
         value up to rounding, exactly it for a power-of-two scale): the scale and its gradient
@@ -69,7 +74,8 @@ class LoraAdapter:
         y = g.mul_mat(ctx, w, x)
         if name not in self.a:
             return y
-        low = g.scale(ctx, g.mul_mat(ctx, self.a[name], x), self.scale(name))
+        low = g.scale(ctx, g.mul_mat(ctx, self.a[name], x if x_adapter is None else x_adapter),
+                      self.scale(name))
         return g.add(ctx, y, g.mul_mat(ctx, self.b[name], low))
 
     def arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -102,6 +108,15 @@ def parse_targets(spec: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
+def check_dropout(p: object, where: str) -> float:
+    """``p`` as a float in ``[0, 1)`` (a LoRA dropout); InvalidValueError otherwise."""
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.floating)) or \
+            not 0.0 <= float(p) < 1.0:
+        raise InvalidValueError(f"{where}: the LoRA dropout must be a number in [0, 1), got "
+                                f"{p!r}")
+    return float(p)
+
+
 def _alloc(net: LlamaModel, shapes: dict[str, tuple[tuple[int, int], tuple[int, int]]],
            alpha: float) -> LoraAdapter:
     ctx = Context()
@@ -116,15 +131,17 @@ def _alloc(net: LlamaModel, shapes: dict[str, tuple[tuple[int, int], tuple[int, 
 
 
 def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
-           seed: int = 0) -> LoraAdapter:
-    """A new adapter of rank ``rank`` on every block's ``targets`` (A random, B zero).
+           seed: int = 0, dropout: float = 0.0) -> LoraAdapter:
+    """A new adapter of rank ``rank`` on every block's ``targets`` (A random, B zero);
+    ``dropout``: :attr:`LoraAdapter.dropout`.
 
     Raises
     ------
     InvalidValueError
         A rank below 1 or above a target's smaller side, an alpha that is not > 0 and finite
-        in float32 (the file's type), a negative seed.
+        in float32 (the file's type), a negative seed, a dropout outside [0, 1).
     """
+    dropout = check_dropout(dropout, "lora")
     targets = parse_targets(targets)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise InvalidValueError(f"lora: the rank must be a positive int, got {rank!r}")
@@ -142,6 +159,7 @@ def create(net: LlamaModel, rank: int, alpha: float, targets: Sequence[str] = TA
                                         f"{n_out} x {n_in}")
             shapes[name] = ((rank, n_in), (n_out, rank))
     ad = _alloc(net, shapes, alpha)
+    ad.dropout = dropout
     rng = np.random.default_rng(seed)
     for name, ((r, n_in), (n_out, _)) in shapes.items():
         bound = 1.0 / math.sqrt(n_in)

@@ -71,7 +71,8 @@ def memory_report(ft: FineTuner) -> MemoryReport:
     params = list(state.params)
     opt = sum(acc.nbytes() for acc in state.param_accs.values())
     opt += sum(m.nbytes() + v.nbytes() for m, v in state.moments.values())
-    inputs = sum(t.nbytes() for c in (ft.inp.ctx, ft.loss_in.ctx) for t in c)
+    ctxs = [ft.inp.ctx, ft.loss_in.ctx] + ([] if ft.dropout is None else [ft.dropout.ctx])
+    inputs = sum(t.nbytes() for c in ctxs for t in c)
     weight_ids = {id(t) for t in net.params.values()}
     return MemoryReport(
         weights_bytes=held, weights_f32_bytes=as_f32, weights_mapped_bytes=mapped,

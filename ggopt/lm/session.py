@@ -37,11 +37,16 @@ PathLike = str | os.PathLike[str]
 
 class FineTune:
     """A model loaded from ``path`` and, with ``lora=RANK``, a new LoRA adapter attached
-    (``alpha``, ``targets``; None: a full fine-tune of every weight)."""
+    (``alpha``, ``targets``, ``dropout``: PEFT's LoRA dropout while training; None: a full
+    fine-tune of every weight)."""
 
     def __init__(self, path: PathLike, lora_rank: int | None = None, *, alpha: float = 16.0,
                  targets: str | Sequence[str] = lora.TARGETS, seed: int = 5489,
-                 progress: bool = True) -> None:
+                 dropout: float = 0.0, progress: bool = True) -> None:
+        dropout = lora.check_dropout(dropout, "FineTune")
+        if dropout and lora_rank is None:
+            raise InvalidValueError("FineTune: a LoRA dropout needs lora_rank (it drops out "
+                                    "the adapter's input)")
         info = preflight.model_info(path, "model")
         if lora_rank is not None:
             preflight.check_lora(info, lora_rank, targets)
@@ -49,7 +54,8 @@ class FineTune:
         self.model = load(path, progress=progress)
         self.adapter: lora.LoraAdapter | None = None
         if lora_rank is not None:
-            self.adapter = lora.create(self.model.net, lora_rank, alpha, targets, seed=seed)
+            self.adapter = lora.create(self.model.net, lora_rank, alpha, targets, seed=seed,
+                                       dropout=dropout)
             lora.attach(self.model.net, self.adapter)
         self.windows: Windows | None = None
         self.val_before = self.best_loss = math.nan
