@@ -70,9 +70,14 @@ class FinetuneParams:
     #: "bf16": the F32 weights rounded to BF16 once per micro-batch's graph for their products
     #: (the master copy and AdamW's state stay F32; :mod:`ggopt.models.llama.compute`)
     compute_type: str = "f32"
+    #: the largest global L2 norm of an optimizer step's gradients (PyTorch's
+    #: ``clip_grad_norm_``; ``OptParams.grad_clip``); None: no clipping
+    grad_clip: float | None = None
 
     def check(self) -> None:
         check_compute_type(self.compute_type, "finetune")
+        if self.grad_clip is not None:
+            check_float32(self.grad_clip, "grad_clip", "finetune", low=0.0, low_open=True)
         for name in ("n_batch", "n_ubatch"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -169,6 +174,7 @@ class FineTuner:
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
         params.comm = comm
+        params.grad_clip = fp.grad_clip
         base = OptimizerParams()
         base.adamw.wd = fp.wd
         self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
@@ -421,6 +427,8 @@ class FineTuner:
             "val_split": self.fp.val_split, "data": self.dataset.digest()}
         if self.fp.compute_type != "f32":  # an F32 run's checkpoints stay as they were
             key["compute_type"] = self.fp.compute_type
+        if self.fp.grad_clip is not None:  # so are those of a run without clipping
+            key["grad_clip"] = self.fp.grad_clip
         return key
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,
