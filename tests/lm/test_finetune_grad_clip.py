@@ -169,3 +169,14 @@ def test_the_session_api_passes_the_bound(tmp_path):
         ft.fit(grad_clip=-1.0)
     history = ft.fit(grad_clip=0.5, lr=1e-3)
     assert len(history.train_loss) == 1 and math.isfinite(history.train_loss[0])
+
+
+@pytest.mark.parametrize("bad", [0.0, math.nan])
+def test_opt_params_refuse_a_bad_bound_when_the_context_is_made(bad):
+    from ggopt import backend as gb
+    from ggopt.opt import LossType, OptContext, default_params
+
+    params = default_params(gb.Scheduler([gb.cpu_init()]), LossType.SUM)
+    params.grad_clip = bad
+    with pytest.raises(InvalidValueError, match="grad_clip"):
+        OptContext(params)
