@@ -180,3 +180,27 @@ def test_opt_params_refuse_a_bad_bound_when_the_context_is_made(bad):
     params.grad_clip = bad
     with pytest.raises(InvalidValueError, match="grad_clip"):
         OptContext(params)
+
+
+def test_clipping_on_the_array_backend_matches_the_cpu():
+    """The NumPy array backend runs the CuPy backend's op code: the clipping ops (sqr, sum,
+    sqrt, step, div, mul) give the CPU's result there too."""
+    from ggopt import backend as gb
+    from ggopt.backend.array.backend import numpy_backend
+    from tests.support.finetune import CFG
+
+    def run(sched: gb.Scheduler, clip: float | None) -> dict[str, np.ndarray]:
+        net = llama.build_model(CFG, sched)
+        llama.set_weights(net, llama.get_weights(tiny()), "tiny")
+        ft = FineTuner(net, windows(9), FinetuneParams(n_batch=2, lr=LR, val_split=0.1,
+                                                       grad_clip=clip))
+        ft.train_epoch()
+        ft.close()
+        return llama.get_weights(net)
+
+    cpu = run(gb.Scheduler([gb.cpu_init()]), 0.2)
+    array = run(gb.Scheduler([numpy_backend(), gb.cpu_init()]), 0.2)
+    for k in cpu:
+        np.testing.assert_allclose(array[k], cpu[k], rtol=1e-4, atol=2e-5, err_msg=k)
+    unclipped = run(gb.Scheduler([gb.cpu_init()]), None)
+    assert max(float(np.abs(unclipped[k] - cpu[k]).max()) for k in cpu) > 1e-4
