@@ -56,6 +56,7 @@ from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
 from ..models.llama.weights import file_weights
 from ..opt import OptimizerParams
+from ..opt.checks import check_float32
 from ..opt.schedule import Schedule
 from . import training_args as training_cli
 from .common import world
@@ -103,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
     p.add_argument("--wd", type=training_cli.unit_float32, default=0.0,
                    help="AdamW weight decay, 0 to 1 (default 0)")
+    p.add_argument("--grad-clip", type=float, metavar="MAX_NORM",
+                   help="clip the gradients as PyTorch's clip_grad_norm_: when their global L2 "
+                        "norm over an optimizer step exceeds MAX_NORM (> 0), scale them all by "
+                        "MAX_NORM / (norm + 1e-6) (default: no clipping)")
     p.add_argument("--val-split", type=float, default=0.05,
                    help="fraction of the windows held out for validation (default 0.05)")
     p.add_argument("--lora", type=int, metavar="RANK",
@@ -203,6 +208,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
         [("--out", args.out), ("--adapter-out", args.adapter_out),
          ("--checkpoint", args.checkpoint), ("--plot", args.plot), ("--log", args.log)],
         [(option, path) for option, path in inputs if path is not None])
+    if args.grad_clip is not None:
+        check_float32(args.grad_clip, "--grad-clip", "", low=0.0, low_open=True)
     if args.plot:
         require_matplotlib()  # fail before training, not after
     if args.base_type == "keep" and args.lora is None and args.adapter is None:
@@ -297,7 +304,7 @@ def run(args: argparse.Namespace) -> None:
               f"{f', dropout {args.lora_dropout:g}' if args.lora_dropout else ''}")
     fp = FinetuneParams(n_batch=args.batch, n_ubatch=args.ubatch, lr=args.lr, wd=args.wd,
                         val_split=args.val_split, static=not args.dynamic, seed=args.seed,
-                        compute_type=args.compute_type)
+                        compute_type=args.compute_type, grad_clip=args.grad_clip)
     base = OptimizerParams()
     base.adamw.wd = fp.wd
     n_steps = FineTuner.count_steps(windows, fp)

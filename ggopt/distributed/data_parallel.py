@@ -81,6 +81,7 @@ class DataParallel:
             "optimizer": spec.optimizer.name,
             "opt_period": spec.opt_period,
             "static_graphs": spec.static_graphs,
+            "grad_clip": spec.grad_clip,
         })
         size = self.comm.size
         if spec.build_type >= BuildType.GRAD:
@@ -130,7 +131,9 @@ class DataParallel:
         state = c.state()
         assert state.persistent is not None  # the context is open
         ctx = Context()
-        g = _graph.new_graph_custom(ctx, _graph.GRAPH_DEFAULT_SIZE, False)
+        # room for the steps and for gradient clipping's 4 nodes per parameter
+        size = max(_graph.GRAPH_DEFAULT_SIZE, 8 * len(state.param_accs) + 16)
+        g = _graph.new_graph_custom(ctx, size, False)
         optimizer_steps(c.spec, state.persistent, dict(state.moments), ctx, g,
                         list(reversed(list(state.param_accs.items()))))
         self._step_graph = g

@@ -35,17 +35,17 @@ import ggopt
 
 from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
-from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
+from ..errors import InvalidValueError, ShapeError, StateError
 from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
-from ..models.llama.compute import check_compute_type
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
-from ..opt.checks import check_float32, check_int
+from ..opt.checks import check_int
 from ..opt.dataset import Dataset
 from ..opt.progress import time_us, token_progress_line, write_progress
 from ..opt.schedule import Schedule
 from ..opt.training import FitHistory, Stats, run_batches, train_epochs
 from .controls import StepMonitor, StopTraining
+from .finetune_params import FinetuneParams
 from .lora import LoraAdapter
 from .lora_dropout import DropoutMasks
 from .windows import MASKED, Windows, split_point, to_dataset
@@ -57,48 +57,6 @@ __all__ = ["FinetuneParams", "EpochStats", "FineTuner"]
 
 #: Nodes a micro-batch's graph may hold (a LoRA'd SmolLM2 forward has about 2200).
 GRAPH_SIZE = 16384
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetuneParams:
-    """``n_batch`` windows per optimizer step, in micro-batches of ``n_ubatch`` windows."""
-
-    n_batch: int = 1
-    n_ubatch: int = 1
-    lr: float = 1e-5
-    wd: float = 0.0
-    val_split: float = 0.05
-    static: bool = True
-    seed: int = 5489
-    #: "bf16": the F32 weights rounded to BF16 once per micro-batch's graph for their products
-    #: (the master copy and AdamW's state stay F32; :mod:`ggopt.models.llama.compute`)
-    compute_type: str = "f32"
-
-    def check(self) -> None:
-        check_compute_type(self.compute_type, "finetune")
-        for name in ("n_batch", "n_ubatch"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise DTypeError(f"finetune: {name} must be an int, got {v!r}")
-        for name in ("lr", "wd", "val_split"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)):
-                raise DTypeError(f"finetune: {name} must be a real number, got {v!r}")
-        if self.n_batch < 1 or self.n_ubatch < 1 or self.n_batch % self.n_ubatch:
-            raise ShapeError(f"finetune: the micro-batch ({self.n_ubatch} windows) must divide "
-                             f"the batch ({self.n_batch} windows)")
-        if not (self.lr > 0 and 0 <= self.wd <= 1):
-            raise ShapeError(f"finetune: expected lr > 0 and 0 <= wd <= 1, got {self.lr}, "
-                             f"{self.wd}")
-        check_float32(self.lr, "lr", "finetune", low=0.0, low_open=True)
-        check_float32(self.wd, "wd", "finetune", low=0.0, high=1.0)
-        if not 0.0 <= self.val_split < 1.0:
-            raise InvalidValueError(f"finetune: val_split must be in [0, 1), got "
-                                    f"{self.val_split}")
-
-    @property
-    def opt_period(self) -> int:
-        return self.n_batch // self.n_ubatch
 
 
 @dataclasses.dataclass
@@ -177,6 +135,7 @@ class FineTuner:
         params.opt_period = fp.opt_period
         params.rng_seed = fp.seed
         params.comm = comm
+        params.grad_clip = fp.grad_clip
         base = OptimizerParams()
         base.adamw.wd = fp.wd
         self.schedule = get_opt_pars if get_opt_pars is not None else constant(fp.lr, base)
@@ -439,6 +398,8 @@ class FineTuner:
         if self.dropout is not None:  # so do those of a run without dropout
             key["lora_dropout"] = self.dropout.p
             key["lora_dropout_seed"] = self.fp.seed
+        if self.fp.grad_clip is not None:  # so are those of a run without clipping
+            key["grad_clip"] = self.fp.grad_clip
         return key
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,

@@ -79,18 +79,20 @@ class FineTune:
     def fit(self, epochs: int = 1, lr: float | None = None, *, batch: int = 1,
             val_split: float = 0.05, eval_every: int | None = None,
             patience: int | None = None, max_steps: int | None = None,
-            log: PathLike | None = None) -> FitHistory:
+            log: PathLike | None = None, grad_clip: float | None = None) -> FitHistory:
         """Train (AdamW, ``lr`` default 1e-4 with LoRA, 1e-5 for a full fine-tune); a
         progress bar on stderr, the validation loss before and after each epoch (and every
         ``eval_every`` steps: then the best evaluated state is kept); ``patience``
         evaluations without improvement stop; ``log``: the JSON lines of
-        :mod:`ggopt.lm.controls`. Returns the history per epoch; ``val_before`` holds the
-        validation loss before training, ``best_step``/``best_loss`` the best evaluation."""
+        :mod:`ggopt.lm.controls`; ``grad_clip``: the largest global gradient norm
+        (:attr:`FinetuneParams.grad_clip`, None: no clipping). Returns the history per epoch;
+        ``val_before`` holds the validation loss before training, ``best_step``/``best_loss``
+        the best evaluation."""
         if self.windows is None:
             raise StateError("fine-tune fit: call data(...) first")
         rate = lr if lr is not None else (1e-4 if self.adapter is not None else 1e-5)
         fp = FinetuneParams(n_batch=batch, n_ubatch=1, lr=rate, val_split=val_split,
-                            seed=self.seed)
+                            seed=self.seed, grad_clip=grad_clip)
         ft = FineTuner(self.model.net, self.windows, fp, constant(rate, OptimizerParams()))
         stream = sys.stderr if self.progress else None
         out = open(log, "w", encoding="utf-8") if log is not None else None

@@ -15,15 +15,16 @@ import numpy as np
 
 from .. import graph as _graph
 from .. import ops
-from ..backend import Scheduler, alloc_ctx_tensors, tensor_fill
+from ..backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_set
 from ..context import Context
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..tensor import Tensor
 from ..types import F32, FLAG_LOSS, FLAG_PARAM
+from .checks import check_float32
 from .enums import BuildType, LossType, OptimizerType, optimizer_name
 from .params import OptParams
 
-__all__ = ["Spec", "Persistent", "build", "check_graph_args", "optimizer_steps"]
+__all__ = ["Spec", "Persistent", "build", "check_graph_args", "optimizer_steps", "clip_grads"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Spec:
     opt_period: int
     static_graphs: bool
     graph_size: int  # of the static forward graph
+    grad_clip: float | None = None  # the largest global gradient norm (None: no clipping)
 
     @classmethod
     def of(cls, params: OptParams, fn: str) -> Spec:
@@ -70,8 +72,10 @@ class Spec:
                 "ctx_compute, inputs and outputs must all be set (static graphs) or all be "
                 f"None (dynamic graphs, see prepare_alloc) ({fn})"
             )
+        grad_clip = None if params.grad_clip is None else check_float32(
+            params.grad_clip, "grad_clip", fn, low=0.0, low_open=True)
         return cls(sched, loss_type, build_type, optimizer, int(opt_period), all(given),
-                   int(graph_size))
+                   int(graph_size), grad_clip)
 
 
 def check_graph_args(ctx_compute: object, inputs: object, outputs: object, fn: str) -> None:
@@ -114,6 +118,7 @@ class Persistent:
         self.loss_acc: Tensor | None = None
         self.moments: dict[Tensor, tuple[Tensor, Tensor]] = {}
         self.opt_step_params: Tensor | None = None
+        self.clip_consts: Tensor | None = None
 
     def alloc(self, sched: Scheduler) -> None:
         """Give the accumulators, moments (and static loss tensors) memory on backend 0."""
@@ -143,6 +148,19 @@ class Persistent:
             alloc_ctx_tensors(ctx_cpu, spec.sched.backends[-1])
             self.opt_step_params = t
         return self.opt_step_params
+
+    def clip_constants(self, spec: Spec) -> Tensor:
+        """The host tensor ``[grad_clip, 1e-6, 1]`` gradient clipping reads, made on first
+        use."""
+        if self.clip_consts is None:
+            assert spec.grad_clip is not None  # only clipping contexts ask
+            ctx_cpu = Context()
+            t = ops.set_name(ctx_cpu.new_tensor_1d(F32, 3), "grad_clip constants")
+            ops.set_input(t)
+            alloc_ctx_tensors(ctx_cpu, spec.sched.backends[-1])
+            tensor_set(t, np.array([spec.grad_clip, 1e-6, 1.0], np.float32))
+            self.clip_consts = t
+        return self.clip_consts
 
     def create(self, spec: Spec, gf: _graph.Graph, accumulate: bool) -> tuple[
             dict[Tensor, Tensor], dict[Tensor, tuple[Tensor, Tensor]], Tensor]:
@@ -293,11 +311,14 @@ def optimizer_steps(spec: Spec, persist: Persistent,
                     graph: _graph.Graph, grads: list[tuple[Tensor, Tensor]]) -> None:
     """Add the optimizer step of each ``(parameter, gradient)`` to ``graph``, in that order.
 
+    With ``spec.grad_clip`` the gradients are first clipped (:func:`clip_grads`).
     The one builder of optimizer steps: :func:`build`'s ``gb_opt`` (gradients from the
     backward pass) and the data-parallel step graph (gradients: the summed accumulators).
     """
     step_params = persist.step_params(spec)
     name = optimizer_name(spec.optimizer)
+    if spec.grad_clip is not None and grads:
+        grads = clip_grads(ctx, graph, grads, persist.clip_constants(spec))
     for node, grad in grads:
         if spec.optimizer is OptimizerType.ADAMW:
             m, v = moments[node]
@@ -306,3 +327,28 @@ def optimizer_steps(spec: Spec, persist: Persistent,
             step = ops.opt_step_sgd(ctx, node, grad, step_params)
         ops.set_name(step, f"{name} step for {node.name}")
         _graph.build_forward_expand(graph, step)
+
+
+def clip_grads(ctx: Context, graph: _graph.Graph, grads: list[tuple[Tensor, Tensor]],
+               consts: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """The gradients scaled as PyTorch's ``clip_grad_norm_`` scales them, in graph ops.
+
+    ``norm = sqrt(sum of every gradient's sum(sqr))`` (each sum accumulated in double),
+    ``c = max / (norm + 1e-6)`` and the factor ``min(c, 1)``, exact in float32 as ``c*s +
+    (1 - s)`` with ``s = step(norm + 1e-6 - max)`` (1 when clipping, else 0: a factor of
+    exactly 1). ``consts``: ``[max, 1e-6, 1]``. The factor node is named "grad_clip factor".
+    """
+    total: Tensor | None = None
+    for _, grad in grads:
+        part = ops.sum(ctx, ops.sqr(ctx, grad))
+        total = part if total is None else ops.add(ctx, total, part)
+    assert total is not None  # grads is not empty
+    norm = ops.set_name(ops.sqrt(ctx, total), "grad_clip norm")
+    max_norm, eps, one = (ops.view_1d(ctx, consts, 1, 4 * i) for i in range(3))
+    denom = ops.add(ctx, norm, eps)
+    clipping = ops.step(ctx, ops.sub(ctx, denom, max_norm))
+    factor = ops.add(ctx, ops.mul(ctx, ops.div(ctx, max_norm, denom), clipping),
+                     ops.sub(ctx, one, clipping))
+    ops.set_name(factor, "grad_clip factor")
+    _graph.build_forward_expand(graph, factor)
+    return [(node, ops.mul(ctx, grad, factor)) for node, grad in grads]

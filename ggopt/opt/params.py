@@ -185,6 +185,11 @@ class OptParams:
         graph, and its backward and optimizer copies, which keep its size; ggml: always
         ``GGML_DEFAULT_GRAPH_SIZE`` = 2048, the default here). A larger model needs more
         (SmolLM2 with LoRA: about 2200 forward nodes).
+    grad_clip : float or None
+        Not in ggml. The largest global L2 norm of an optimizer step's gradients (over every
+        PARAM, after accumulation and the data-parallel sum): a larger one scales every
+        gradient by ``grad_clip / (norm + 1e-6)``, as PyTorch's ``clip_grad_norm_``. None (the
+        default): no clipping, the graphs ggml builds.
     """
 
     backend_sched: Scheduler
@@ -200,6 +205,7 @@ class OptParams:
     rng_seed: int = 5489
     comm: Communicator | None = None
     graph_size: int = GRAPH_DEFAULT_SIZE
+    grad_clip: float | None = None
 
 
 #: the hyperparameter names of each optimizer's parameters, in order (checked every step)

@@ -198,3 +198,24 @@ def test_finetune_example_two_ranks_equal_one_process(tmp_path):
         outs[n] = out
     assert "data-parallel over MPI, 2 ranks" in outs[2]
     assert (tmp_path / "ft1.gguf").read_bytes() == (tmp_path / "ft2.gguf").read_bytes()
+
+
+def test_finetune_grad_clip_two_ranks_equal_one_process(tmp_path):
+    """--grad-clip under mpiexec -n 2: the norm is taken after the all-reduce, so both ranks
+    scale the same summed gradient one process scales: the same merged model, byte for byte
+    (and not the unclipped one)."""
+    from ggopt.models import llama
+    from tests.support.llama_files import write
+
+    model, text = tmp_path / "tiny.gguf", tmp_path / "data.txt"
+    write(model, llama.Config(n_ctx=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64))
+    text.write_text("Everyone is permitted to copy and distribute verbatim copies. " * 20)
+    for n, clip in ((1, []), (1, ["--grad-clip", "0.05"]), (2, ["--grad-clip", "0.05"])):
+        code, out = run(n, "-m", "ggopt.examples.finetune", "--model", str(model), "--out",
+                        str(tmp_path / f"ft{n}{len(clip)}.gguf"), "--text", str(text),
+                        "--ctx", "32", "--batch", "2", "--ubatch", "1", "--lr", "1e-3",
+                        "--val-split", "0.2", "--no-progress", "--threads", "1", *clip)
+        assert code == 0, out
+    clipped = (tmp_path / "ft12.gguf").read_bytes()
+    assert clipped == (tmp_path / "ft22.gguf").read_bytes()
+    assert clipped != (tmp_path / "ft10.gguf").read_bytes()
