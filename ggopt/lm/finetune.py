@@ -285,8 +285,16 @@ class FineTuner:
 
         callback = bar if progress is not None and self.rank == 0 else None
         mine = self._own(ids, train)
-        run_batches(self.opt_ctx, self.dataset, mine if train else [], [] if train else mine,
-                    None, None, callback, callback, step=step)
+        try:
+            run_batches(self.opt_ctx, self.dataset, mine if train else [],
+                        [] if train else mine, None, None, callback, callback, step=step)
+        except (StopTraining, KeyboardInterrupt):
+            if train:  # stopped after a whole step: what it trained still counts (under MPI,
+                # the labelled tokens are this rank's share times the ranks)
+                self.train_seconds += time.perf_counter() - t0
+                self.train_tokens += done[0] * self.size * self.fp.n_ubatch * self.windows.n_ctx
+                self.trained_tokens += int(sums[1]) * self.size
+            raise
         total, count = sums
         comm = self.opt_ctx.comm
         if comm is not None:

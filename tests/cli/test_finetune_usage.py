@@ -304,6 +304,8 @@ def test_max_steps_stops_the_run(tmp_path, files, capsys):
                            "--no-progress")
     assert rc == 0, err
     assert "stopped: --max-steps 5 reached" in stdout
+    # the five steps' tokens are counted (the summary said "trained on 0 tokens")
+    assert re.search(r"trained on [1-9]\d* tokens \(the labelled ones; [1-9]\d* computed\)", stdout)
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in steps if "loss" in r] == [1, 2, 3, 4, 5]
     assert (tmp_path / "o.gguf").exists()
