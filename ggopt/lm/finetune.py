@@ -292,7 +292,8 @@ class FineTuner:
             if train:  # stopped after a whole step: what it trained still counts (under MPI,
                 # the labelled tokens are this rank's share times the ranks)
                 self.train_seconds += time.perf_counter() - t0
-                self.train_tokens += done[0] * self.size * self.fp.n_ubatch * self.windows.n_ctx
+                n_windows = int(done[0]) * self.size * self.fp.n_ubatch
+                self.train_tokens += n_windows * self.windows.n_ctx
                 self.trained_tokens += int(sums[1]) * self.size
             raise
         total, count = sums

@@ -61,10 +61,13 @@ class FineTune:
         self.val_before = self.best_loss = math.nan
         self.best_step = -1
 
-    def data(self, text: Sequence[PathLike] = (), chat: PathLike | None = None,
+    def data(self, text: PathLike | Sequence[PathLike] = (), chat: PathLike | None = None,
              ctx: int = 256) -> Windows:
         """Training windows of ``ctx`` tokens from UTF-8 text files (llama.cpp's windows)
-        or a chat JSON-lines file (the loss on the assistant's tokens)."""
+        or a chat JSON-lines file (the loss on the assistant's tokens); one text file may be
+        given alone."""
+        if isinstance(text, (str, os.PathLike)):
+            text = [text]
         if bool(text) == (chat is not None):
             raise InvalidValueError("fine-tune data: give text files or a chat file")
         preflight.check_ctx(self.model.cfg, ctx, 1, "ctx")

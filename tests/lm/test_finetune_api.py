@@ -65,3 +65,7 @@ def test_bad_calls(tmp_path):
     with pytest.raises(Exception, match="rank must be an int >= 1"):
         FineTune(tmp_path / "base.gguf", lora_rank=0, progress=False)
     assert math.isnan(ft.val_before)
+    # one text file given alone, not in a list (it raised a raw TypeError)
+    text = tmp_path / "t.txt"
+    text.write_text("abc " * 200)
+    assert ft.data(text, ctx=16).n_ctx == 16 and ft.data(str(text), ctx=16).n_ctx == 16
