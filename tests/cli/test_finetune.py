@@ -7,29 +7,18 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
-from ggopt.cli.finetune import main
 from ggopt.lm import lora
 from ggopt.models import llama
+from tests.support.finetune_cli import model_and_text, run_cli
 from tests.support.llama_files import write
 
 CFG = llama.Config(n_ctx=64, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64)
-TEXT = ("GNU GENERAL PUBLIC LICENSE. Everyone is permitted to copy and distribute verbatim "
-        "copies of this license document, but changing it is not allowed. ") * 12
-
-
 @pytest.fixture
 def files(tmp_path):
-    model = tmp_path / "tiny.gguf"
-    write(model, CFG)
-    text = tmp_path / "data.txt"
-    text.write_text(TEXT)
-    return model, text
+    return model_and_text(tmp_path, CFG, "tiny.gguf")
 
 
-def _run(capsys, *argv) -> tuple[int, str, str]:
-    rc = main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+_run = run_cli
 
 
 def test_full_fine_tune(tmp_path, files, capsys):
