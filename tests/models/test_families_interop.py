@@ -36,7 +36,6 @@ pytestmark = [
 NAMES = sorted(FAMILIES)
 
 
-
 @pytest.mark.parametrize("arch", NAMES)
 def test_logits_greedy_and_perplexity_equal_llama_cpp(tmp_path, arch):
     path = tmp_path / f"{arch}.gguf"

@@ -47,7 +47,6 @@ def setup():
     return load(q4, progress=False), cpp, ids
 
 
-
 def test_tokenizer_and_chat_template_equal_llama_cpp(setup):
     model, cpp, ids = setup
     tok = model.require_tokenizer()

@@ -49,7 +49,6 @@ def setup():
     return llama.load(q4_1_path(), progress=False), cpp, ids
 
 
-
 def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     model, cpp, ids = setup
     prompt = ids[:128]
