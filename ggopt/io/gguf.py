@@ -1,4 +1,5 @@
-"""GGUF files through llama.cpp's ``gguf`` package (``gguf_write_to_file``/``gguf_init_from_file``).
+"""GGUF files: written through llama.cpp's ``gguf`` package (``gguf_write_to_file``), read
+with :mod:`ggopt.io.gguf_reader` (``gguf_init_from_file``).
 
 Tensors go in and come out in NumPy order, shape ``(ne3, ne2, ne1, ne0)``; the file stores
 ggml's order ``[ne0, ne1, ...]`` (the gguf writer reverses NumPy shapes itself), so ggml's own
@@ -17,12 +18,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
-from ..errors import DTypeError, GgoptError, InvalidValueError, ShapeError
+from ..errors import DTypeError, InvalidValueError, ShapeError
 from ..quants import QUANTIZED_TYPES, Blocks
 from ..types import GGML_MAX_DIMS
 from .atomic import atomic_path
+from .gguf_reader import open_gguf
 
 __all__ = ["save", "load", "load_blocks"]
 
@@ -40,42 +42,6 @@ _TENSOR_DTYPES: dict[GGMLQuantizationType, np.dtype[Any]] = {
 _QUANT_TYPES = {int(t): t for t in QUANTIZED_TYPES}
 _INT32 = (-(1 << 31), 1 << 31)
 _INT64 = (-(1 << 63), 1 << 63)
-
-
-class _ShortRead(Exception):
-    """A read ran past the end of the file."""
-
-
-class _NestedArray(Exception):
-    """A metadata array whose items are arrays."""
-
-
-class _StrictReader(GGUFReader):
-    """GGUFReader whose reads past the end of the file raise, and that refuses nested arrays.
-
-    The base class's ``_get`` (every read goes through it) silently shortens such reads, which
-    lets a file cut inside its last string pass as valid. Its value parser recurses into
-    arrays of arrays (3,000 levels raise RecursionError) and flattens them, taking the item
-    type from the first item only (``[[], ["zz"]]`` came back as ``[122, 122]``); ggopt stores
-    no nested arrays, so they are refused before the recursion.
-    """
-
-    def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
-        if int(raw_type) == GGUFValueType.ARRAY:
-            item_type = int(self._get(orig_offs, np.uint32)[0])
-            if item_type == GGUFValueType.ARRAY:
-                raise _NestedArray(f"metadata value at offset {orig_offs}: expected a scalar or "
-                                   "a flat array, got nested arrays")
-        return super()._get_field_parts(orig_offs, raw_type)
-
-    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
-        arr = super()._get(offset, dtype, count, override_order)
-        if len(arr) != int(count):
-            raise _ShortRead(
-                f"{int(count)} x {np.dtype(dtype).name} at offset {offset}, "
-                f"but the file has {len(self.data)} bytes"
-            )
-        return arr
 
 
 def _scalar_type(value: object) -> tuple[GGUFValueType, object] | None:
@@ -222,23 +188,12 @@ def save(path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray | Blocks
             writer.close()
 
 
-def _decode(field: Any) -> object:
-    if len(field.types) > 2:
-        raise DTypeError(f"value of {field.name!r}: expected a scalar or a flat array, got "
-                         f"nested arrays ({'/'.join(t.name for t in field.types)})")
-    return field.contents()
-
-
 def _read(path: str, blocks: bool) -> tuple[dict[str, object], dict[str, np.ndarray | Blocks]]:
-    reader = _StrictReader(path)
-    metadata = {name: _decode(f) for name, f in reader.fields.items()
-                if not name.startswith(_READER_KEYS)}
-    size = len(reader.data)
-    align = int(reader.alignment)
-    expected_offset = 0
+    reader = open_gguf(path, f"gguf_init_from_file {path!r}")
+    metadata = {name: f.contents() for name, f in reader.fields.items()}
     tensors: dict[str, np.ndarray | Blocks] = {}
     for t in reader.tensors:
-        where = f"tensor {t.name!r}"
+        where = f"gguf_init_from_file {path!r}: tensor {t.name!r}"
         if not t.name or len(t.name.encode()) >= _MAX_NAME:
             raise ShapeError(f"{where}: name: expected 1..{_MAX_NAME - 1} bytes "
                              "(GGML_MAX_NAME)")
@@ -255,40 +210,35 @@ def _read(path: str, blocks: bool) -> tuple[dict[str, object], dict[str, np.ndar
             hint = " (read quantized tensors with ggopt.io.gguf.load_blocks)" \
                 if qtype is not None else ""
             raise DTypeError(f"{where}: type: expected {want}, got {t.tensor_type.name}{hint}")
-        if qtype is not None and int(t.shape[0]) % qtype.blck_size:
-            raise ShapeError(f"{where}: ne0 = {int(t.shape[0])} is not a whole number of "
-                             f"{qtype.blck_size}-element {qtype.name} blocks")
-        offset = t.data_offset - reader.data_offset
-        if offset != expected_offset:
-            raise ShapeError(f"{where}: data offset: expected {expected_offset}, got {offset}")
-        expected_offset += -(-t.n_bytes // align) * align
         if qtype is not None:  # the raw blocks, copied, never dequantized
             tensors[t.name] = Blocks(qtype, np.array(t.data, dtype=np.uint8, order="C"))
         else:
             tensors[t.name] = np.array(t.data, dtype=dtype, order="C")
-    end = reader.data_offset + expected_offset
-    if end > size:
-        raise ShapeError(f"data section: expected the file to hold {end} bytes "
-                         f"(data offset {reader.data_offset} + {expected_offset}), got {size}")
+    align = reader.alignment
+    end = reader.data_offset + sum(-(-t.n_bytes // align) * align for t in reader.tensors)
+    if end > len(reader.data):  # ggml reads the data section whole, the last padding too
+        raise ShapeError(f"gguf_init_from_file {path!r}: data section: expected the file to "
+                         f"hold {end} bytes, got {len(reader.data)} (truncated?)")
     return metadata, tensors
 
 
 def load(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, np.ndarray]]:
     """Read a GGUF file (ggml's ``gguf_init_from_file``): ``(metadata, tensors)``.
 
-    ``metadata`` holds every key/value pair of the file as Python values (the reader's own
-    ``GGUF.*`` bookkeeping entries left out); ``tensors`` maps names to writable copies in
-    NumPy order, shape ``(ne3, ne2, ne1, ne0)`` trimmed to the tensor's dimensions.
+    ``metadata`` holds every key/value pair of the file as Python values; ``tensors`` maps
+    names to writable copies in NumPy order, shape ``(ne3, ne2, ne1, ne0)`` trimmed to the
+    tensor's dimensions.
     Files with quantized tensors: :func:`load_blocks`.
 
     Raises
     ------
     ShapeError
-        The file is not GGUF, is truncated or malformed (the message says what was wrong).
+        The file is missing, not GGUF, truncated or malformed (the message says what was
+        wrong; :func:`ggopt.io.gguf_reader.open_gguf` reads it), text that is not UTF-8.
     DTypeError
         A tensor type other than F32, F16 and I32, or a nested metadata array.
     """
-    metadata, tensors = _load(path, False)
+    metadata, tensors = _read(os.fspath(path), False)
     return metadata, {k: v for k, v in tensors.items() if isinstance(v, np.ndarray)}
 
 
@@ -298,23 +248,4 @@ def load_blocks(path: str | os.PathLike[str]
     comes back as :class:`ggopt.quants.Blocks`: its raw blocks copied, never dequantized, so
     :func:`save` writes them back byte for byte. A tensor whose ne0 is not whole blocks is a
     ShapeError naming it."""
-    return _load(path, True)
-
-
-def _load(path: str | os.PathLike[str], blocks: bool
-          ) -> tuple[dict[str, object], dict[str, np.ndarray | Blocks]]:
-    spath = os.fspath(path)
-    where = f"gguf_init_from_file {spath!r}"
-    try:
-        return _read(spath, blocks)
-    except GgoptError as exc:
-        raise type(exc)(f"{where}: {exc}") from None
-    except _NestedArray as exc:
-        raise DTypeError(f"{where}: {exc}") from None
-    except _ShortRead as exc:
-        raise ShapeError(f"{where}: truncated file: expected {exc}") from None
-    except (ValueError, KeyError, IndexError, OverflowError) as exc:
-        raise ShapeError(
-            f"{where}: expected a valid GGUF file, got one the gguf reader rejects "
-            f"({type(exc).__name__}: {exc})"
-        ) from exc
+    return _read(os.fspath(path), True)

@@ -1,6 +1,7 @@
 """Tokenizers read from a GGUF's ``tokenizer.ggml.*`` keys, tokenizing exactly as llama.cpp.
 
-``load(path)`` (or ``from_gguf(reader)`` for an open ``gguf.GGUFReader``) returns a
+``load(path)`` (or ``from_gguf(reader)`` for a file already read, by
+:func:`ggopt.io.gguf_reader.open_gguf` or ``gguf.GGUFReader``) returns a
 :class:`Tokenizer`. Implemented: the ``rwkv`` byte vocabulary of ggopt's own models, ``gpt2``
 byte-level BPE with the pre-tokenizers in :data:`PRE_TOKENIZERS`, and ``llama``
 SentencePiece (scores, byte fallback). Anything else is refused with a GgoptError naming it.
@@ -14,6 +15,7 @@ from typing import Any
 
 from gguf import GGUFReader
 
+from ggopt.io.gguf_reader import GGUFFile
 from ggopt.tokenizers.chat import TemplateLimits, chat_spans, render_chat
 from ggopt.tokenizers.fields import open_fields
 from ggopt.tokenizers.pretokenize import PRE_TOKENIZERS
@@ -24,8 +26,9 @@ __all__ = ["Tokenizer", "load", "from_gguf", "render_chat", "chat_spans", "Templ
            "MODELS", "PRE_TOKENIZERS"]
 
 
-def from_gguf(source: GGUFReader | Mapping[str, Any]) -> Tokenizer:
-    """The tokenizer of an open ``gguf.GGUFReader`` (or its ``fields`` mapping)."""
+def from_gguf(source: GGUFFile | GGUFReader | Mapping[str, Any]) -> Tokenizer:
+    """The tokenizer of a file already read (:func:`ggopt.io.gguf_reader.open_gguf`), an open
+    ``gguf.GGUFReader`` or its ``fields`` mapping."""
     return Tokenizer(read_vocab(open_fields(source)))
 
 

@@ -10,7 +10,8 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ggopt.errors import DTypeError, InvalidValueError
-from ggopt.tokenizers.gguf_meta import Value, read_metadata
+from ggopt.io.gguf_reader import GGUFFile
+from ggopt.tokenizers.gguf_meta import Value, read_metadata, values
 
 __all__ = ["Fields", "open_fields"]
 
@@ -103,8 +104,12 @@ class Fields:
             np.float32)
 
 
-def open_fields(source: str | os.PathLike[str] | GGUFReader | Mapping[str, Any]) -> Fields:
-    """Fields of a path (its metadata read directly), an open GGUFReader or its ``fields``."""
+def open_fields(source: str | os.PathLike[str] | GGUFFile | GGUFReader | Mapping[str, Any]
+                ) -> Fields:
+    """Fields of a path (its metadata read directly), a file ggopt's reader read
+    (:func:`ggopt.io.gguf_reader.open_gguf`), an open GGUFReader or its ``fields``."""
+    if isinstance(source, GGUFFile):
+        return Fields(values(source), reader_fields=False)
     if isinstance(source, GGUFReader):
         return Fields(source.fields, reader_fields=True)
     if isinstance(source, Mapping):

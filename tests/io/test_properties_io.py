@@ -209,3 +209,57 @@ def test_truncated_gguf_files_are_refused(tmp_path_factory, model, data):
     path.write_bytes(good[:data.draw(st.integers(0, len(good) - 1))])
     with pytest.raises(GgoptError):
         ggio.load(path)
+
+
+# --- structure-aware GGUF: keys and tensor infos built from the format ------------------------
+
+_DIMS = st.sampled_from([0, 1, 2, 4, 32, 33, 256, 1 << 31, 1 << 40, 1 << 63, (1 << 64) - 1])
+_TYPES = st.sampled_from([0, 1, 2, 4, 8, 12, 14, 30, 39, 40, 999, (1 << 32) - 1])
+_OFFSETS = st.sampled_from(["next", "next", 0, 32, 1 << 62, (1 << 64) - 1])
+
+
+@st.composite
+def gguf_structures(draw) -> bytes:
+    """A GGUF whose keys and tensor infos follow the format but whose values may be absurd:
+    dims beyond int64, unknown or removed types, offsets anywhere, counts that lie, names
+    that are not UTF-8 or repeat, nested or oversized arrays."""
+    from tests.support.gguf_bytes import gguf, kv, string, tensor_info
+
+    kvs = [kv(b"general.architecture", 8, string(draw(st.sampled_from(
+        [b"llama", b"qwen2", b"gemma3", b"\xff"]))))]
+    for _ in range(draw(st.integers(0, 3))):
+        item = draw(st.sampled_from([4, 8, 9]))
+        n = draw(st.integers(0, 3))
+        count = draw(st.sampled_from([n, n, 1 << 40, (1 << 64) - 1]))
+        body = struct.pack("<IQ", 4, 0) if item == 9 else b""
+        body += b"".join(struct.pack("<I", 1) if item == 4 else string(b"ab")
+                         for _ in range(n))
+        kvs.append(kv(draw(st.sampled_from([b"general.k", b"llama.vocab_size", b"\xfe",
+                                            b"general.alignment"])), 9,
+                      struct.pack("<IQ", item, count) + body))
+    infos, offset = [], 0
+    for i in range(draw(st.integers(0, 3))):
+        ne = tuple(draw(_DIMS) for _ in range(draw(st.integers(0, 6))))
+        off = draw(_OFFSETS)
+        infos.append(tensor_info(draw(st.sampled_from([b"token_embd.weight", b"w%d" % i,
+                                                       b"\xff\xfe"])), ne, draw(_TYPES),
+                                 offset if off == "next" else off))
+        offset += 64
+    n_tensors = draw(st.sampled_from([len(infos), len(infos), len(infos) + 1, 1 << 40]))
+    return gguf(kvs, infos, bytes(draw(st.sampled_from([0, 64, 256]))), n_tensors=n_tensors)
+
+
+@given(data=gguf_structures())
+def test_structured_gguf_files_load_or_raise_ggopt_errors(tmp_path_factory, data):
+    from ggopt.io.gguf_header import read_header
+    from ggopt.io.gguf_reader import open_gguf
+    from ggopt.models import llama
+
+    path = tmp_path_factory.mktemp("structured") / "s.gguf"
+    path.write_bytes(data)
+    for read in (open_gguf, ggio.load_blocks, lambda p: read_header(p, "h"),
+                 lambda p: llama.load(p, progress=False)):
+        try:
+            read(path)
+        except GgoptError as exc:
+            assert str(exc)

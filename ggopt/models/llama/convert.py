@@ -33,18 +33,9 @@ class ModelWriter(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
-def _raw(field: Any) -> Any:
-    """A field's value with its strings as the file's bytes (a token need not be UTF-8)."""
-    types = list(field.types)
-    if types == [GGUFValueType.STRING]:
-        return bytes(field.parts[-1])
-    if types == [GGUFValueType.ARRAY, GGUFValueType.STRING]:
-        return [bytes(field.parts[i]) for i in field.data]
-    return field.contents()
-
-
 def copy_keys(reader: Any, writer: GGUFWriter) -> None:
-    """Every metadata key of ``reader`` (a ``GGUFReader``) into ``writer``, with its own type,
+    """Every metadata key of ``reader`` (a :class:`ggopt.io.gguf_reader.GGUFFile`) into
+    ``writer``, with its own type (strings as the file's bytes: a token need not be UTF-8),
     except GGUF's own, ``general.architecture`` (the writer's) and ``general.file_type``
     (the caller's: it depends on the tensor types written); ``general.alignment`` becomes the
     writer's alignment (the data padded to it, as the key tells readers)."""
@@ -59,13 +50,8 @@ def copy_keys(reader: Any, writer: GGUFWriter) -> None:
                                  f"{value!r}")
             writer.add_custom_alignment(int(value))
             continue
-        if types[0] == GGUFValueType.ARRAY and len(types) > 2:
-            raise ShapeError(f"key {key!r}: nested arrays ({len(types) - 1} levels) cannot be "
-                             "copied")
-        # an array's item type from the file (the reader types an empty array as ARRAY only)
-        sub = GGUFValueType(int(field.parts[3][0])) if types[0] == GGUFValueType.ARRAY \
-            else None
-        writer.add_key_value(key, _raw(field), types[0], sub)
+        sub = types[1] if types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.raw(), types[0], sub)
 
 
 def check_keys(reader: Any, where: str) -> None:
@@ -75,7 +61,8 @@ def check_keys(reader: Any, where: str) -> None:
     Raises
     ------
     ShapeError
-        A key the writer cannot write (nested arrays, a bad ``general.alignment``, ...).
+        A key the writer cannot write (a bad ``general.alignment``, a value out of its type's
+        range, ...).
     """
     writer = ModelWriter(None, "llama")
     key = "?"

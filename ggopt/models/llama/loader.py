@@ -15,10 +15,11 @@ import time
 from typing import Any, TextIO
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFValueType
 
 from ...backend import Scheduler, cpu_init, tensor_set
 from ...errors import DTypeError, GgoptError, InvalidValueError, ShapeError
+from ...io.gguf_reader import GGUFFile
 from ...io.paths import text_path
 from .byte_gguf import byte_tokens
 from .compute import check_compute_type
@@ -53,24 +54,24 @@ class Model:
         return require(self.tokenizer, f"llm {self.path!r}")
 
 
-def _n_tokens(reader: GGUFReader, where: str) -> int | None:
+def _n_tokens(reader: GGUFFile, where: str) -> int | None:
     field = reader.fields.get("tokenizer.ggml.tokens")
     if field is None:
         return None
     if list(field.types) != [GGUFValueType.ARRAY, GGUFValueType.STRING]:
         raise GgoptError(f"{where}: key tokenizer.ggml.tokens must be an array of strings")
-    return len(field.data)
+    return len(field.value)
 
 
-def _is_bytes(reader: GGUFReader, where: str) -> bool:
+def _is_bytes(reader: GGUFFile, where: str) -> bool:
     kind = field_value(reader.fields, "tokenizer.ggml.model", GGUFValueType.STRING, where)
     if kind != "rwkv" or _n_tokens(reader, where) != 256:
         return False
     field = reader.fields["tokenizer.ggml.tokens"]
-    return [bytes(field.parts[i]) for i in field.data] == [t.encode() for t in byte_tokens()]
+    return list(field.value) == [t.encode() for t in byte_tokens()]
 
 
-def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]:
+def read_config(reader: GGUFFile, where: str) -> tuple[Config, dict[str, Any]]:
     """The checked :class:`Config` and the tensor table (every tensor checked) of a file."""
     table = tensor_table(reader, where)
     n_tokens = _n_tokens(reader, where)
@@ -87,7 +88,7 @@ def read_config(reader: GGUFReader, where: str) -> tuple[Config, dict[str, Any]]
 
 
 def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.ndarray],
-                                                         GGUFReader]:
+                                                         GGUFFile]:
     """Every tensor of a llama GGUF as F32 NumPy arrays (NumPy order), with its config."""
     spath = text_path(path, "llm load")
     where = f"llm load {spath!r}"
@@ -131,7 +132,7 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     reader = open_reader(spath, where)
     cfg, table = read_config(reader, where)
     is_bytes = _is_bytes(reader, where)
-    tokenizer = tokenizer_of(spath)
+    tokenizer = tokenizer_of(spath, reader)
     shapes = param_shapes(cfg)
     if progress is None:
         progress = os.path.getsize(spath) > PROGRESS_BYTES

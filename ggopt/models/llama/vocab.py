@@ -5,19 +5,25 @@ from __future__ import annotations
 import os
 
 from ...errors import GgoptError, StateError
-from ...tokenizers import Tokenizer
+from ...io.gguf_reader import GGUFFile
+from ...tokenizers import Tokenizer, from_gguf
 from ...tokenizers import load as load_tokenizer
 
 __all__ = ["Tokenizer", "tokenizer_of", "require"]
 
 
-def tokenizer_of(path: str | os.PathLike[str]) -> Tokenizer | GgoptError:
-    """The file's tokenizer, or the GgoptError saying why ggopt cannot tokenize for it (the
-    model still runs on token ids)."""
+def tokenizer_of(path: str | os.PathLike[str], reader: GGUFFile | None = None
+                 ) -> Tokenizer | GgoptError:
+    """The tokenizer of the file at ``path`` (``reader``: the file, when already read), or the
+    GgoptError saying why ggopt cannot tokenize for it (the model still runs on token ids)."""
     try:
-        return load_tokenizer(path)
+        if reader is None:
+            return load_tokenizer(path)
+        tok = from_gguf(reader)
     except GgoptError as exc:
         return exc
+    tok.source = os.fspath(path)
+    return tok
 
 
 def require(tokenizer: Tokenizer | GgoptError, where: str) -> Tokenizer:
