@@ -23,6 +23,7 @@ from ..errors import InvalidValueError, OutOfMemoryError, ShapeError, StateError
 from ..io.paths import text_path
 from ..models.llama.vocab import Tokenizer
 from ..tokenizers.chat import DEFAULT_LIMITS, FAST_FROM, TemplateLimits, chat_spans
+from .preflight import available_bytes
 from .windows import MASKED, Overflow, Windows
 
 __all__ = ["read_conversations", "render", "conversation_ids", "conversations_ids",
@@ -154,7 +155,8 @@ def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]
         ``overflow`` not one of :data:`OVERFLOW`; no assistant token left to train (the
         template never renders the assistant's text, or every conversation was skipped).
     OutOfMemoryError
-        No memory for the windows.
+        No memory for the windows: checked against the memory available before they are
+        made (16 bytes per token of every window: tokens and labels, and the data set's copy).
     """
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
         raise ShapeError(f"chat windows: the context must be an int >= 1, got {n_ctx!r}")
@@ -186,6 +188,12 @@ def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]
         raise InvalidValueError(f"chat data: all {len(rendered)} conversations are longer than "
                                 f"a window of --ctx {n_ctx} tokens (raise --ctx)")
     pad = tokenizer.eos if tokenizer.eos is not None else 0
+    need, have = 16 * len(kept) * n_ctx, available_bytes()  # the windows, then the data set
+    if have is not None and need > have:
+        raise OutOfMemoryError(f"chat windows: no memory for {len(kept)} windows of {n_ctx} "
+                               f"tokens: they need {need / 1e9:.2f} GB (tokens and labels, and "
+                               f"the data set made of them), {have / 1e9:.2f} GB is available "
+                               f"(fewer conversations or a smaller --ctx)")
     try:
         tokens = np.full((len(kept), n_ctx), pad, np.int32)
         labels = np.full((len(kept), n_ctx), MASKED, np.int32)
