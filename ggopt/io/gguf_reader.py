@@ -85,7 +85,13 @@ class StringArray(Sequence[bytes]):
         return self._item(i % n)
 
     def __iter__(self) -> Iterator[bytes]:
-        return (self._item(i) for i in range(len(self)))
+        if not len(self._starts):
+            return iter(())
+        starts = self._starts.tolist()
+        base = starts[0]
+        region = self._buf[base:self._end].tobytes()  # one copy of the array's bytes
+        ends = [s - 8 - base for s in starts[1:]] + [self._end - base]
+        return (region[a - base:b] for a, b in zip(starts, ends))
 
 
 @dataclasses.dataclass(frozen=True)
