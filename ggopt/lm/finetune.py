@@ -7,7 +7,9 @@ per micro-batch through the dynamic-graph API (``prepare_alloc`` -> ``alloc`` ->
 llama.cpp's ``llama-finetune`` does: the same bits, about 0.1 s more per SmolLM2 step. Whatever
 is a PARAM trains: every weight for a full fine-tune (``token_embd`` included; a tied output
 sums both uses' gradients), only the adapter with :func:`ggopt.lm.lora.attach` (its input
-dropped out in training with the adapter's ``dropout``, :mod:`.lora_dropout`).
+dropped out in training with the adapter's ``dropout``, :mod:`.lora_dropout`). Packed chat
+windows (:attr:`Windows.segments`) set their positions and masks per micro-batch
+(:func:`~ggopt.models.llama.set_segments`).
 
 The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss_ids(logits, labels,
 MASKED)``, ggml's cross-entropy with one-hot labels (the same bits) read from the label ids, so

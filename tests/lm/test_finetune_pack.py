@@ -199,12 +199,15 @@ def _windows(pack: bool) -> Windows:
     return Windows(tokens, labels, segments=segments if pack else None, lengths=lengths)
 
 
-def test_one_conversation_per_window_trains_to_the_bits_of_the_padded_windows():
+@pytest.mark.parametrize(("ubatch", "static"), [(1, True), (2, True), (1, False)])
+def test_one_conversation_per_window_trains_to_the_bits_of_the_padded_windows(ubatch, static):
+    # micro-batches of 2: one mask per window in the batch ([T, T, 1, 2]); dynamic graphs
     weights = []
     for pack in (False, True):
         net = tiny()
-        ft = FineTuner(net, _windows(pack), FinetuneParams(n_batch=2, n_ubatch=1, lr=1e-3,
-                                                           val_split=0.0))
+        ft = FineTuner(net, _windows(pack), FinetuneParams(n_batch=2, n_ubatch=ubatch,
+                                                           lr=1e-3, val_split=0.0,
+                                                           static=static))
         for _ in range(2):
             ft.train_epoch()
         assert ft.real_tokens == 2 * int(_windows(pack).lengths.sum()) < ft.train_tokens
