@@ -219,8 +219,20 @@ def test_one_conversation_per_window_trains_to_the_bits_of_the_padded_windows(ub
 
 
 def test_the_session_packs_chat_data_only(tmp_path):
-    from ggopt.lm import FineTune
+    import json
 
+    from ggopt.lm import FineTune
+    from tests.support.llama_files import V, write
+
+    model, chat = tmp_path / "m.gguf", tmp_path / "c.jsonl"
+    write(model, dataclasses.replace(CFG, n_ctx=96, n_vocab=256),
+          key_overrides={"tokenizer.chat_template": (CHATML, V.STRING)})
+    chat.write_text("\n".join(json.dumps({"messages": c}) for c in CONVS * 4))
+    session = FineTune(model, 4, progress=False)
+    w = session.data(chat=chat, ctx=96, pack=True)
+    assert w.packed and len(w) < len(CONVS) * 4
+    history = session.fit(1, batch=1, val_split=0.2)
+    assert np.isfinite(history.train_loss).all() and session.val_before > 0
     ft = FineTune.__new__(FineTune)  # data() is checked before the model is used
     with pytest.raises(InvalidValueError, match="needs a chat file"):
         ft.data(text=tmp_path / "a.txt", pack=True)
