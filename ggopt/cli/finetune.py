@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a conversation longer than a window: keep its start (truncate, the "
                         "default; the loss on the assistant tokens that fit), skip it, or "
                         "stop (error)")
+    p.add_argument("--chat-pack", action="store_true",
+                   help="several conversations per window (first-fit in data order), each "
+                        "attending only to itself (positions from 0, a block-diagonal causal "
+                        "mask): the same loss per token with far less padding. Off by default: "
+                        "it changes which conversations share a window and an optimizer step, "
+                        "so the results differ from the padded run's (not only the speed); "
+                        "tokens/s counts real tokens either way")
     p.add_argument("--batch", type=int, default=1,
                    help="windows (of --ctx tokens, not tokens as llama.cpp's -b) per optimizer "
                         "step (default 1)")
@@ -224,6 +231,11 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
         args.chat_format = data_format(args.chat)
         conversations = (read_completions if args.chat_format == "completion"
                          else read_conversations)(args.chat)
+        if args.chat_pack and args.chat_format == "completion":
+            raise InvalidValueError('--chat-pack packs {"messages": ...} conversations; '
+                                    "prompt/completion pairs are padded (drop --chat-pack)")
+    elif args.chat_pack:
+        raise InvalidValueError("--chat-pack packs chat conversations: it needs --chat")
     if args.lora is not None:
         preflight.check_lora(info, args.lora, args.lora_targets)
     preflight.check_ctx(info, args.ctx, args.ubatch)
@@ -286,7 +298,13 @@ def run(args: argparse.Namespace) -> None:
     elif args.chat_format == "completion":
         windows = completion_windows(tok, conversations, args.ctx)
     else:
-        windows = chat_windows(tok, conversations, args.ctx, args.chat_overflow)
+        windows = chat_windows(tok, conversations, args.ctx, args.chat_overflow,
+                               pack=args.chat_pack)
+        if windows.packed:
+            kept = len(conversations) - windows.overflow.skipped
+            print(f"chat data: {kept} conversations packed into {len(windows)} "
+                  f"windows of {args.ctx} tokens ({windows.real_tokens()} real tokens, "
+                  f"{windows.real_tokens() / windows.tokens.size:.0%} of the positions)")
         if windows.overflow.line(args.ctx):
             print(windows.overflow.line(args.ctx), file=sys.stderr)
     net = model.net
@@ -396,9 +414,10 @@ def run(args: argparse.Namespace) -> None:
         else:
             plot_history(history, args.plot, title=title, before=before)
         print(f"plot written to {args.plot}")
-    rate = ft.train_tokens / ft.train_seconds if ft.train_seconds else 0.0
+    rate = ft.real_tokens / ft.train_seconds if ft.train_seconds else 0.0
     print(f"trained on {ft.trained_tokens} tokens (the labelled ones; {ft.train_tokens} computed)"
-          f" in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s computed")
+          f" in {ft.train_seconds:.1f} s: {rate:.1f} tokens/s ({ft.real_tokens} real tokens, "
+          f"the padding left out)")
     peak = peak_rss_bytes() / 1e6
     print(f"peak memory: {peak:.0f} MB (max RSS, the export included)")
 

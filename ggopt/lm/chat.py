@@ -8,7 +8,8 @@ produced (its content and the template's end of turn) is trained, the rest is ma
 template renders a conversation once (:func:`ggopt.tokenizers.chat_spans` finds the cuts);
 each piece is tokenized on its own and the ids concatenated. One conversation fills one window,
 padded to ``n_ctx`` (with EOS, masked); a longer one is truncated, skipped or refused
-(``overflow``).
+(``overflow``). With ``pack=True`` several conversations share a window (first-fit in data
+order), each attending only to itself (:func:`ggopt.models.llama.set_segments`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .preflight import available_bytes
 from .windows import MASKED, Overflow, Windows
 
 __all__ = ["read_conversations", "render", "conversation_ids", "conversations_ids",
-           "chat_windows", "Overflow", "OVERFLOW"]
+           "chat_windows", "first_fit", "Overflow", "OVERFLOW"]
 
 #: What :func:`chat_windows` does with a conversation longer than a window.
 OVERFLOW = ("truncate", "skip", "error")
@@ -137,9 +138,14 @@ def conversation_ids(tokenizer: Tokenizer, messages: Sequence[Message]) -> tuple
 
 def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]],
                  n_ctx: int, overflow: str = "truncate", *,
-                 limits: TemplateLimits = DEFAULT_LIMITS) -> Windows:
+                 limits: TemplateLimits = DEFAULT_LIMITS, pack: bool = False) -> Windows:
     """One window per conversation: inputs ``ids[:-1]``, labels ``ids[1:]`` (masked where the
     next token is not the assistant's), padded to ``n_ctx`` with EOS and masked labels.
+
+    ``pack=True``: each conversation's ``len(ids) - 1`` positions go, in data order, into the
+    first window with room for them (first-fit; a new window when none has), the same inputs
+    and labels as alone; :attr:`Windows.segments` says which conversation each position is
+    of, and the model sees each on its own (positions from 0, a block-diagonal causal mask).
 
     A conversation of more than ``n_ctx + 1`` tokens: ``overflow="truncate"`` (default) keeps
     its first ``n_ctx + 1`` (the loss on the assistant tokens that fit), ``"skip"`` leaves it
@@ -188,27 +194,53 @@ def chat_windows(tokenizer: Tokenizer, conversations: Sequence[Sequence[Message]
         raise InvalidValueError(f"chat data: all {len(rendered)} conversations are longer than "
                                 f"a window of --ctx {n_ctx} tokens (raise --ctx)")
     pad = tokenizer.eos if tokenizer.eos is not None else 0
-    need, have = 16 * len(kept) * n_ctx, available_bytes()  # the windows, then the data set
+    places = first_fit([len(ids) - 1 for ids, _ in kept], n_ctx) if pack else \
+        [(i, 0) for i in range(len(kept))]
+    n_windows = max(w for w, _ in places) + 1
+    need, have = 16 * n_windows * n_ctx, available_bytes()  # the windows, then the data set
     if have is not None and need > have:
-        raise OutOfMemoryError(f"chat windows: no memory for {len(kept)} windows of {n_ctx} "
+        raise OutOfMemoryError(f"chat windows: no memory for {n_windows} windows of {n_ctx} "
                                f"tokens: they need {need / 1e9:.2f} GB (tokens and labels, and "
                                f"the data set made of them), {have / 1e9:.2f} GB is available "
                                f"(fewer conversations or a smaller --ctx)")
     try:
-        tokens = np.full((len(kept), n_ctx), pad, np.int32)
-        labels = np.full((len(kept), n_ctx), MASKED, np.int32)
+        tokens = np.full((n_windows, n_ctx), pad, np.int32)
+        labels = np.full((n_windows, n_ctx), MASKED, np.int32)
+        segments = np.full((n_windows, n_ctx), -1, np.int32) if pack else None
     except (MemoryError, ValueError):  # ValueError: beyond NumPy's largest array
-        raise OutOfMemoryError(f"chat windows: no memory for {len(kept)} windows of "
+        raise OutOfMemoryError(f"chat windows: no memory for {n_windows} windows of "
                                f"{n_ctx} tokens (a smaller --ctx)") from None
-    for i, (ids, trained) in enumerate(kept):
+    lengths = np.zeros(n_windows, np.int64)
+    for (ids, trained), (w, at) in zip(kept, places, strict=True):
         n = len(ids) - 1
-        tokens[i, :n] = ids[:-1]
+        tokens[w, at:at + n] = ids[:-1]
         target = np.asarray(ids[1:], np.int32)
-        labels[i, :n] = np.where(np.asarray(trained[1:], bool), target, MASKED)
-    windows = Windows(tokens, labels, overflow=report)
+        labels[w, at:at + n] = np.where(np.asarray(trained[1:], bool), target, MASKED)
+        if segments is not None:
+            segments[w, at:at + n] = segments[w, :at].max(initial=-1) + 1
+        lengths[w] += n
+    windows = Windows(tokens, labels, overflow=report, segments=segments, lengths=lengths)
     if not windows.n_trained():
         raise InvalidValueError(
             f"chat data: no assistant token to train in {len(kept)} conversation(s) (the chat "
             f"template of {tokenizer.source or 'the model'} never renders an assistant's "
             f"message where a prefix of the conversation ends; nothing would learn)")
     return windows
+
+
+def first_fit(sizes: Sequence[int], n_ctx: int) -> list[tuple[int, int]]:
+    """``(window, offset)`` of each size (each at most ``n_ctx``), in order: the first window
+    whose free tail holds it, else a new one (first-fit in data order: deterministic, and an
+    earlier item is never moved by a later one)."""
+    free = np.zeros(0, np.int64)  # free positions at the end of each window
+    out = []
+    for n in sizes:
+        fits = np.flatnonzero(free >= n)
+        if fits.size:
+            w = int(fits[0])
+        else:
+            w = len(free)
+            free = np.append(free, n_ctx)
+        out.append((w, n_ctx - int(free[w])))
+        free[w] -= n
+    return out

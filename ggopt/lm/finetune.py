@@ -7,7 +7,9 @@ per micro-batch through the dynamic-graph API (``prepare_alloc`` -> ``alloc`` ->
 llama.cpp's ``llama-finetune`` does: the same bits, about 0.1 s more per SmolLM2 step. Whatever
 is a PARAM trains: every weight for a full fine-tune (``token_embd`` included; a tied output
 sums both uses' gradients), only the adapter with :func:`ggopt.lm.lora.attach` (its input
-dropped out in training with the adapter's ``dropout``, :mod:`.lora_dropout`).
+dropped out in training with the adapter's ``dropout``, :mod:`.lora_dropout`). Packed chat
+windows (:attr:`Windows.segments`) set their positions and masks per micro-batch
+(:func:`~ggopt.models.llama.set_segments`).
 
 The loss (a :attr:`LossType.SUM` output): ``w * cross_entropy_loss_ids(logits, labels,
 MASKED)``, ggml's cross-entropy with one-hot labels (the same bits) read from the label ids, so
@@ -36,7 +38,7 @@ import ggopt
 from .. import F32, I32, Context, Tensor
 from ..backend import alloc_ctx_tensors, tensor_set
 from ..errors import InvalidValueError, ShapeError, StateError
-from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs
+from ..models.llama import Inputs, LlamaModel, build_logits, make_inputs, set_segments
 from ..models.llama.mapped import check_trainable
 from ..opt import LossType, OptContext, OptimizerParams, Result, constant, default_params
 from ..opt.checks import check_int
@@ -124,7 +126,7 @@ class FineTuner:
         self.dataset = to_dataset(windows)
         self.n_train_mb, self.n_val_mb = self._split(windows, fp)
         T = windows.n_ctx
-        self.inp: Inputs = make_inputs(net, fp.n_ubatch, T)
+        self.inp: Inputs = make_inputs(net, fp.n_ubatch, T, packed=windows.packed)
         self.loss_in = _LossInputs(net, fp.n_ubatch * T)
         adapter = getattr(net.projection, "__self__", None)  # lora.attach's bound project
         #: the LoRA dropout's mask inputs (an attached adapter with a dropout > 0), else None
@@ -162,6 +164,7 @@ class FineTuner:
         self.stop_requested = False
         self.train_seconds = 0.0
         self.train_tokens = 0  # tokens computed (padding and masked prompts included)
+        self.real_tokens = 0  # of them, the real ones (the padding of chat windows left out)
         self.trained_tokens = 0  # of them, those with a label (the loss is over them)
 
     def _logits(self, ctx: Context) -> Tensor:
@@ -191,6 +194,12 @@ class FineTuner:
         fp.check()
         return FineTuner._split(windows, fp)[0] // fp.opt_period
 
+    def _rows(self, ids: list[int], perm: np.ndarray | None = None) -> list[int]:
+        """The windows of micro-batches ``ids`` in the current order."""
+        perm = self.dataset.permutation if perm is None else perm
+        nub = self.fp.n_ubatch
+        return [int(w) for i in ids for w in perm[i * nub:(i + 1) * nub]]
+
     def _step_weights(self, ids: list[int]) -> dict[int, float]:
         """``w`` per training micro-batch id: ``n_rows / n_trained`` of its optimizer step."""
         P, out = self.fp.opt_period, {}
@@ -198,8 +207,7 @@ class FineTuner:
         perm = self.dataset.permutation
         for k in range(0, len(ids), P):
             step = ids[k:k + P]
-            rows = [int(w) for i in step
-                    for w in perm[i * self.fp.n_ubatch:(i + 1) * self.fp.n_ubatch]]
+            rows = self._rows(step, perm)
             n = int(np.count_nonzero(self.windows.labels[rows] != MASKED))
             w = float(np.float32(n_rows) / np.float32(n)) if n else 0.0
             if n == n_rows * P:
@@ -226,6 +234,8 @@ class FineTuner:
         self.opt_ctx.alloc(train)
         self.dataset.get_batch_host(self._tokens, self._labels, ibatch)
         tensor_set(self.inp.tokens, self._tokens.reshape(-1))
+        if self.windows.segments is not None:  # packed: positions and masks per window
+            set_segments(self.inp, self.net.cfg, self.windows.segments[self._rows([ibatch])])
         self.loss_in.set(self._labels, weight)
         if self.dropout is not None:
             if train:  # the step's counter: restored by a resume, the same on every rank
@@ -258,7 +268,7 @@ class FineTuner:
         epoch loop), each with its step's loss weight; ``progress``: a progress bar there."""
         t0 = time.perf_counter()
         weights = self._step_weights(ids) if train else {i: 1.0 for i in ids}
-        sums = [0.0, 0]
+        sums = [0.0, 0, 0]  # loss, labels, real tokens
         done = [0, 0.0, 0]  # micro-batches, loss and labels at the last optimizer step
         local_period = self.fp.opt_period // self.size
 
@@ -267,6 +277,7 @@ class FineTuner:
             s, n = self.microbatch(ibatch, train, weights[ibatch])
             sums[0] += s
             sums[1] += n
+            sums[2] += self.windows.real_tokens(self._rows([ibatch]))
             done[0] += 1
             if train and done[0] % local_period == 0:
                 loss = (sums[0] - done[1]) / (sums[1] - done[2]) if sums[1] > done[2] \
@@ -278,8 +289,7 @@ class FineTuner:
                 ibatch: int, ibatch_max: int, t_start_us: int) -> None:
             assert progress is not None
             loss = sums[0] / sums[1] if sums[1] else math.nan
-            n_tokens = ibatch * self.fp.n_ubatch * self.windows.n_ctx
-            write_progress(progress, token_progress_line(train, ibatch, ibatch_max, n_tokens,
+            write_progress(progress, token_progress_line(train, ibatch, ibatch_max, int(sums[2]),
                                                          loss, time_us() - t_start_us),
                            ibatch, ibatch_max)
 
@@ -294,9 +304,10 @@ class FineTuner:
                 self.train_seconds += time.perf_counter() - t0
                 n_windows = int(done[0]) * self.size * self.fp.n_ubatch
                 self.train_tokens += n_windows * self.windows.n_ctx
+                self.real_tokens += int(sums[2]) * self.size
                 self.trained_tokens += int(sums[1]) * self.size
             raise
-        total, count = sums
+        total, count = sums[0], sums[1]
         comm = self.opt_ctx.comm
         if comm is not None:
             parts = comm.allgather((total, count))
@@ -305,6 +316,7 @@ class FineTuner:
         if train:
             self.train_seconds += seconds
             self.train_tokens += len(ids) * self.fp.n_ubatch * self.windows.n_ctx
+            self.real_tokens += self.windows.real_tokens(self._rows(ids))
             self.trained_tokens += int(count)
         return EpochStats(total / count if count else math.nan, int(count), seconds)
 
@@ -409,6 +421,8 @@ class FineTuner:
             key["lora_dropout_seed"] = self.fp.seed
         if self.fp.grad_clip is not None:  # so are those of a run without clipping
             key["grad_clip"] = self.fp.grad_clip
+        if self.windows.packed:  # and those of padded chat windows
+            key["chat_pack"] = 1
         return key
 
     def fit(self, n_epochs: int, checkpoint: str | os.PathLike[str] | None = None,

@@ -62,18 +62,24 @@ class FineTune:
         self.best_step = -1
 
     def data(self, text: PathLike | Sequence[PathLike] = (), chat: PathLike | None = None,
-             ctx: int = 256) -> Windows:
+             ctx: int = 256, pack: bool = False) -> Windows:
         """Training windows of ``ctx`` tokens from UTF-8 text files (llama.cpp's windows)
         or a chat JSON-lines file (the loss on the assistant's tokens); one text file may be
-        given alone."""
+        given alone. ``pack``: several conversations per chat window, each attending only to
+        itself (``--chat-pack``, :func:`ggopt.lm.chat.chat_windows`)."""
         if isinstance(text, (str, os.PathLike)):
             text = [text]
         if bool(text) == (chat is not None):
             raise InvalidValueError("fine-tune data: give text files or a chat file")
+        if not isinstance(pack, bool):
+            raise InvalidValueError(f"fine-tune data: pack must be True or False, got {pack!r}")
+        if pack and chat is None:
+            raise InvalidValueError("fine-tune data: pack=True packs chat conversations; it "
+                                    "needs a chat file")
         preflight.check_ctx(self.model.cfg, ctx, 1, "ctx")
         tok = self.model.require_tokenizer()
         if chat is not None:
-            self.windows = chat_windows(tok, read_conversations(chat), ctx)
+            self.windows = chat_windows(tok, read_conversations(chat), ctx, pack=pack)
         else:
             texts = preflight.read_texts(text, "text")
             self.windows = text_windows(tokenize_texts(tok, texts), ctx)

@@ -46,21 +46,44 @@ class Overflow:
 @dataclasses.dataclass
 class Windows:
     """``tokens`` and ``labels``, both int32 ``(n, n_ctx)``; a label :data:`MASKED` is left
-    out of the loss; ``overflow``: the conversations longer than a window (chat data)."""
+    out of the loss; ``overflow``: the conversations longer than a window (chat data);
+    ``segments`` (packed chat windows, else None): per position the index of its conversation
+    in the window, -1 for the padding (:func:`ggopt.models.llama.set_segments`); ``lengths``
+    (chat windows, else None: all real): the real tokens per window, the padding left out."""
 
     tokens: np.ndarray
     labels: np.ndarray
     overflow: Overflow = dataclasses.field(default_factory=Overflow)
+    segments: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "labels"):
+        for name in ("tokens", "labels", "segments", "lengths"):
             a = getattr(self, name)
+            if a is None and name in ("segments", "lengths"):
+                continue
             if not isinstance(a, np.ndarray) or a.dtype.kind not in "iu":
                 raise DTypeError(f"windows: {name} must be an integer NumPy array, got "
                                  f"{getattr(a, 'dtype', type(a).__name__)}")
-        if self.tokens.ndim != 2 or self.tokens.shape != self.labels.shape:
-            raise ShapeError(f"windows: tokens and labels must both be (n, n_ctx), got "
-                             f"{self.tokens.shape} and {self.labels.shape}")
+        if self.tokens.ndim != 2 or self.tokens.shape != self.labels.shape or (
+                self.segments is not None and self.segments.shape != self.tokens.shape):
+            raise ShapeError(f"windows: tokens, labels (and segments) must all be (n, n_ctx), "
+                             f"got {self.tokens.shape} and {self.labels.shape}")
+        if self.lengths is not None and self.lengths.shape != self.tokens.shape[:1]:
+            raise ShapeError(f"windows: lengths must be ({len(self.tokens)},), got "
+                             f"{self.lengths.shape}")
+
+    @property
+    def packed(self) -> bool:
+        """Several conversations per window (``segments`` set)."""
+        return self.segments is not None
+
+    def real_tokens(self, rows: Sequence[int] | np.ndarray | None = None) -> int:
+        """The real (not padding) tokens of windows ``rows`` (default: all)."""
+        idx = np.arange(len(self)) if rows is None else np.asarray(rows, np.int64)
+        if self.lengths is None:
+            return len(idx) * self.n_ctx
+        return int(self.lengths[idx].sum())
 
     def check_vocab(self, n_vocab: int, where: str) -> None:
         """InvalidValueError unless every token and every label (but MASKED) is an id below

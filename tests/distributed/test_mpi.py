@@ -219,3 +219,30 @@ def test_finetune_grad_clip_two_ranks_equal_one_process(tmp_path):
     clipped = (tmp_path / "ft12.gguf").read_bytes()
     assert clipped == (tmp_path / "ft22.gguf").read_bytes()
     assert clipped != (tmp_path / "ft10.gguf").read_bytes()
+
+
+def test_finetune_chat_pack_two_ranks_equal_one_process(tmp_path):
+    """--chat-pack under mpiexec -n 2: the packed windows split over the ranks as padded ones
+    do (each rank sets its own windows' positions and masks): the same merged model, byte for
+    byte."""
+    import json
+
+    from ggopt.models import llama
+    from tests.support.llama_files import V, write
+
+    template = ("{% for m in messages %}{{ '<s>' + m['role'] + '\n' + m['content'] + '</s>\n' }}"
+                "{% endfor %}")
+    model, chat = tmp_path / "tiny.gguf", tmp_path / "chat.jsonl"
+    write(model, llama.Config(n_ctx=128, n_embd=32, n_layer=2, n_head=4, n_head_kv=2, n_ff=64),
+          key_overrides={"tokenizer.chat_template": (template, V.STRING)})
+    chat.write_text("\n".join(json.dumps({"messages": [
+        {"role": "user", "content": q}, {"role": "assistant", "content": a}]})
+        for q, a in [("Hi?", "Yes."), ("Copy?", "Verbatim."), ("Who?", "All.")] * 6) + "\n")
+    for n in (1, 2):
+        code, out = run(n, "-m", "ggopt.examples.finetune", "--model", str(model), "--out",
+                        str(tmp_path / f"ft{n}.gguf"), "--chat", str(chat), "--chat-pack",
+                        "--ctx", "128", "--batch", "2", "--lr", "1e-3", "--val-split", "0.2",
+                        "--epochs", "2", "--no-progress", "--threads", "1")
+        assert code == 0, out
+        assert "conversations packed into" in out, out
+    assert (tmp_path / "ft1.gguf").read_bytes() == (tmp_path / "ft2.gguf").read_bytes()

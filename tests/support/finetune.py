@@ -62,12 +62,14 @@ class OneHotLoss:
 
 
 def loss_and_grads(net: llama.LlamaModel, tokens: np.ndarray, labels: np.ndarray,
-                   weight: float = 1.0, one_hot: bool = False
+                   weight: float = 1.0, one_hot: bool = False,
+                   segments: np.ndarray | None = None
                    ) -> tuple[float, dict[str, np.ndarray]]:
     """The fine-tune loss of one micro-batch and the gradient of every PARAM by name
-    (``one_hot``: through :class:`OneHotLoss` instead of the fine-tune's own loss)."""
+    (``one_hot``: through :class:`OneHotLoss` instead of the fine-tune's own loss;
+    ``segments``: packed windows, :func:`llama.set_segments`)."""
     B, T = tokens.shape
-    inp = llama.make_inputs(net, B, T)
+    inp = llama.make_inputs(net, B, T, packed=segments is not None)
     loss_in = OneHotLoss(net, B * T) if one_hot else _LossInputs(net, B * T)
     cctx = ggopt.Context()
     loss = loss_in.loss(cctx, llama.build_logits(cctx, net, inp, output=False))
@@ -85,6 +87,8 @@ def loss_and_grads(net: llama.LlamaModel, tokens: np.ndarray, labels: np.ndarray
             ggopt.set_output(gt)
             grads[p.name] = (p, gt)
     gb.tensor_set(inp.tokens, tokens.reshape(-1).astype(np.int32))
+    if segments is not None:
+        llama.set_segments(inp, net.cfg, segments)
     loss_in.set(labels, weight)
     net.sched.reset()
     net.sched.alloc_graph(g)

@@ -21,6 +21,7 @@ from .graph import (
     make_cache,
     make_inputs,
     param_shapes,
+    set_segments,
     set_weights,
     weight_map,
 )
@@ -31,5 +32,5 @@ from .vocab import Tokenizer
 __all__ = ["ARCH", "N_VOCAB_BYTES", "Config", "config_from_fields", "byte_tokens", "write_f32",
            "Graph", "Inputs", "KVCache", "LlamaModel", "build_graph", "build_logits",
            "build_model", "get_weights", "init_weights", "make_cache", "make_inputs",
-           "param_shapes", "set_weights", "weight_map", "Model", "load", "read_config",
-           "read_weights", "logits", "Tokenizer"]
+           "param_shapes", "set_segments", "set_weights", "weight_map", "Model", "load",
+           "read_config", "read_weights", "logits", "Tokenizer"]

@@ -37,8 +37,8 @@ from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
            "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
-           "build_graph", "set_masks", "set_weights", "get_weights", "weight_map", "WeightMap",
-           "is_read_only"]
+           "build_graph", "set_masks", "set_segments", "set_weights", "get_weights", "weight_map",
+           "WeightMap", "is_read_only"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -96,7 +96,8 @@ class Inputs:
     """The static inputs of one batch shape: ``tokens`` ``[n_tokens*n_seq]`` (I32), ``pos``
     (I32 positions) and the ``mask`` ``[n_kv + n_tokens, n_tokens]`` (F32, 0 or -inf); for a
     model with sliding-window layers, their mask ``mask_swa`` (the same shape; see
-    :func:`set_masks`)."""
+    :func:`set_masks`). ``packed``: one mask per sequence, ``[n_tokens, n_tokens, 1, n_seq]``,
+    set with the positions by :func:`set_segments` for each batch."""
 
     ctx: Context
     tokens: Tensor
@@ -105,6 +106,7 @@ class Inputs:
     n_seq: int
     n_tokens: int
     mask_swa: Tensor | None = None
+    packed: bool = False
 
 
 #: ``project(ctx, weight name, weight, x)``: what replaces ``mul_mat(weight, x)`` for a block's
@@ -183,29 +185,38 @@ def _positive(name: str, value: object) -> int:
 
 
 def make_inputs(model: LlamaModel, n_seq: int, n_tokens: int | None = None,
-                n_kv: int = 0) -> Inputs:
+                n_kv: int = 0, packed: bool = False) -> Inputs:
     """Allocate the inputs for ``n_seq`` sequences of ``n_tokens`` (default ``n_ctx``) tokens.
 
     Without a cache (``n_kv == 0``) positions ``0..n_tokens-1`` and the causal mask are set
-    here; with one (``n_seq == 1``) the caller sets both for each step.
+    here; with one (``n_seq == 1``) the caller sets both for each step. ``packed``: each
+    sequence holds several independent ones (packed chat windows); the positions and a mask
+    per sequence are set by :func:`set_segments` for each batch (data, not graph constants:
+    one graph serves every window).
     """
     n_seq = _positive("n_seq", n_seq)
     T = _positive("n_tokens", model.cfg.n_ctx if n_tokens is None else n_tokens)
-    if n_kv and n_seq != 1:
-        raise ShapeError("make_inputs: a kv cache holds one sequence (n_seq 1)")
+    if n_kv and (n_seq != 1 or packed):
+        raise ShapeError("make_inputs: a kv cache holds one sequence (n_seq 1, not packed)")
     ctx = Context()
     tokens = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "tokens")
     pos = ggopt.set_name(ctx.new_tensor_1d(I32, T * n_seq), "pos")
-    mask = ggopt.set_name(ctx.new_tensor_2d(F32, n_kv + T, T), "kq_mask")
-    mask_swa = None
-    if any(model.cfg.swa_layers):
-        mask_swa = ggopt.set_name(ctx.new_tensor_2d(F32, n_kv + T, T), "kq_mask_swa")
+
+    def new_mask(name: str) -> Tensor:
+        t = ctx.new_tensor(F32, (T, T, 1, n_seq)) if packed else \
+            ctx.new_tensor_2d(F32, n_kv + T, T)
+        return ggopt.set_name(t, name)
+
+    mask = new_mask("kq_mask")
+    mask_swa = new_mask("kq_mask_swa") if any(model.cfg.swa_layers) else None
     for t in (tokens, pos, mask, mask_swa):
         if t is not None:
             ggopt.set_input(t)
     alloc_ctx_tensors(ctx, model.sched.get_backend(0))
-    inp = Inputs(ctx, tokens, pos, mask, n_seq, T, mask_swa)
-    if not n_kv:
+    inp = Inputs(ctx, tokens, pos, mask, n_seq, T, mask_swa, packed)
+    if packed:
+        set_segments(inp, model.cfg, np.zeros((n_seq, T), np.int32))
+    elif not n_kv:
         tensor_set(pos, np.tile(np.arange(T, dtype=np.int32), n_seq))
         ar = np.arange(T, dtype=np.int64)
         set_masks(inp, model.cfg, np.triu(np.full((T, T), -np.inf, np.float32), 1), ar, ar)
@@ -223,6 +234,40 @@ def set_masks(inp: Inputs, cfg: Config, mask: np.ndarray, kv_pos: np.ndarray,
     if inp.mask_swa is not None:
         far = (q_pos[:, None] - kv_pos[None, :]) >= cfg.n_swa
         tensor_set(inp.mask_swa, np.where(far, np.float32(-np.inf), mask).astype(np.float32))
+
+
+def set_segments(inp: Inputs, cfg: Config, segments: np.ndarray) -> None:
+    """Positions and masks of a packed batch (:func:`make_inputs` with ``packed=True``) from
+    ``segments`` ``(n_seq, n_tokens)``: per token the id (>= 0) of the sequence it belongs
+    to, each sequence a contiguous run, -1 for padding. A token attends causally to its own
+    sequence only (a block-diagonal causal mask, as llama.cpp separates sequences by id in
+    one batch; a sliding window counts within the sequence) and its rope position restarts at
+    0 where its sequence starts; a padding token attends to itself alone at position 0 (no
+    row of the softmax is empty, so nothing is NaN)."""
+    if not inp.packed:
+        raise ShapeError("set_segments: the inputs are not packed (make_inputs(packed=True))")
+    seg = np.asarray(segments)
+    B, T = inp.n_seq, inp.n_tokens
+    if seg.shape != (B, T) or seg.dtype.kind not in "iu":
+        raise ShapeError(f"set_segments: expected integer segments of shape {(B, T)}, got "
+                         f"{seg.dtype} {seg.shape}")
+    ar = np.arange(T)
+    start = np.zeros((B, T), np.int64)  # where each token's run of equal ids starts
+    new = np.ones((B, T), bool)
+    new[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    start[new] = np.broadcast_to(ar, (B, T))[new]
+    start = np.maximum.accumulate(start, axis=1)
+    pad = seg < 0
+    pos = np.where(pad, 0, ar[None, :] - start).astype(np.int32)
+    same = (seg[:, :, None] == seg[:, None, :]) & ~pad[:, :, None]
+    visible = (same & (ar[None, None, :] <= ar[None, :, None])) | np.eye(T, dtype=bool)[None]
+    tensor_set(inp.pos, pos.reshape(-1))
+    mask = np.where(visible, np.float32(0), np.float32(-np.inf)).astype(np.float32)
+    tensor_set(inp.mask, mask.reshape(B, 1, T, T))
+    if inp.mask_swa is not None:  # within a sequence, the position gap is the index gap
+        far = (ar[:, None] - ar[None, :]) >= cfg.n_swa
+        tensor_set(inp.mask_swa, np.where(far[None], np.float32(-np.inf), mask).astype(
+            np.float32).reshape(B, 1, T, T))
 
 
 def make_cache(model: LlamaModel, n_kv: int, n_stage: int = 1) -> KVCache:
