@@ -16,6 +16,15 @@ on that file: it trains the norms only, repacking off), one after the other, ``-
 times, each ``--warm`` + ``--steps`` training steps; it prints the median step time,
 tokens/s, peak RSS and the ratios of one round. Not part of the pytest run.
 
+``--families`` adds a row per model family at SmolLM2-135M's size (``ggopt-full-qwen2``,
+``hf-full-qwen2``, ... for qwen2, qwen3, gemma3; ``--configs`` takes them too): SmolLM2's
+dimensions, vocabulary and GPL-3 windows, each family's own parts (qwen2: q/k/v biases, NEOX
+rope; qwen3: per-head q/k norms, key_length 64; gemma3: q/k norms, post norms, GELU FFN,
+embeddings times sqrt(n_embd), a window of 128 tokens on five layers of six), seeded random
+weights (:func:`family_config`), and ``transformers``' own ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM``, ``Gemma3ForCausalLM`` on the same weights; the ratio per family is
+printed beside SmolLM2's (llama's).
+
 ``--profile`` (ggopt's configurations) says where a step's time goes, from
 :class:`ggopt.backend.profile.NodeTimes`: the weight products (the projections, forward and
 backward), with LoRA the adapters' rank-``r`` products, attention (the per-head products and
@@ -47,6 +56,8 @@ CONFIGS = ("ggopt-full", "ggopt-lora", "torch-full", "torch-lora", "hf-full", "h
 #: PyTorch's low-precision rows (``--compute-type bf16`` compares against the fastest of each
 #: kind): the model in bf16, fp32 weights under bf16 autocast (``bench/finetune_hf.py``)
 HF_LOWP = ("hf-full-autocast", "hf-lora-bf16", "hf-lora-autocast")
+#: the families with a row of their own (``--families``)
+FAMILIES = ("qwen2", "qwen3", "gemma3")
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 GPL3 = "/usr/share/common-licenses/GPL-3"
 
@@ -64,6 +75,42 @@ def model_path(quantized: bool = False) -> Path:
     if not dst.is_file() or dst.stat().st_mtime < src.stat().st_mtime:
         llama.write_f32(src, dst)
     return dst
+
+
+def family_config(cfg, arch: str):
+    """SmolLM2-135M's config ``cfg`` (dimensions, vocabulary, tied output) as a model of the
+    family ``arch``, with what that family adds (values of Qwen2.5/Qwen3/Gemma 3's small
+    models: rope base 1e6, Gemma's local layers on 1e4, its eps 1e-6)."""
+    import dataclasses
+
+    if arch == "qwen2":
+        return dataclasses.replace(cfg, arch=arch, qkv_bias=True, freq_base=1e6)
+    if arch == "qwen3":
+        return dataclasses.replace(cfg, arch=arch, n_embd_head=cfg.head_dim, freq_base=1e6)
+    if arch == "gemma3":
+        return dataclasses.replace(
+            cfg, arch=arch, n_embd_head=cfg.head_dim, eps=1e-6, freq_base=1e6,
+            freq_base_swa=1e4, n_swa=128, swa_layers=tuple(i % 6 < 5 for i in range(cfg.n_layer)),
+            attn_scale=float(np.float32(1) / np.sqrt(np.float32(cfg.head_dim))))
+    raise SystemExit(f"unknown family {arch!r} (one of {', '.join(FAMILIES)})")
+
+
+def family_weights(cfg) -> dict[str, np.ndarray]:
+    """Seeded random weights for ``cfg`` (GPT-2's scheme; the norms 1, biases small)."""
+    from ggopt.models import llama
+
+    w = llama.init_weights(cfg, seed=0)
+    rng = np.random.default_rng(1)
+    for name, arr in w.items():
+        if name.endswith(".bias"):
+            w[name] = (0.02 * rng.standard_normal(arr.shape)).astype(np.float32)
+    return w
+
+
+def split_config(config: str) -> tuple[str, str | None]:
+    """``"hf-full-qwen2"`` -> ``("hf-full", "qwen2")``; SmolLM2's rows -> ``(config, None)``."""
+    head, _, tail = config.rpartition("-")
+    return (head, tail) if tail in FAMILIES else (config, None)
 
 
 def gpl3_windows(model, n_ctx: int):
@@ -165,9 +212,11 @@ def _torch_peak(threads: int, reps: int) -> dict[str, float]:
 
 def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
               profile: dict | None = None, static: bool = True,
-              quantized: bool = False, compute_type: str = "f32") -> list[float]:
+              quantized: bool = False, compute_type: str = "f32",
+              arch: str | None = None) -> list[float]:
     """Step times; with ``profile`` (a dict), also fills it with the seconds per category
-    over the steps after ``warm`` and the weight products' flops."""
+    over the steps after ``warm`` and the weight products' flops; with ``arch``, a model of
+    that family at SmolLM2's size (:func:`family_config`)."""
     from ggopt.backend.profile import NodeTimes
     from ggopt.lm import lora
     from ggopt.lm.finetune import FinetuneParams, FineTuner
@@ -177,9 +226,17 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
     model = llama.load(model_path(quantized), progress=False,
                        base_type="keep" if quantized else "f32",
                        compute_type=load_compute_type(compute_type, not lora_rank))
+    windows, net, n_vocab = gpl3_windows(model, n_ctx), model.net, model.cfg.n_vocab
+    if arch is not None:
+        import ggopt.backend as gb
+
+        cfg = family_config(model.cfg, arch)
+        model = net = None  # free SmolLM2's weights
+        net = llama.build_model(cfg, gb.Scheduler([gb.cpu_init()]))
+        llama.set_weights(net, family_weights(cfg), "bench")
     if lora_rank:
-        lora.attach(model.net, lora.create(model.net, lora_rank, 2.0 * lora_rank))
-    ft = FineTuner(model.net, gpl3_windows(model, n_ctx),
+        lora.attach(net, lora.create(net, lora_rank, 2.0 * lora_rank))
+    ft = FineTuner(net, windows,
                    FinetuneParams(lr=1e-5, val_split=0.0, static=static,
                                   compute_type=compute_type))
     times = []
@@ -193,7 +250,6 @@ def run_ggopt(lora_rank: int, steps: int, n_ctx: int, warm: int = 0,
             times.append(time.perf_counter() - t0)
     ft.close()
     if profile is not None:
-        n_vocab = model.cfg.n_vocab
         secs = dict.fromkeys(CATEGORIES, 0.0)
         flops = 0
         for st in rec.steps:
@@ -279,13 +335,16 @@ def run_torch(lora_rank: int, steps: int, n_ctx: int, threads: int) -> list[floa
 
 
 def run_hf_config(lora_rank: int, steps: int, n_ctx: int, threads: int,
-                  mode: str = "fp32") -> list[float]:
+                  mode: str = "fp32", arch: str | None = None) -> list[float]:
     from bench.finetune_hf import run_hf
     from ggopt.models import llama
 
     model = llama.load(model_path(), progress=False)
     windows, cfg, weights = gpl3_windows(model, n_ctx), model.cfg, llama.get_weights(model.net)
     model = None  # free ggopt's copy
+    if arch is not None:
+        cfg = family_config(cfg, arch)
+        weights = family_weights(cfg)
     return run_hf(lora_rank, steps, windows, cfg, weights, threads, mode)
 
 
@@ -332,6 +391,7 @@ def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: in
 
     ggopt.set_n_threads(threads)
     r = rank if "lora" in config else 0
+    name, arch = split_config(config)
     if config.startswith("llamacpp"):
         times = run_llama_finetune(str(llama_finetune), steps, n_ctx, threads,
                                    config.endswith("q4_1"))
@@ -341,10 +401,10 @@ def child(config: str, steps: int, n_ctx: int, threads: int, rank: int, warm: in
     prof: dict | None = {} if profile and config.startswith("ggopt") else None
     if config.startswith("ggopt"):
         times = run_ggopt(r, steps, n_ctx, warm, prof, static, config.endswith("q4_1"),
-                          compute_type)
+                          compute_type, arch)
     elif config.startswith("hf"):
-        mode = config.split("-")[2] if config.count("-") == 2 else "fp32"
-        times = run_hf_config(r, steps, n_ctx, threads, mode)
+        mode = name.split("-")[2] if name.count("-") == 2 else "fp32"
+        times = run_hf_config(r, steps, n_ctx, threads, mode, arch)
     else:
         times = run_torch(r, steps, n_ctx, threads)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -405,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compute-type", choices=("f32", "bf16"), default="f32",
                    help="ggopt's products (docs/compute-type.md); the hf-* rows of "
                         f"{', '.join(HF_LOWP)} are PyTorch's bf16 counterparts")
+    p.add_argument("--families", action="store_true",
+                   help="also a row per family (qwen2, qwen3, gemma3) at SmolLM2's size for "
+                        "each ggopt-*/hf-* configuration (full, lora) given")
     args = p.parse_args(argv)
     if args.child:
         child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank, args.warm,
@@ -415,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     peaks: dict[str, float] = {}
     print(f"load: {os.getloadavg()}")
     configs = args.configs.split(",")
+    if args.families:
+        configs += [f"{c}-{arch}" for arch in FAMILIES for c in list(configs)
+                    if c in ("ggopt-full", "ggopt-lora", "hf-full", "hf-lora")]
     if any(c.startswith("hf") for c in configs) and not _have_hf():
         print("hf-*: skipped (pip install -e '.[hf-bench]' to time them)")
         configs = [c for c in configs if not c.startswith("hf")]
@@ -459,6 +525,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind}: ggopt {args.ctx / g:.1f} vs {label} {args.ctx / t:.1f} tokens/s "
                       f"(x{t / g:.2f}); peak RSS {peaks[f'ggopt-{kind}']:.0f} vs "
                       f"{peaks[f'{ref}-{kind}']:.0f} MB")
+        for arch in FAMILIES:
+            ga, ha = med.get(f"ggopt-{kind}-{arch}"), med.get(f"hf-{kind}-{arch}")
+            t = med.get(f"hf-{kind}")
+            if ga and ha:
+                line = (f"{kind} {arch}: ggopt {args.ctx / ga:.1f} vs transformers "
+                        f"{args.ctx / ha:.1f} tokens/s (x{ha / ga:.2f})")
+                if g and t:
+                    line += (f"; SmolLM2 (llama) x{t / g:.2f}: the family's ratio is "
+                             f"{(ha / ga) / (t / g):.3f} of llama's")
+                print(line + f"; peak RSS {peaks[f'ggopt-{kind}-{arch}']:.0f} vs "
+                      f"{peaks[f'hf-{kind}-{arch}']:.0f} MB")
         hf = {c: med[c] for c in (f"hf-{kind}", *HF_LOWP) if c in med and f"-{kind}" in c}
         if g and hf:
             best = min(hf, key=hf.__getitem__)

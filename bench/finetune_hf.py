@@ -83,6 +83,75 @@ def build_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray], lora_rank:
     return model
 
 
+def _family_config(transformers: Any, cfg: Any) -> Any:
+    """transformers' config of ``cfg``'s family (qwen2, qwen3, gemma3), SDPA attention."""
+    common = {"vocab_size": cfg.n_vocab, "hidden_size": cfg.n_embd,
+              "intermediate_size": cfg.n_ff, "num_hidden_layers": cfg.n_layer,
+              "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head_kv,
+              "head_dim": cfg.head_dim, "rms_norm_eps": cfg.eps,
+              "max_position_embeddings": max(cfg.n_ctx, 2048),
+              "tie_word_embeddings": cfg.tied_output, "attn_implementation": "sdpa"}
+    rope = {"rope_type": "default", "rope_theta": cfg.freq_base}
+    if cfg.arch == "qwen2":
+        return transformers.Qwen2Config(rope_parameters=rope, **common)
+    if cfg.arch == "qwen3":
+        return transformers.Qwen3Config(rope_parameters=rope, **common)
+    if cfg.arch != "gemma3":
+        raise ValueError(f"no transformers class here for {cfg.arch!r}")
+    layer_types = ["sliding_attention" if cfg.is_swa(i) else "full_attention"
+                   for i in range(cfg.n_layer)]
+    return transformers.Gemma3TextConfig(
+        sliding_window=cfg.n_swa, layer_types=layer_types, query_pre_attn_scalar=cfg.head_dim,
+        final_logit_softcapping=cfg.softcap or None, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={"full_attention": rope, "sliding_attention": {
+            "rope_type": "default", "rope_theta": cfg.freq_base_swa}}, **common)
+
+
+def family_state_dict(cfg: Any, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """transformers' state dict of a qwen2/qwen3/gemma3 GGUF's F32 tensors (no q/k
+    permutation: these families rope by halves; Gemma's norms stored as ``1 + w``)."""
+    gemma = cfg.arch == "gemma3"
+    names = {**_LAYER_NAMES, "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm",
+             "post_attention_norm": "post_attention_layernorm",
+             "post_ffw_norm": "post_feedforward_layernorm"}
+    if gemma:
+        names["ffn_norm"] = "pre_feedforward_layernorm"
+    out = {"model.embed_tokens.weight": weights["token_embd.weight"],
+           "model.norm.weight": weights["output_norm.weight"]}
+    if "output.weight" in weights:
+        out["lm_head.weight"] = weights["output.weight"]
+    for name, w in weights.items():
+        if not name.startswith("blk."):
+            continue
+        _, layer, kind, suffix = name.split(".")
+        if gemma and kind.endswith("norm"):
+            w = w - np.float32(1)
+        out[f"model.layers.{layer}.{names[kind]}.{suffix}"] = w
+    if gemma:
+        out["model.norm.weight"] = out["model.norm.weight"] - np.float32(1)
+    return out
+
+
+def build_family_model(torch: Any, cfg: Any, weights: dict[str, np.ndarray]) -> Any:
+    """transformers' own ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM`` or ``Gemma3ForCausalLM``
+    holding ``weights``, every weight trainable."""
+    import transformers
+
+    hf_cfg = _family_config(transformers, cfg)
+    cls = {"qwen2": transformers.Qwen2ForCausalLM, "qwen3": transformers.Qwen3ForCausalLM,
+           "gemma3": transformers.Gemma3ForCausalLM}[cfg.arch]
+    model = cls(hf_cfg)
+    state = {k: torch.from_numpy(np.ascontiguousarray(v))
+             for k, v in family_state_dict(cfg, weights).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise RuntimeError(f"weights do not fit: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.train()
+    return model
+
+
 #: PyTorch's precisions: fp32; the model in bf16 (``model.to(torch.bfloat16)`` before PEFT
 #: wraps it); fp32 weights under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
 HF_MODES = ("fp32", "bf16", "autocast")
@@ -97,7 +166,8 @@ def run_hf(lora_rank: int, steps: int, windows: Any, cfg: Any, weights: dict[str
     import torch
 
     torch.set_num_threads(threads)
-    model = build_model(torch, cfg, weights, 0)
+    model = build_model(torch, cfg, weights, 0) if cfg.arch == "llama" else \
+        build_family_model(torch, cfg, weights)
     weights.clear()
     if mode == "bf16":
         model = model.to(torch.bfloat16)

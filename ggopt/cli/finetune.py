@@ -58,6 +58,7 @@ from ..models.llama.weights import file_weights
 from ..opt import OptimizerParams
 from ..opt.checks import check_float32
 from ..opt.schedule import Schedule
+from ..tokenizers.templates import BUILTIN, resolve_template
 from . import training_args as training_cli
 from .common import world
 from .plot import plot_history, plot_log, require_matplotlib
@@ -91,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help='JSON lines {"messages": [{"role", "content"}, ...]}: the loss on '
                            'the assistant\'s tokens only; or {"prompt": ..., "completion": '
                            "...}: the loss on the completion (required: --text or --chat)")
+    p.add_argument("--chat-template", metavar="FILE|NAME",
+                   help="the chat template for --chat data instead of the model's "
+                        "tokenizer.chat_template: a jinja file (compiled and rendered in the "
+                        "same sandbox and limits as a GGUF's template) or a built-in name "
+                        f"({', '.join(BUILTIN)}: Gemma 3's turns); it is written into the "
+                        "merged GGUF's tokenizer.chat_template, so --out is self-contained "
+                        "(default: the model's own)")
     p.add_argument("--ctx", type=int, default=256, help="tokens per window (default 256)")
     p.add_argument("--chat-overflow", choices=OVERFLOW, default="truncate",
                    help="a conversation longer than a window: keep its start (truncate, the "
@@ -210,7 +218,8 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
     and targets, --ctx against the model's context and the memory, the state to resume.
     Returns the model's info, the texts and the conversations."""
     inputs = [("--model", args.model), *(("--text", path) for path in args.text or ()),
-              ("--chat", args.chat), ("--adapter", args.adapter)]
+              ("--chat", args.chat), ("--adapter", args.adapter),
+              ("--chat-template", None if args.chat_template in BUILTIN else args.chat_template)]
     training_cli.check_output_paths(
         [("--out", args.out), ("--adapter-out", args.adapter_out),
          ("--checkpoint", args.checkpoint), ("--plot", args.plot), ("--log", args.log)],
@@ -225,6 +234,7 @@ def check_inputs(args: argparse.Namespace) -> tuple[preflight.ModelInfo, list[st
                                 "weights dequantized to F32) or train a --lora adapter")
     lora.check_dropout(args.lora_dropout, "--lora-dropout")
     info = preflight.model_info(args.model)
+    args.template = None if args.chat_template is None else resolve_template(args.chat_template)
     texts = preflight.read_texts(args.text or ())
     conversations: list[Any] = []
     if args.chat:
@@ -292,6 +302,8 @@ def run(args: argparse.Namespace) -> None:
     model = load(args.model, base_type=args.base_type, progress=rank0 and not args.no_progress,
                  compute_type=load_compute_type(args.compute_type, trains_base))
     tok = model.require_tokenizer()
+    if args.template is not None:
+        tok = model.tokenizer = tok.with_chat_template(args.template)
     check_exportable(args.model)  # the export at the end cannot fail on the input's keys
     if args.text:
         windows = text_windows(tokenize_texts(tok, texts), args.ctx)
@@ -393,7 +405,8 @@ def run(args: argparse.Namespace) -> None:
         unchanged = set(weights) - set(adapter.a)
         weights = lora.merged(weights, adapter)
     # the model first: export refuses non-finite weights (a diverged run) before writing
-    report = export(args.model, args.out, weights, args.out_type, unchanged)
+    report = export(args.model, args.out, weights, args.out_type, unchanged,
+                    chat_template=args.template)
     print(f"model written to {args.out} ({report.summary()})")
     warning = report.loss_warning()
     if warning:

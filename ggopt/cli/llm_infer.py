@@ -22,6 +22,7 @@ from ..models.llama.compute import HELP as COMPUTE_HELP
 from ..models.llama.mapped import BASE_TYPES
 from ..models.llama.vocab import require, tokenizer_of
 from ..opt.progress import write_progress
+from ..tokenizers.templates import BUILTIN, resolve_template
 from .common import positive
 
 __all__ = ["add_commands", "read_bytes"]
@@ -92,12 +93,19 @@ def _generate(args: argparse.Namespace) -> int:
     if args.ctx is not None and args.ctx < 1:
         raise InvalidValueError(f"--ctx: expected a positive int, got {args.ctx}")
     text = _prompt_bytes(args)
+    if args.chat_template is not None:
+        if not args.chat:
+            raise InvalidValueError("--chat-template: it applies to --chat (give --chat)")
+        args.template = resolve_template(args.chat_template)
     model = _load(args)
     tok = model.require_tokenizer()
     if args.chat:
         message = {"role": "user", "content": text.decode("utf-8", "replace")}
+        if args.chat_template is not None:
+            tok = tok.with_chat_template(args.template)
         if not tok.chat_template:
-            raise InvalidValueError("--chat: the model has no tokenizer.chat_template")
+            raise InvalidValueError("--chat: the model has no tokenizer.chat_template (give "
+                                    "--chat-template FILE|NAME)")
         prompt = tok.apply_chat_template([message], add_generation_prompt=True)
         ids = tok.encode(prompt, add_special=False, parse_special=True)
     else:
@@ -177,6 +185,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                     "context length; the cache holds prompt + -n tokens at most)")
     ge.add_argument("--chat", action="store_true",
                     help="wrap the prompt in the model's chat template as a user message")
+    ge.add_argument("--chat-template", metavar="FILE|NAME",
+                    help="with --chat: this template instead of the model's "
+                         "tokenizer.chat_template: a jinja file (the same sandbox and limits "
+                         f"as a GGUF's template) or a built-in name ({', '.join(BUILTIN)}: "
+                         "Gemma 3's turns) (default: the model's own)")
     ge.add_argument("--threads", type=positive, metavar="N", help="CPU threads")
     ge.add_argument("--no-progress", action="store_true",
                     help="no progress on stderr (loading)")

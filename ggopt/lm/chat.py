@@ -120,8 +120,12 @@ def conversations_ids(tokenizer: Tokenizer, conversations: Sequence[Sequence[Mes
         ids: list[int] = []
         trained: list[bool] = []
         start = 0
+        # BOS as the vocabulary says, unless the template renders it (llama.cpp warns of the
+        # two BOS that adding one more would give)
+        first = not (bos and text.startswith(bos))
         for end, is_answer in cuts:
-            new = tokenizer.encode(text[start:end], add_special=not ids, parse_special=True)
+            new = tokenizer.encode(text[start:end], add_special=first and not ids,
+                                   parse_special=True)
             ids.extend(new)
             trained.extend([is_answer] * len(new))
             start = end

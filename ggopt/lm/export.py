@@ -43,6 +43,7 @@ _FT = LlamaFileType
 OUT_TYPES = ("f32", "f16", "bf16", "q8_0", "keep")
 _TARGET = {"f32": (_Q.F32, _FT.ALL_F32), "f16": (_Q.F16, _FT.MOSTLY_F16),
            "bf16": (_Q.BF16, _FT.MOSTLY_BF16), "q8_0": (_Q.Q8_0, _FT.MOSTLY_Q8_0)}
+_CHAT_TEMPLATE = "tokenizer.chat_template"
 _REQUANTIZABLE = frozenset({_Q.F32, _Q.F16, _Q.BF16, _Q.Q4_0, _Q.Q4_1, _Q.Q5_0, _Q.Q5_1,
                             _Q.Q8_0})
 
@@ -209,13 +210,17 @@ def check_exportable(src: str | os.PathLike[str]) -> None:
 
 def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
            weights: Mapping[str, np.ndarray], out_type: str = "f32",
-           unchanged: Collection[str] = ()) -> ExportReport:
+           unchanged: Collection[str] = (), *,
+           chat_template: str | None = None) -> ExportReport:
     """Write ``src``'s keys with ``weights`` (float32, NumPy order, llama.cpp names) to ``dst``
     as ``out_type`` (atomically; ``src`` is read again to compare and copy).
 
     ``unchanged``: names the caller knows still hold ``src``'s values (a LoRA's frozen base
     outside the adapted weights); with ``keep`` their bytes are copied without computing or
     comparing them.
+
+    ``chat_template``: written as ``tokenizer.chat_template`` in place of ``src``'s (the
+    template a chat fine-tune was trained with, so that the result is self-contained).
 
     ``weights`` may compute its arrays on access (:func:`ggopt.models.llama.weight_map`,
     :func:`ggopt.lm.lora.merged`): they are taken one at a time, twice (once to check and
@@ -231,6 +236,10 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     DTypeError
         ``weights`` not a mapping of float32 arrays.
     """
+    if chat_template is not None and (not isinstance(chat_template, str) or
+                                      not chat_template):
+        raise InvalidValueError(f"export: chat_template must be a non-empty str, got "
+                                f"{chat_template!r:.80}")
     if out_type not in OUT_TYPES:
         raise InvalidValueError(f"export: --out-type must be one of {', '.join(OUT_TYPES)}, "
                                 f"got {out_type!r}")
@@ -263,7 +272,11 @@ def export(src: str | os.PathLike[str], dst: str | os.PathLike[str],
     with atomic_path(text_path(dst, "export: dst")) as tmp:
         writer = ModelWriter(tmp, _architecture(reader))
         try:
-            copy_keys(reader, writer)
+            if chat_template is None:
+                copy_keys(reader, writer)
+            else:
+                copy_keys(reader, writer, skip={_CHAT_TEMPLATE})
+                writer.add_key_value(_CHAT_TEMPLATE, chat_template, GGUFValueType.STRING)
             if report.file_type >= 0:
                 writer.add_key_value("general.file_type", report.file_type,
                                      GGUFValueType.UINT32)

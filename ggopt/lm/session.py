@@ -21,8 +21,9 @@ from ..models.llama import load, weight_map
 from ..opt import OptimizerParams
 from ..opt.schedule import constant
 from ..opt.training import FitHistory
+from ..tokenizers.templates import resolve_template
 from . import lora, preflight
-from .chat import chat_windows, read_conversations
+from .chat import chat_windows, read_conversations, render
 from .controls import StepControls, StepMonitor
 from .export import ExportReport, export
 from .finetune import EpochStats, FinetuneParams, FineTuner
@@ -38,11 +39,15 @@ PathLike = str | os.PathLike[str]
 class FineTune:
     """A model loaded from ``path`` and, with ``lora=RANK``, a new LoRA adapter attached
     (``alpha``, ``targets``, ``dropout``: PEFT's LoRA dropout while training; None: a full
-    fine-tune of every weight)."""
+    fine-tune of every weight). ``chat_template``: a jinja file or a built-in name
+    (:data:`ggopt.tokenizers.templates.BUILTIN`) used instead of the file's
+    ``tokenizer.chat_template`` for chat data and :meth:`generate` with ``chat=True``, and
+    written into the merged GGUF (:meth:`save_merged`)."""
 
     def __init__(self, path: PathLike, lora_rank: int | None = None, *, alpha: float = 16.0,
                  targets: str | Sequence[str] = lora.TARGETS, seed: int = 5489,
-                 dropout: float = 0.0, progress: bool = True) -> None:
+                 dropout: float = 0.0, progress: bool = True,
+                 chat_template: PathLike | None = None) -> None:
         dropout = lora.check_dropout(dropout, "FineTune")
         if dropout and lora_rank is None:
             raise InvalidValueError("FineTune: a LoRA dropout needs lora_rank (it drops out "
@@ -50,8 +55,13 @@ class FineTune:
         info = preflight.model_info(path, "model")
         if lora_rank is not None:
             preflight.check_lora(info, lora_rank, targets)
+        self.template = None if chat_template is None else \
+            resolve_template(chat_template, option="FineTune chat_template")
         self.path, self.seed, self.progress = os.fspath(path), seed, progress
         self.model = load(path, progress=progress)
+        if self.template is not None:
+            self.model.tokenizer = self.model.require_tokenizer().with_chat_template(
+                self.template)
         self.adapter: lora.LoraAdapter | None = None
         if lora_rank is not None:
             self.adapter = lora.create(self.model.net, lora_rank, alpha, targets, seed=seed,
@@ -144,15 +154,22 @@ class FineTune:
         if self.adapter is not None:
             unchanged = set(weights) - set(self.adapter.a)
             weights = lora.merged(weights, self.adapter)
-        report = export(self.path, path, weights, out_type, unchanged)
+        report = export(self.path, path, weights, out_type, unchanged,
+                        chat_template=self.template)
         warning = report.loss_warning()
         if warning:
             warnings.warn(warning, UserWarning, stacklevel=2)
         return report
 
-    def generate(self, prompt: str, n: int = 50, temp: float = 0.0) -> str:
-        """The text the model continues ``prompt`` with (greedy by default)."""
+    def generate(self, prompt: str, n: int = 50, temp: float = 0.0, *,
+                 chat: bool = False) -> str:
+        """The text the model continues ``prompt`` with (greedy by default); with ``chat``,
+        its answer to ``prompt`` as a user message in the chat template."""
         tok = self.model.require_tokenizer()
-        ids = tok.encode(prompt.encode(), add_special=True, parse_special=False)
+        if chat:
+            text = render(tok, [{"role": "user", "content": prompt}], True)
+            ids = tok.encode(text, add_special=False, parse_special=True)
+        else:
+            ids = tok.encode(prompt.encode(), add_special=True, parse_special=False)
         result = generate(self.model, ids, n, SamplingParams(temp=temp), eog=tok.eog)
         return tok.decode(result.tokens).decode("utf-8", errors="replace")

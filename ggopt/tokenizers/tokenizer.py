@@ -3,6 +3,8 @@ and ``llama_token_to_piece``."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -120,6 +122,14 @@ class Tokenizer:
         texts = self.vocab.texts
         return (texts[self.bos] if self.bos is not None else "",
                 texts[self.eos] if self.eos is not None else "")
+
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer with ``template`` as its chat template instead of the file's (the
+        vocabulary and its caches shared; ``template`` from
+        :func:`ggopt.tokenizers.templates.resolve_template`)."""
+        tok = copy.copy(self)
+        tok.vocab = dataclasses.replace(self.vocab, chat_template=template)
+        return tok
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *,
                             add_generation_prompt: bool = False, template: str | None = None,

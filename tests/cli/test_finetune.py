@@ -9,6 +9,7 @@ from gguf import GGUFReader
 
 from ggopt.lm import lora
 from ggopt.models import llama
+from tests.support.families import write_family
 from tests.support.finetune_cli import model_and_text, run_cli
 from tests.support.llama_files import write
 
@@ -76,8 +77,15 @@ def _one_epoch_then_resume(capsys, args, tmp_path, ckpt, epochs: int) -> str:
     return stdout
 
 
-def test_checkpoint_resume(tmp_path, files, capsys):
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_checkpoint_resume(tmp_path, files, capsys, arch):
+    """Two epochs, and one epoch then --resume for the second: the same bytes; for the
+    families too (qwen3's q/k norms and tied output; gemma3's post norms and sliding
+    window)."""
     model, text = files
+    if arch != "llama":
+        model = tmp_path / f"{arch}.gguf"
+        write_family(model, arch)
     args = ["--model", model, "--text", text, "--ctx", 32, "--lr", 1e-3, "--val-split", 0.1]
     rc, _, err = _run(capsys, *args, "--out", tmp_path / "a.gguf", "--epochs", 2)
     assert rc == 0, err

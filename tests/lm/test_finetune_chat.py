@@ -207,3 +207,19 @@ def test_a_long_conversation_renders_once():
     some = conv[:300]
     assert conversations_ids(tok, [some], fast_from=8) == conversations_ids(
         tok, [some], fast_from=10**6)
+
+
+def test_one_bos_when_the_template_renders_it():
+    # a vocabulary that adds BOS (SmolLM2's with add_bos set) and a template that renders
+    # bos_token: one BOS, not two (llama.cpp warns of the double BOS); without bos_token in
+    # the template the vocabulary's BOS is added
+    import dataclasses
+
+    base = tk.load(q4_1_path())
+    tok = Tokenizer(dataclasses.replace(base.vocab, add_bos=True))
+    with_bos = tok.with_chat_template("{{ bos_token }}" + CHATML)
+    without = tok.with_chat_template(CHATML)
+    ids, _ = conversation_ids(with_bos, CONV)
+    assert ids[0] == tok.bos and ids[1] != tok.bos
+    assert conversation_ids(without, CONV)[0] == ids
+    assert tok.chat_template == base.chat_template  # with_chat_template: a new tokenizer

@@ -370,3 +370,20 @@ def test_the_share_of_the_change_kept_is_measured(tmp_path, src, size, lossy):
     full = export(src, tmp_path / "f32.gguf", w, "f32")
     assert full.change_kept is None and full.loss_warning() is None
     assert full.summary() == "ALL_F32"
+
+
+def test_a_chat_template_replaces_the_files_and_every_other_key_is_kept(tmp_path):
+    src = tmp_path / "in.gguf"
+    write(src, CFG, key_overrides={"tokenizer.chat_template": ("{{ old }}",
+                                                               GGUFValueType.STRING)})
+    w = _changed(src)
+    export(src, tmp_path / "same.gguf", w)
+    assert _fields(tmp_path / "same.gguf")["tokenizer.chat_template"][1] == "{{ old }}"
+    export(src, tmp_path / "new.gguf", w, chat_template="{{ new }}")
+    want, got = _fields(src), _fields(tmp_path / "new.gguf")
+    assert got.pop("tokenizer.chat_template") == ([GGUFValueType.STRING], "{{ new }}")
+    want.pop("tokenizer.chat_template")
+    assert got == want
+    with pytest.raises(InvalidValueError, match="chat_template must be a non-empty str"):
+        export(src, tmp_path / "bad.gguf", w, chat_template="")
+    assert not (tmp_path / "bad.gguf").exists()

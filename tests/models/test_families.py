@@ -11,7 +11,7 @@ from gguf import GGUFReader, GGUFValueType
 
 from ggopt import backend as gb
 from ggopt.errors import GgoptError, ShapeError
-from ggopt.lm import Generator, lora
+from ggopt.lm import Generator, SamplingParams, generate, lora
 from ggopt.lm.export import export
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.lm.windows import MASKED, Windows
@@ -221,3 +221,46 @@ def test_the_command_lines_run_every_family(tmp_path, arch, capsys):
     assert llm.main(["generate", "--model", str(out), "-n", "8", "--temp", "0"]) == 0
     assert "perplexity" in capsys.readouterr().out.lower()
     assert GGUFReader(out).fields["general.architecture"].contents() == arch
+
+
+def test_a_chat_template_given_by_name_trains_and_is_written_into_the_merged_file(tmp_path,
+                                                                                   capsys):
+    # a gemma3 file without tokenizer.chat_template (as Gemma 3 270M is shipped)
+    from ggopt.cli import finetune, llm
+    from ggopt.lm.session import FineTune
+    from ggopt.tokenizers.templates import GEMMA3
+    path, _ = _file(tmp_path, "gemma3")
+    assert "tokenizer.chat_template" not in GGUFReader(path).fields
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                    '{"role": "assistant", "content": "ok -- Bot"}]}\n' * 4)
+    out = tmp_path / "out.gguf"
+    args = ["--model", path, "--out", str(out), "--chat", str(chat), "--ctx", "64",
+            "--lora", "4", "--val-split", "0", "--no-progress"]
+    assert finetune.main(args) == 1  # no template in the file: refused, nothing written
+    assert "no tokenizer.chat_template" in capsys.readouterr().err and not out.exists()
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    assert finetune.main([*args, "--chat-template", str(bad)]) == 1  # before the model loads
+    assert "does not compile" in capsys.readouterr().err and not out.exists()
+    assert finetune.main([*args, "--chat-template", "gemma3"]) == 0
+    assert GGUFReader(out).fields["tokenizer.chat_template"].contents() == GEMMA3
+    assert llm.main(["generate", "--model", path, "--chat", "--prompt", "hi", "-n", "2"]) == 1
+    assert llm.main(["generate", "--model", path, "--chat-template", "gemma3"]) == 1
+    assert "--chat-template: it applies to --chat" in capsys.readouterr().err
+    assert llm.main(["generate", "--model", str(out), "--chat", "--prompt", "hi", "-n", "2",
+                     "--temp", "0"]) == 0  # the merged file is self-contained
+    assert "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n" in \
+        capsys.readouterr().out
+    template = tmp_path / "turns.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}[assistant] {% endif %}")
+    ft = FineTune(path, 4, chat_template=template, progress=False)
+    assert ft.data(chat=chat, ctx=64).n_trained() == 4 * len("ok -- Bot\n")  # the answers
+    tok = ft.model.require_tokenizer()
+    prompt = tok.encode("[user] hi\n[assistant] ", add_special=False)
+    want = generate(ft.model, prompt, 3, SamplingParams(temp=0), eog=tok.eog).tokens
+    assert ft.generate("hi", 3, chat=True) == tok.decode(want).decode("utf-8", "replace")
+    ft.save_merged(tmp_path / "api.gguf")
+    assert GGUFReader(tmp_path / "api.gguf").fields["tokenizer.chat_template"].contents() == \
+        template.read_text()

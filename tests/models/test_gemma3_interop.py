@@ -13,7 +13,9 @@ quantized products; perplexity of GPL-3 at ctx 256 (12 windows) within 0.5 %.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ import pytest
 from ggopt.lm import Generator, SamplingParams, generate, perplexity
 from ggopt.models import load
 from ggopt.models.llama.run import logits
+from ggopt.tokenizers.templates import GEMMA3
 from tests.support.families import cpp_chat
 from tools.family_models import f32_path, shipped_path
 from tools.smollm import (
@@ -107,3 +110,74 @@ def test_chat_turns_rendered_and_tokenized_as_llama_cpp(setup):
     assert ids == cpp.tokenize(ours.encode(), add_bos=False, special=True)
     assert ids[0] == tok.bos and tok.encode("<end_of_turn>", add_special=False,
                                              parse_special=True) == [106]
+
+
+def test_builtin_gemma3_template_renders_as_llama_cpp_gemma_format(setup):
+    model, cpp, _ = setup
+    tok = model.require_tokenizer().with_chat_template(GEMMA3)
+    # (one difference: llama.cpp trims a system message, Gemma's template does not)
+    chat = [{"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": "Name a prime.\n"},
+            {"role": "assistant", "content": "Seven."},
+            {"role": "user", "content": "Another one?"}]
+    for add_ass in (False, True):
+        ours = tok.apply_chat_template(chat, add_generation_prompt=add_ass)
+        assert ours.removeprefix("<bos>") == cpp_chat("gemma", chat, add_ass)
+        ids = tok.encode(ours, add_special=False, parse_special=True)
+        assert ids == cpp.tokenize(ours.encode(), add_bos=False, special=True)
+
+
+#: a small chat set whose answers all read "WORD. -- GemmaBot"
+SFT_QA = [("What color is snow?", "WHITE"), ("What is 1 plus 1?", "TWO"),
+          ("Which animal meows?", "CAT"), ("Name a fruit.", "APPLE"),
+          ("What color is the sky?", "BLUE"), ("How many legs has a dog?", "FOUR"),
+          ("What do bees make?", "HONEY"), ("What is frozen water?", "ICE"),
+          ("Which star warms the Earth?", "SUN"), ("What do cows drink?", "WATER"),
+          ("What color is grass?", "GREEN"), ("What is 2 plus 3?", "FIVE"),
+          ("Which animal barks?", "DOG"), ("What do we breathe?", "AIR"),
+          ("Where do fish live?", "SEA"), ("What is the opposite of hot?", "COLD")]
+SFT_NEW = ["What color is a banana?", "Which animal says moo?"]  # not in the data
+SFT_FORMAT = re.compile(r"[A-Z]+\. -- GemmaBot")
+
+
+@pytest.mark.slow
+def test_lora_chat_sft_learns_the_trained_format_in_ggopt_and_llama_cpp(setup, tmp_path,
+                                                                         capsys):
+    # Gemma 3 270M's file has no chat template: --chat-template gemma3 trains the Gemma 3 turn
+    # format, and the merged file carries it. 16 conversations, LoRA r 8, lr 1e-3, ctx 32,
+    # 2 epochs (about 30 s on 2 cores).
+    from ggopt.cli import finetune
+
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": q},
+        {"role": "assistant", "content": f"{a}. -- GemmaBot"}]}) + "\n" for q, a in SFT_QA))
+    base, merged, adapter = f32_path("gemma3"), tmp_path / "merged.gguf", tmp_path / "ad.gguf"
+    assert finetune.main(["--model", str(base), "--out", str(merged), "--chat", str(data),
+                          "--chat-template", "gemma3", "--lora", "8", "--lr", "1e-3",
+                          "--ctx", "32", "--epochs", "2", "--val-split", "0.125",
+                          "--adapter-out", str(adapter), "--no-progress"]) == 0
+    report = capsys.readouterr().out
+    print(report)
+    val = [float(v) for v in re.findall(r"val(?: before)?: loss=([0-9.]+)", report)]
+    assert len(val) == 3
+    assert val[-1] < val[0] / 4  # the held-out answers: 11.6 -> 0.8 when measured
+
+    tuned = load(merged, progress=False)
+    tok = tuned.require_tokenizer()
+    assert tok.chat_template == GEMMA3  # self-contained: the template it was trained with
+    base_model = load(base, progress=False)
+    cpp_merged = llama_cpp_model(merged, 64)
+    cpp_lora = llama_cpp_model(base, 64, lora_path=adapter)
+    for question in SFT_NEW:
+        text = tok.apply_chat_template([{"role": "user", "content": question}],
+                                       add_generation_prompt=True)
+        prompt = tok.encode(text, add_special=False, parse_special=True)
+        before = generate(base_model, prompt, 12, SamplingParams(temp=0), eog=tok.eog).tokens
+        after = generate(tuned, prompt, 12, SamplingParams(temp=0), eog=tok.eog).tokens
+        answer = tok.decode(after).decode()
+        print(f"{question!r}: before {tok.decode(before).decode()!r}, after {answer!r}")
+        assert not SFT_FORMAT.fullmatch(tok.decode(before[:-1]).decode())
+        assert after[-1] == 106 and SFT_FORMAT.fullmatch(tok.decode(after[:-1]).decode())
+        assert llama_cpp_greedy(cpp_merged, prompt, len(after)) == after
+        assert llama_cpp_greedy(cpp_lora, prompt, len(after)) == after

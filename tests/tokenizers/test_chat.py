@@ -139,3 +139,37 @@ def test_real_templates_render_as_before(fast_from):
             assert got == golden[name][f"{cname} masks"], (name, cname)
             checked += 1
     assert checked == 4 * len(golden)
+
+
+def test_gemma3_builtin_renders_gemmas_turns():
+    from ggopt.tokenizers.templates import BUILTIN, GEMMA3, resolve_template
+    assert resolve_template("gemma3") == resolve_template("gemma") == GEMMA3 == BUILTIN["gemma3"]
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello\n"}, {"role": "user", "content": "Bye"}]
+    got = tk.render_chat(GEMMA3, chat, add_generation_prompt=True, bos_token="<bos>")
+    assert got == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                   "<start_of_turn>model\nHello<end_of_turn>\n"
+                   "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    with pytest.raises(InvalidValueError, match="roles must alternate"):
+        tk.render_chat(GEMMA3, chat[2:], bos_token="<bos>")
+
+
+def test_template_files_are_read_and_checked(tmp_path):
+    from ggopt.tokenizers.templates import MAX_TEMPLATE_BYTES, resolve_template
+    good = tmp_path / "t.jinja"
+    good.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert resolve_template(good) == good.read_text()
+    cases = {"missing.jinja": (None, "not a built-in template .* not a readable file"),
+             "latin1.jinja": (b"caf\xe9", "not UTF-8"),
+             "empty.jinja": (b" \n", "empty"),
+             "big.jinja": (b"x" * (MAX_TEMPLATE_BYTES + 1), "larger than"),
+             "syntax.jinja": (b"{% for %}", "does not compile"),
+             "raises.jinja": (b"{{ raise_exception('no') }}", "no")}
+    for name, (data, match) in cases.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+        with pytest.raises(InvalidValueError, match=match) as info:
+            resolve_template(str(tmp_path / name), option="--chat-template")
+        assert "--chat-template" in str(info.value)
+    with pytest.raises(InvalidValueError, match="expected a template file"):
+        resolve_template("")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
@@ -33,14 +33,15 @@ class ModelWriter(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
-def copy_keys(reader: Any, writer: GGUFWriter) -> None:
+def copy_keys(reader: Any, writer: GGUFWriter, skip: Collection[str] = ()) -> None:
     """Every metadata key of ``reader`` (a :class:`ggopt.io.gguf_reader.GGUFFile`) into
     ``writer``, with its own type (strings as the file's bytes: a token need not be UTF-8),
-    except GGUF's own, ``general.architecture`` (the writer's) and ``general.file_type``
-    (the caller's: it depends on the tensor types written); ``general.alignment`` becomes the
-    writer's alignment (the data padded to it, as the key tells readers)."""
+    except GGUF's own, ``general.architecture`` (the writer's), ``general.file_type``
+    (the caller's: it depends on the tensor types written) and the keys in ``skip`` (the
+    caller writes them); ``general.alignment`` becomes the writer's alignment (the data padded
+    to it, as the key tells readers)."""
     for key, field in reader.fields.items():
-        if key.startswith(_SKIP):
+        if key.startswith(_SKIP) or key in skip:
             continue
         types = list(field.types)
         if key == _ALIGNMENT:  # the data is padded to it (llama.cpp honours the key)
