@@ -126,21 +126,64 @@ def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1]
                          &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0])
 
 
+def packed_shape(int qtype, Py_ssize_t rows, Py_ssize_t cols) -> tuple[int, int]:
+    """The shape of :func:`pack_weight`'s panels for ``rows`` x ``cols`` weights of ``qtype``:
+    (panels of 32 rows, bytes per panel)."""
+    cdef str fn = "packed_shape"
+    _vec_dot_type(fn, qtype)
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype)
+    if rows < 0 or cols < 0 or cols % qk:
+        raise ShapeError(f"{fn}: {rows} x {cols} is not rows of whole {qk}-element blocks")
+    return ((rows + Q8_PANEL - 1) // Q8_PANEL,
+            2 * ggopt_packed_block_bytes(qtype) * (cols // qk))
+
+
+def pack_weight(const uint8_t[:, :] w not None, int qtype, uint8_t[:, ::1] panels not None,
+                int n_threads):
+    """Decode the weight rows of ``w`` (M, row bytes) once into the panels :func:`mul_mat_q8`
+    multiplies (``panels`` of :func:`packed_shape`; rows past M zero), for a weight that does
+    not change: pass them as ``mul_mat_q8(..., packed=panels)``."""
+    cdef str fn = "pack_weight"
+    check_n_threads(fn, n_threads)
+    _vec_dot_type(fn, qtype)
+    _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
+    cdef Py_ssize_t M = w.shape[0], bb = ggopt_q_block_bytes(qtype), p
+    if w.shape[1] % bb:
+        raise ShapeError(f"{fn}: rows of {w.shape[1]} bytes are not whole {bb}-byte blocks "
+                         f"of type {qtype}")
+    cdef Py_ssize_t nb = w.shape[1] // bb
+    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
+    check_shape(fn, "panels", panels.shape, 2, (M + Q8_PANEL - 1) // Q8_PANEL, 2 * gbytes)
+    if M == 0 or nb == 0:
+        return
+    cdef const char *wb = <const char *>&w[0, 0]
+    cdef Py_ssize_t ws = w.strides[0]
+    cdef int ml
+    with nogil:
+        for p in prange(panels.shape[0], schedule="static", num_threads=n_threads,
+                        use_threads_if=n_threads > 1 and M * nb >= 64):
+            ml = <int>min(Q8_PANEL, M - p * Q8_PANEL)
+            ggopt_pack_group(qtype, wb + p * Q8_PANEL * ws, ws, min(ml, 16), nb, &panels[p, 0])
+            ggopt_pack_group(qtype, wb + (p * Q8_PANEL + 16) * ws, ws, max(ml - 16, 0), nb,
+                             &panels[p, gbytes])
+
+
 def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
-               float[:, :] out not None, int n_threads):
+               float[:, :] out not None, int n_threads, const uint8_t[:, ::1] packed=None):
     """``out = x @ W.T`` as ggml's CPU backend computes mul_mat of a quantized ``w`` (M rows of
     K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
     per block, then the blocks' scales, added block after block.
 
-    Panels of 32 weight rows are packed into a per-thread scratch and multiplied against all
-    of ``x`` (AVX-512 VNNI or the portable kernel: the same bits); every output is summed in
-    the same order whichever thread computes it.
+    Panels of 32 weight rows are packed into a per-thread scratch (or taken from ``packed``)
+    and multiplied against all of ``x`` (AVX-512 VNNI or the portable kernel: the same bits);
+    every output is summed in the same order whichever thread computes it.
 
     Parameters
     ----------
     w : (M, row bytes) uint8, unit stride in a row
     x : (N, K) float32, unit stride in a row
     out : (N, M) float32, unit stride in a row, overwritten
+    packed : :func:`pack_weight`'s panels of this ``w`` (the caller keeps them matched), or None
     """
     cdef str fn = "mul_mat (quantized src0, integer product)"
     check_n_threads(fn, n_threads)
@@ -152,6 +195,9 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     check_shape(fn, "out", out.shape, 2, N, M)
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
     cdef Py_ssize_t npanels = (M + Q8_PANEL - 1) // Q8_PANEL, p, i, n
+    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
+    if packed is not None:
+        check_shape(fn, "packed", packed.shape, 2, npanels, 2 * gbytes)
     if N == 0 or M == 0:
         return
     cdef Py_ssize_t ldo = out.strides[0] // 4 if N > 1 else M
@@ -166,8 +212,8 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef float *as_ = <float *>malloc(N * nb32 * sizeof(float)) if vt == VD_Q8_1 else NULL
     cdef int32_t *asums = <int32_t *>malloc(N * (K // 16) * sizeof(int32_t))
     cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
-    cdef Py_ssize_t tbytes = 2 * gbytes + 4 * 32 * sizeof(float) + 64
+    cdef const uint8_t *pk = &packed[0, 0] if packed is not None else NULL
+    cdef Py_ssize_t tbytes = (0 if pk != NULL else 2 * gbytes) + 4 * 32 * sizeof(float) + 64
     cdef char *scratch = <char *>malloc(team * tbytes)
     if aq == NULL or ad == NULL or asums == NULL or scratch == NULL or (
             vt == VD_Q8_1 and as_ == NULL):
@@ -202,9 +248,14 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
             for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
                 mine = scratch + omp_get_thread_num() * tbytes
-                _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
-                          <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N, ob + p * Q8_PANEL,
-                          ldo, use_vnni, mine, gbytes)
+                if pk != NULL:
+                    ggopt_qdot_panel(qtype, pk + p * 2 * gbytes, pk + p * 2 * gbytes + gbytes,
+                                     <int>min(Q8_PANEL, M - p * Q8_PANEL), &rows, N,
+                                     ob + p * Q8_PANEL, ldo, use_vnni, <float *>mine)
+                else:
+                    _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
+                              <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N,
+                              ob + p * Q8_PANEL, ldo, use_vnni, mine, gbytes)
     finally:
         free(aq)
         free(ad)

@@ -131,6 +131,56 @@ def test_product_of_views_odd_sizes_and_tails(qtype):
         assert (out[:, 0] == 7).all() and (out[:, -1] == 7).all()
 
 
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("portable", [False, True])
+def test_packed_panels_give_the_same_bits(qtype, portable):
+    """Panels packed once (pack_weight) and passed to mul_mat_q8: the bits of the per-call
+    packing for 1..4 rows (the one-token products) and more, on 1, 2 and 3 threads, and for a
+    strided weight view whose rows end in a partial panel."""
+    k = 512
+    raw = _weights(qtype, 45, k, seed=5 + int(qtype))
+    wide = np.zeros((45, raw.shape[1] + 8), np.uint8)
+    wide[:, 3:3 + raw.shape[1]] = raw
+    view = wide[:, 3:3 + raw.shape[1]]
+    x = np.random.default_rng(2).standard_normal((9, k)).astype(np.float32)
+    panels = np.full(_quant_dot.packed_shape(int(qtype), 45, k), 0xAB, np.uint8)
+    assert panels.shape[0] == 2  # 32 + 13 rows
+    try:
+        _quant_dot.force_portable(portable)
+        _quant_dot.pack_weight(view, int(qtype), panels, 3)
+        for n_rows in (1, 2, 3, 4, 9):
+            want = ref.int_product(raw, int(qtype), x[:n_rows])
+            for n in (1, 2, 3):
+                out = np.full((n_rows, 45), np.nan, np.float32)
+                _quant_dot.mul_mat_q8(view, int(qtype), x[:n_rows], out, n, packed=panels)
+                np.testing.assert_array_equal(_bits(out), _bits(want))
+    finally:
+        _quant_dot.force_portable(False)
+    again = np.empty_like(panels)
+    _quant_dot.pack_weight(raw, int(qtype), again, 1)
+    np.testing.assert_array_equal(again, panels)  # packing does not depend on the threads
+
+
+def test_packed_panels_of_the_wrong_shape_are_refused():
+    raw = quants.quantize(np.ones((40, 64), np.float32), GGType.Q4_1)
+    x, out = np.ones((1, 64), np.float32), np.full((1, 40), 7.0, np.float32)
+    rows, width = _quant_dot.packed_shape(int(GGType.Q4_1), 40, 64)
+    assert rows == 2
+    for bad in ((1, width), (rows, width + 1)):
+        with pytest.raises(ShapeError, match="packed"):
+            _quant_dot.mul_mat_q8(raw, int(GGType.Q4_1), x, out, 1,
+                                  packed=np.zeros(bad, np.uint8))
+        with pytest.raises(ShapeError, match="panels"):
+            _quant_dot.pack_weight(raw, int(GGType.Q4_1), np.zeros(bad, np.uint8), 1)
+    assert (out == 7).all()
+    with pytest.raises(ShapeError, match="blocks"):
+        _quant_dot.packed_shape(int(GGType.Q4_1), 40, 48)
+    with pytest.raises(DTypeError, match="integer product"):
+        _quant_dot.packed_shape(0, 40, 64)
+    with pytest.raises(ShapeError, match="blocks"):
+        _quant_dot.pack_weight(raw[:, :30], int(GGType.Q4_1), np.zeros((2, width), np.uint8), 1)
+
+
 def test_vnni_kernel_is_used_on_a_cpu_that_has_it():
     flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
     has = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
