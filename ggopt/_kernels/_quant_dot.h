@@ -208,13 +208,14 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
     }
 }
 
-/* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes zero) */
+/* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes and the
+   scales a type does not use zero) */
 static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows,
                                     Py_ssize_t nb, uint8_t *dst) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype);
     int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
-    if (nrows < GGOPT_LANES) memset(dst, 0, (size_t)(pbb * nb));
+    memset(dst, 0, (size_t)(pbb * nb));
     for (int r = 0; r < nrows; r++) {
         const uint8_t *row = (const uint8_t *)(w + r * ws);
         for (Py_ssize_t b = 0; b < nb; b++) {

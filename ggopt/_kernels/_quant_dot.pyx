@@ -18,7 +18,7 @@ from ggopt._kernels._common cimport check_n_threads, check_shape
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 
 cdef extern from "_quant_dot.h" nogil:
     ctypedef struct ggopt_q8_rows:
@@ -36,9 +36,12 @@ cdef extern from "_quant_dot.h" nogil:
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
     void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows, Py_ssize_t nb,
                           uint8_t *dst)
-    void ggopt_qdot_panel(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
-                          const ggopt_q8_rows *x, Py_ssize_t N, float *out, Py_ssize_t ldo,
-                          int use_vnni, float *scratch)
+
+cdef extern from "_quant_amx.h" nogil:
+    int ggopt_amx_init()
+    void ggopt_qdot_panel_amx(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
+                              const ggopt_q8_rows *x, Py_ssize_t N, float *out, Py_ssize_t ldo,
+                              int use_vnni, int use_amx, float *scratch)
 
 cdef enum:
     VD_Q8_1 = 9
@@ -67,23 +70,54 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AVX-512 VNNI when the CPU has it, unless forced to the portable kernel
-# (the same bits; for tests).
+# The integer products: AMX-INT8 for each 16 activation rows and AVX-512 VNNI for the rest
+# when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
+# tests and measurements).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
-cdef int _force_portable = 0
+cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
+cdef int _use_vnni = _HAS_VNNI
+cdef int _use_amx = _HAS_AMX
 # weight rows per panel of mul_mat_q8 (two packed groups of 16)
 cdef Py_ssize_t Q8_PANEL = 32
+# floats of a thread's output scratch (16 rows x 32)
+cdef Py_ssize_t SCRATCH_FLOATS = 16 * 32
 
 
 def vnni_kernel() -> bool:
     """True when mul_mat_q8 runs its AVX-512 VNNI kernel (the CPU has it, not forced off)."""
-    return bool(_HAS_VNNI and not _force_portable)
+    return bool(_use_vnni)
 
 
 def force_portable(bint on) -> None:
-    """Make mul_mat_q8 use its portable kernel (same results; for tests and measurements)."""
-    global _force_portable
-    _force_portable = on
+    """Make mul_mat_q8 use its portable kernel (same results; for tests and measurements);
+    False: the fastest kernel again."""
+    set_kernel("portable" if on else "auto")
+
+
+def kernel() -> str:
+    """The kernel mul_mat_q8 runs on 16 or more activation rows: "amx", "vnni" or "portable"."""
+    return "amx" if _use_amx else ("vnni" if _use_vnni else "portable")
+
+
+def set_kernel(str name) -> None:
+    """Choose mul_mat_q8's kernel: "auto" (the fastest this CPU has), "amx" (AMX-INT8 for each
+    16 activation rows, VNNI for the rest), "vnni" or "portable"; all give the same bits.
+    InvalidValueError for an unknown name or one this CPU lacks, before anything changes."""
+    global _use_vnni, _use_amx
+    has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "portable": True}
+    if name not in has:
+        raise InvalidValueError(f"set_kernel: unknown kernel {name!r}; expected one of "
+                                f"{', '.join(has)}")
+    if not has[name]:
+        raise InvalidValueError(f"set_kernel: this CPU (or OS) has no {name} kernel; available: "
+                                f"{', '.join(available())}")
+    _use_amx = _HAS_AMX and name in ("auto", "amx")
+    _use_vnni = _HAS_VNNI and name != "portable"
+
+
+def available() -> list[str]:
+    """The kernels this CPU can run, fastest first."""
+    return ["amx"] * _HAS_AMX + ["vnni"] * _HAS_VNNI + ["portable"]
 
 
 cdef int _vec_dot_type(str fn, int qtype) except -1:
@@ -126,21 +160,64 @@ def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1]
                          &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0])
 
 
+def packed_shape(int qtype, Py_ssize_t rows, Py_ssize_t cols) -> tuple[int, int]:
+    """The shape of :func:`pack_weight`'s panels for ``rows`` x ``cols`` weights of ``qtype``:
+    (panels of 32 rows, bytes per panel)."""
+    cdef str fn = "packed_shape"
+    _vec_dot_type(fn, qtype)
+    cdef Py_ssize_t qk = ggopt_q_block_elems(qtype)
+    if rows < 0 or cols < 0 or cols % qk:
+        raise ShapeError(f"{fn}: {rows} x {cols} is not rows of whole {qk}-element blocks")
+    return ((rows + Q8_PANEL - 1) // Q8_PANEL,
+            2 * ggopt_packed_block_bytes(qtype) * (cols // qk))
+
+
+def pack_weight(const uint8_t[:, :] w not None, int qtype, uint8_t[:, ::1] panels not None,
+                int n_threads):
+    """Decode the weight rows of ``w`` (M, row bytes) once into the panels :func:`mul_mat_q8`
+    multiplies (``panels`` of :func:`packed_shape`; rows past M zero), for a weight that does
+    not change: pass them as ``mul_mat_q8(..., packed=panels)``."""
+    cdef str fn = "pack_weight"
+    check_n_threads(fn, n_threads)
+    _vec_dot_type(fn, qtype)
+    _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
+    cdef Py_ssize_t M = w.shape[0], bb = ggopt_q_block_bytes(qtype), p
+    if w.shape[1] % bb:
+        raise ShapeError(f"{fn}: rows of {w.shape[1]} bytes are not whole {bb}-byte blocks "
+                         f"of type {qtype}")
+    cdef Py_ssize_t nb = w.shape[1] // bb
+    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
+    check_shape(fn, "panels", panels.shape, 2, (M + Q8_PANEL - 1) // Q8_PANEL, 2 * gbytes)
+    if M == 0 or nb == 0:
+        return
+    cdef const char *wb = <const char *>&w[0, 0]
+    cdef Py_ssize_t ws = w.strides[0]
+    cdef int ml
+    with nogil:
+        for p in prange(panels.shape[0], schedule="static", num_threads=n_threads,
+                        use_threads_if=n_threads > 1 and M * nb >= 64):
+            ml = <int>min(Q8_PANEL, M - p * Q8_PANEL)
+            ggopt_pack_group(qtype, wb + p * Q8_PANEL * ws, ws, min(ml, 16), nb, &panels[p, 0])
+            ggopt_pack_group(qtype, wb + (p * Q8_PANEL + 16) * ws, ws, max(ml - 16, 0), nb,
+                             &panels[p, gbytes])
+
+
 def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
-               float[:, :] out not None, int n_threads):
+               float[:, :] out not None, int n_threads, const uint8_t[:, ::1] packed=None):
     """``out = x @ W.T`` as ggml's CPU backend computes mul_mat of a quantized ``w`` (M rows of
     K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
     per block, then the blocks' scales, added block after block.
 
-    Panels of 32 weight rows are packed into a per-thread scratch and multiplied against all
-    of ``x`` (AVX-512 VNNI or the portable kernel: the same bits); every output is summed in
-    the same order whichever thread computes it.
+    Panels of 32 weight rows are packed into a per-thread scratch (or taken from ``packed``)
+    and multiplied against all of ``x`` (AVX-512 VNNI or the portable kernel: the same bits);
+    every output is summed in the same order whichever thread computes it.
 
     Parameters
     ----------
     w : (M, row bytes) uint8, unit stride in a row
     x : (N, K) float32, unit stride in a row
     out : (N, M) float32, unit stride in a row, overwritten
+    packed : :func:`pack_weight`'s panels of this ``w`` (the caller keeps them matched), or None
     """
     cdef str fn = "mul_mat (quantized src0, integer product)"
     check_n_threads(fn, n_threads)
@@ -152,6 +229,9 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     check_shape(fn, "out", out.shape, 2, N, M)
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
     cdef Py_ssize_t npanels = (M + Q8_PANEL - 1) // Q8_PANEL, p, i, n
+    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
+    if packed is not None:
+        check_shape(fn, "packed", packed.shape, 2, npanels, 2 * gbytes)
     if N == 0 or M == 0:
         return
     cdef Py_ssize_t ldo = out.strides[0] // 4 if N > 1 else M
@@ -166,8 +246,8 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef float *as_ = <float *>malloc(N * nb32 * sizeof(float)) if vt == VD_Q8_1 else NULL
     cdef int32_t *asums = <int32_t *>malloc(N * (K // 16) * sizeof(int32_t))
     cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
-    cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
-    cdef Py_ssize_t tbytes = 2 * gbytes + 4 * 32 * sizeof(float) + 64
+    cdef const uint8_t *pk = &packed[0, 0] if packed is not None else NULL
+    cdef Py_ssize_t tbytes = (0 if pk != NULL else 2 * gbytes) + SCRATCH_FLOATS * sizeof(float) + 64
     cdef char *scratch = <char *>malloc(team * tbytes)
     if aq == NULL or ad == NULL or asums == NULL or scratch == NULL or (
             vt == VD_Q8_1 and as_ == NULL):
@@ -189,7 +269,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef Py_ssize_t xs = x.strides[0]
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
-    cdef int bias = qtype == 8, use_vnni = _HAS_VNNI and not _force_portable
+    cdef int bias = qtype == 8, use_vnni = _use_vnni, use_amx = _use_amx
     cdef Py_ssize_t qb = K // nb
     cdef char *mine
     try:
@@ -202,9 +282,16 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
             for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
                 mine = scratch + omp_get_thread_num() * tbytes
-                _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
-                          <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N, ob + p * Q8_PANEL,
-                          ldo, use_vnni, mine, gbytes)
+                if pk != NULL:
+                    ggopt_qdot_panel_amx(qtype, pk + p * 2 * gbytes,
+                                         pk + p * 2 * gbytes + gbytes,
+                                         <int>min(Q8_PANEL, M - p * Q8_PANEL), &rows, N,
+                                         ob + p * Q8_PANEL, ldo, use_vnni, use_amx,
+                                         <float *>mine)
+                else:
+                    _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
+                              <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N,
+                              ob + p * Q8_PANEL, ldo, use_vnni, use_amx, mine, gbytes)
     finally:
         free(aq)
         free(ad)
@@ -215,11 +302,12 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
 
 cdef void _q8_panel(int qtype, const char *w, Py_ssize_t ws, int ml, Py_ssize_t nb,
                     const ggopt_q8_rows *rows, Py_ssize_t N, float *out, Py_ssize_t ldo,
-                    int use_vnni, char *scratch, Py_ssize_t gbytes) noexcept nogil:
+                    int use_vnni, int use_amx, char *scratch,
+                    Py_ssize_t gbytes) noexcept nogil:
     """Pack weight rows [0, ml) (ml <= 32) into two groups, then out[:, :ml] of the panel."""
     cdef uint8_t *g0 = <uint8_t *>scratch
     cdef uint8_t *g1 = g0 + gbytes
     cdef float *acc = <float *>(scratch + 2 * gbytes)
     ggopt_pack_group(qtype, w, ws, min(ml, 16), nb, g0)
     ggopt_pack_group(qtype, w + 16 * ws, ws, max(ml - 16, 0), nb, g1)
-    ggopt_qdot_panel(qtype, g0, g1, ml, rows, N, out, ldo, use_vnni, acc)
+    ggopt_qdot_panel_amx(qtype, g0, g1, ml, rows, N, out, ldo, use_vnni, use_amx, acc)

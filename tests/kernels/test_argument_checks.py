@@ -376,6 +376,7 @@ def _quant_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
     values, rows = _f32(2, 3, 4, 64), np.full((2, 3, 4, 64), 7.0, np.float32)
     out_mm, out_op = np.full((5, 4), 7.0, np.float32), np.full((5, 64), 7.0, np.float32)
     act_q = np.full((5, 64), 7, np.int8)
+    panels = np.full(_quant_dot.packed_shape(q8, 4, 64), 7, np.uint8)
     return {
         "dequantize_rows": (rows, lambda n: _quant.dequantize_rows(blocks, q8, rows, n)),
         "quantize_rows": (blocks, lambda n: _quant.quantize_rows(values, q8, blocks, n)),
@@ -387,6 +388,7 @@ def _quant_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
             blocks[0, 0], q8, _f32(5, 4), out_op, n)),
         "mul_mat_q8": (out_mm, lambda n: _quant_dot.mul_mat_q8(blocks[0, 0], q8, _f32(5, 64),
                                                            out_mm, n)),
+        "pack_weight": (panels, lambda n: _quant_dot.pack_weight(blocks[0, 0], q8, panels, n)),
         "quantize_activations": (act_q, lambda n: _quant_dot.quantize_activations(
             _f32(5, 64), q8, act_q, np.zeros((5, 2), np.float32), np.zeros((5, 2), np.float32),
             np.zeros((5, 4), np.int32), n)),
@@ -419,8 +421,10 @@ def test_every_public_kernel_is_covered():
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
-    # the kernel choices of _lowp and _quant_dot: switches, no work of their own
-    switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel"}
+    # the kernel choices of _lowp and _quant_dot (switches) and the size of _quant_dot's
+    # panels: no work of their own
+    switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel",
+                "packed_shape"}
     assert public - switches == set(KERNELS)
 
 

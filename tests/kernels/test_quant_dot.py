@@ -13,7 +13,7 @@ import pytest
 from ggopt import quants
 from ggopt._kernels import _quant_dot
 from ggopt.backend.array.ops import quant as ref
-from ggopt.errors import DTypeError, ShapeError
+from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.types import GGType
 from tools.kquants import k_blocks
 
@@ -93,21 +93,28 @@ def test_q8_rounding_details():
     assert d[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(-4))
 
 
+KERNELS = _quant_dot.available()
+
+
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
-@pytest.mark.parametrize("portable", [False, True])
-def test_product_is_the_numpy_port_bit_for_bit(qtype, portable):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_product_is_the_numpy_port_bit_for_bit(qtype, kernel):
+    """7 and 37 activation rows (AMX: two tiles of 16 rows and a VNNI tail of 5)."""
     k = 512
     raw = _weights(qtype, 45, k, seed=int(qtype))
-    x = np.random.default_rng(1).standard_normal((7, k)).astype(np.float32)
-    want = ref.int_product(raw, int(qtype), x)
+    x = np.random.default_rng(1).standard_normal((37, k)).astype(np.float32)
     try:
-        _quant_dot.force_portable(portable)
-        for n in (1, 2, 3):
-            out = np.full((7, 45), np.nan, np.float32)
-            _quant_dot.mul_mat_q8(raw, int(qtype), x, out, n)
-            np.testing.assert_array_equal(_bits(out), _bits(want))
+        _quant_dot.set_kernel(kernel)
+        for rows in (7, 37):
+            want = ref.int_product(raw, int(qtype), x[:rows])
+            for n in (1, 2, 3):
+                out = np.full((rows, 45), np.nan, np.float32)
+                _quant_dot.mul_mat_q8(raw, int(qtype), x[:rows], out, n)
+                np.testing.assert_array_equal(_bits(out), _bits(want))
     finally:
-        _quant_dot.force_portable(False)
+        _quant_dot.set_kernel("auto")
+    x = x[:7]
+    want = ref.int_product(raw, int(qtype), x)
     deq = quants.dequantize(raw, qtype)
     f32 = x @ deq.T  # the activations' rounding: about 1 % of the products' spread
     assert 0 < np.abs(want - f32).max() < 0.02 * np.abs(f32).max()
@@ -116,19 +123,69 @@ def test_product_is_the_numpy_port_bit_for_bit(qtype, portable):
 @pytest.mark.parametrize("qtype", [GGType.Q4_1, GGType.Q8_0, GGType.Q6_K], **IDS)
 def test_product_of_views_odd_sizes_and_tails(qtype):
     """Strided weight rows, strided activation and output rows, 1..37 rows of each (every
-    tail of the 4-row and 32-row blocks)."""
+    tail of the 4-row, 16-row (AMX) and 32-row blocks)."""
     k = 256
     raw = _weights(qtype, 37, k, seed=3)
     wide = np.zeros((37, raw.shape[1] + 40), np.uint8)
     wide[:, 5:5 + raw.shape[1]] = raw
-    x = np.random.default_rng(4).standard_normal((9, k + 3)).astype(np.float32)
-    for n, m in ((1, 1), (3, 17), (5, 32), (9, 37)):
+    x = np.random.default_rng(4).standard_normal((21, k + 3)).astype(np.float32)
+    for n, m in ((1, 1), (3, 17), (5, 32), (9, 37), (21, 33)):
         out = np.full((n, m + 2), 7.0, np.float32)
         _quant_dot.mul_mat_q8(wide[:m, 5:5 + raw.shape[1]], int(qtype), x[:n, 1:k + 1],
                           out[:, 1:m + 1], 2)
         want = ref.int_product(raw[:m], int(qtype), x[:n, 1:k + 1])
         np.testing.assert_array_equal(_bits(out[:, 1:m + 1]), _bits(want))
         assert (out[:, 0] == 7).all() and (out[:, -1] == 7).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_packed_panels_give_the_same_bits(qtype, kernel):
+    """Panels packed once (pack_weight) and passed to mul_mat_q8: the bits of the NumPy port
+    for 1..4 rows (the one-token products), 9, 16 and 35 (AMX tiles and tails), on 1, 2 and 3
+    threads, for a strided weight view whose rows end in a partial panel."""
+    k = 512
+    raw = _weights(qtype, 45, k, seed=5 + int(qtype))
+    wide = np.zeros((45, raw.shape[1] + 8), np.uint8)
+    wide[:, 3:3 + raw.shape[1]] = raw
+    view = wide[:, 3:3 + raw.shape[1]]
+    x = np.random.default_rng(2).standard_normal((35, k)).astype(np.float32)
+    panels = np.full(_quant_dot.packed_shape(int(qtype), 45, k), 0xAB, np.uint8)
+    assert panels.shape[0] == 2  # 32 + 13 rows
+    try:
+        _quant_dot.set_kernel(kernel)
+        _quant_dot.pack_weight(view, int(qtype), panels, 3)
+        for n_rows in (1, 2, 3, 4, 9, 16, 35):
+            want = ref.int_product(raw, int(qtype), x[:n_rows])
+            for n in (1, 2, 3):
+                out = np.full((n_rows, 45), np.nan, np.float32)
+                _quant_dot.mul_mat_q8(view, int(qtype), x[:n_rows], out, n, packed=panels)
+                np.testing.assert_array_equal(_bits(out), _bits(want))
+    finally:
+        _quant_dot.set_kernel("auto")
+    again = np.empty_like(panels)
+    _quant_dot.pack_weight(raw, int(qtype), again, 1)
+    np.testing.assert_array_equal(again, panels)  # packing does not depend on the threads
+
+
+def test_packed_panels_of_the_wrong_shape_are_refused():
+    raw = quants.quantize(np.ones((40, 64), np.float32), GGType.Q4_1)
+    x, out = np.ones((1, 64), np.float32), np.full((1, 40), 7.0, np.float32)
+    rows, width = _quant_dot.packed_shape(int(GGType.Q4_1), 40, 64)
+    assert rows == 2
+    for bad in ((1, width), (rows, width + 1)):
+        with pytest.raises(ShapeError, match="packed"):
+            _quant_dot.mul_mat_q8(raw, int(GGType.Q4_1), x, out, 1,
+                                  packed=np.zeros(bad, np.uint8))
+        with pytest.raises(ShapeError, match="panels"):
+            _quant_dot.pack_weight(raw, int(GGType.Q4_1), np.zeros(bad, np.uint8), 1)
+    assert (out == 7).all()
+    with pytest.raises(ShapeError, match="blocks"):
+        _quant_dot.packed_shape(int(GGType.Q4_1), 40, 48)
+    with pytest.raises(DTypeError, match="integer product"):
+        _quant_dot.packed_shape(0, 40, 64)
+    with pytest.raises(ShapeError, match="blocks"):
+        _quant_dot.pack_weight(raw[:, :30], int(GGType.Q4_1), np.zeros((2, width), np.uint8), 1)
 
 
 def test_vnni_kernel_is_used_on_a_cpu_that_has_it():
@@ -140,6 +197,27 @@ def test_vnni_kernel_is_used_on_a_cpu_that_has_it():
         assert not _quant_dot.vnni_kernel()
     finally:
         _quant_dot.force_portable(False)
+
+
+def test_kernel_choice():
+    """AMX is chosen when the CPU has AMX-INT8 and AMX-TILE (and the OS lets the process use
+    the tiles); a kernel the CPU lacks or an unknown name is refused and changes nothing."""
+    flags = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
+    assert _quant_dot.available()[-1] == "portable"
+    assert ("amx" in _quant_dot.available()) <= all(f in flags for f in ("amx_int8", "amx_tile"))
+    assert _quant_dot.kernel() == _quant_dot.available()[0]
+    with pytest.raises(InvalidValueError, match="unknown kernel"):
+        _quant_dot.set_kernel("avx9")
+    for name in {"amx", "vnni"} - set(_quant_dot.available()):
+        with pytest.raises(InvalidValueError, match="has no"):
+            _quant_dot.set_kernel(name)
+    assert _quant_dot.kernel() == _quant_dot.available()[0]
+    try:
+        for name in _quant_dot.available():
+            _quant_dot.set_kernel(name)
+            assert _quant_dot.kernel() == name
+    finally:
+        _quant_dot.set_kernel("auto")
 
 
 def test_non_finite_scales_give_nan_or_inf_not_a_crash():

@@ -14,6 +14,7 @@ from gguf.constants import GGMLQuantizationType as GQT
 import ggopt
 from ggopt import backend as gb
 from ggopt import quants
+from ggopt._kernels import _quant_dot
 from ggopt.backend.array.backend import numpy_backend
 from ggopt.backend.array.ops.quant import int_product
 from ggopt.errors import DTypeError, GgoptError, ShapeError
@@ -232,6 +233,69 @@ def test_a_tensor_over_read_only_bytes_is_not_copied_and_computes(tmp_path):
     np.testing.assert_array_equal(y.numpy(), _int(np.asarray(mapped).reshape(8, -1),
                                                   GGType.Q4_0, x))
     np.testing.assert_allclose(y.numpy(), x @ w.T, rtol=0, atol=0.02 * np.abs(x @ w.T).max())
+
+
+def _mapped_product(path, qtype: GGType, rows: int, cols: int, x: np.ndarray):
+    """``y = mul_mat(w, x)`` over the blocks mapped read-only from ``path``; (graph parts)."""
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+    ctx = ggopt.Context()
+    wt = tensor_from_blocks(ctx, qtype, (cols, rows), mapped, "mapped")
+    xt = ctx.new_tensor(F32, (cols, x.shape[0]))
+    ggopt.set_input(xt)
+    y = ggopt.mul_mat(ctx, wt, xt)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(ctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    cpu = gb.cpu_init(2)
+    gb.alloc_ctx_tensors(ctx, cpu)
+    sched = gb.Scheduler([cpu])
+    sched.alloc_graph(gf)
+    return ctx, wt, xt, y, gf, sched
+
+
+def test_read_only_weights_keep_their_panels_and_writable_ones_never_go_stale(tmp_path):
+    """A weight mapped read-only is decoded once (its panels kept with its buffer, freed with
+    it); the products are the integer products bit for bit on every call (1 and 5 rows). A
+    writable weight keeps nothing: after tensor_set the products are the new weight's."""
+    import gc
+
+    from ggopt.backend.cpu.ops import quant as cpu_quant
+
+    gc.collect()
+    before = cpu_quant.panels_bytes()
+    raw, _ = _blocks(GGType.Q4_1, 40, 64, seed=11)
+    raw.tofile(tmp_path / "w.bin")
+    x = _f32(5, 64, seed=12)
+    ctx, wt, xt, y, gf, sched = _mapped_product(tmp_path / "w.bin", GGType.Q4_1, 40, 64, x)
+    shape = _quant_dot.packed_shape(int(GGType.Q4_1), 40, 64)
+    for step in range(3):
+        gb.tensor_set(xt, x + step)
+        sched.graph_compute(gf)
+        np.testing.assert_array_equal(y.numpy().view(np.uint32),
+                                      _int(raw, GGType.Q4_1, x + step).view(np.uint32))
+        assert cpu_quant.panels_bytes() - before == shape[0] * shape[1]
+    del ctx, wt, xt, y, gf, sched
+    gc.collect()
+    assert cpu_quant.panels_bytes() == before  # freed with the mapped buffer
+
+    ctx = ggopt.Context()
+    wt = ctx.new_tensor(GGType.Q4_1, (64, 40))
+    xt = ctx.new_tensor(F32, (64, 1))
+    ggopt.set_input(xt)
+    y = ggopt.mul_mat(ctx, wt, xt)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(ctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    gb.alloc_ctx_tensors(ctx, gb.cpu_init(2))
+    sched = gb.Scheduler([gb.cpu_init(2)])
+    sched.alloc_graph(gf)
+    gb.tensor_set(xt, x[:1])
+    for weights in (raw, _blocks(GGType.Q4_1, 40, 64, seed=13)[0]):  # written into the same memory
+        gb.tensor_set(wt, weights)
+        sched.graph_compute(gf)
+        np.testing.assert_array_equal(y.numpy().reshape(1, 40).view(np.uint32),
+                                      _int(weights, GGType.Q4_1, x[:1]).view(np.uint32))
+    assert cpu_quant.panels_bytes() == before
 
 
 def test_tensor_from_blocks_refuses_strided_arrays_and_non_int_types():

@@ -4,12 +4,15 @@ get_rows of quantized embeddings, and cpy between a quantized type and F32. The 
 compilers (``linalg``, ``rows``, ``views``) hand such nodes here.
 
 Products loop over ggml's dim-2/3 broadcast in Python; each 2-D product is one kernel call on
-``n_threads`` OpenMP threads, its panels cut from the shapes alone.
+``n_threads`` OpenMP threads, its panels cut from the shapes alone. The decoded panels of a
+weight in a read-only buffer (mapped from its file: it cannot change) are made at its first
+product and kept with that buffer (:func:`weight_panels`); other weights are decoded per call.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -18,6 +21,7 @@ import ggopt._kernels._quant_dot as _quant_dot
 
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from ...buffer import Buffer
 from ..blas import products_blas
 from ._base import Srcs
 
@@ -32,6 +36,34 @@ def _rows_unit(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+# The packed panels of read-only weights, per buffer (freed with it), keyed by the weight
+# slice's address, shape, strides and type.
+_PANELS: WeakKeyDictionary[Buffer, dict[tuple[int, tuple[int, ...], tuple[int, ...], int],
+                                        np.ndarray]] = WeakKeyDictionary()
+
+
+def weight_panels(buf: Buffer, w: np.ndarray, qtype: int, cols: int,
+                  n_threads: int) -> np.ndarray | None:
+    """The panels :func:`_quant_dot.mul_mat_q8` multiplies for the weight ``w`` (2-D raw rows
+    of ``cols`` elements in ``buf``), packed at the first call and kept while ``buf`` lives;
+    None unless ``buf`` is read-only (only memory that cannot change may keep its panels)."""
+    if not buf.read_only:
+        return None
+    key = (w.__array_interface__["data"][0], w.shape, w.strides, qtype)
+    store = _PANELS.setdefault(buf, {})
+    panels = store.get(key)
+    if panels is None:
+        panels = np.empty(_quant_dot.packed_shape(qtype, w.shape[0], cols), np.uint8)
+        _quant_dot.pack_weight(w, qtype, panels, n_threads)
+        store[key] = panels
+    return panels
+
+
+def panels_bytes() -> int:
+    """Bytes of all the weight panels kept now (:func:`weight_panels`)."""
+    return sum(p.nbytes for store in list(_PANELS.values()) for p in store.values())
+
+
 def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     """MUL_MAT of a quantized ``A`` as ggml computes it (``B`` rounded to ``A``'s
     vec_dot_type, integer block sums: ``_quant_dot.mul_mat_q8``), or OUT_PROD (``R = B.T @
@@ -42,12 +74,18 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     r3, r2 = b.shape[0] // a.shape[0], b.shape[1] // a.shape[1]
     slices = [(a[i3 // r3, i2 // r2], b[i3, i2], c[i3, i2])
               for i3 in range(b.shape[0]) for i2 in range(b.shape[1])]
-    kernel = _quant_dot.mul_mat_q8 if node.op is Op.MUL_MAT else _quant.out_prod_quantized
-    mul_mat = node.op is Op.MUL_MAT
+    if node.op is not Op.MUL_MAT:
+        def out_prod() -> None:
+            for w, x, out in slices:  # B (M, N) is the transposed gradient: use B.T
+                _quant.out_prod_quantized(w, qtype, _rows_unit(x.T), out, be.n_threads)
+
+        return out_prod
+    buf, cols = mem.at(srcs[0])[0], srcs[0].ne[0]
 
     def step() -> None:
-        for w, x, out in slices:  # out_prod's B (M, N) is the transposed gradient: use B.T
-            kernel(w, qtype, _rows_unit(x if mul_mat else x.T), out, be.n_threads)
+        for w, x, out in slices:
+            _quant_dot.mul_mat_q8(w, qtype, _rows_unit(x), out, be.n_threads,
+                                  packed=weight_panels(buf, w, qtype, cols, be.n_threads))
 
     return step
 
