@@ -268,3 +268,27 @@ def test_cpy_f32_to_bf16_in_a_graph_for_every_thread_count(n_threads):
     b, back = _compute(build, [x], gb.cpu_init(n_threads))
     np.testing.assert_array_equal(b, bf16_from_f32(x))
     np.testing.assert_array_equal(back.view(np.uint32), f32_from_bf16(b).view(np.uint32))
+
+
+def test_a_bf16_weights_own_gradient_is_a_bf16_product():
+    """The gradient of a BF16 copy of an F32 master weight is autocast's: x and the incoming
+    gradient rounded to BF16, F32 sums (out_prod of cpy(x -> BF16)); an F32 weight's stays the
+    F32 product of the values as given."""
+    from tests.support.helpers import GradProblem
+
+    w, x, c = _f32(5, 24, seed=41), _f32(7, 24, seed=42), _f32(7, 5, seed=43)
+
+    def loss(t):
+        def build(ctx, wt, xt, ct):
+            wb = _as(ctx, t, wt) if t is BF16 else wt
+            return ggopt.sum(ctx, ggopt.mul(ctx, ggopt.mul_mat(ctx, wb, xt), ct))
+        return build
+
+    got = GradProblem(loss(BF16), [w, x, c], params=(0,), weighted=False).analytic()[0]
+    rounded = round_to(BF16, c).astype(np.float64).T @ round_to(BF16, x).astype(np.float64)
+    plain = c.astype(np.float64).T @ x.astype(np.float64)
+    np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-5)
+    assert np.abs(got - plain).max() > 10 * np.abs(got - rounded).max()
+    f32 = GradProblem(loss(F32), [w, x, c], params=(0,), weighted=False).analytic()[0]
+    np.testing.assert_allclose(f32, plain, rtol=1e-5, atol=1e-5)
+    assert np.abs(f32 - plain).max() < np.abs(got - plain).max() / 10
