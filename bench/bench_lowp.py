@@ -74,12 +74,12 @@ def _ggopt(impl: str, case: str, w: np.ndarray, x: np.ndarray) -> tuple[Callable
 
     def forced() -> None:  # a kernel forced, whichever this CPU would pick; or no packing cache
         _lowp.set_kernel(FORCED.get(impl))
-        PACKED.enabled = impl != "bf16_unpacked"
+        was, PACKED.enabled = PACKED.enabled, impl != "bf16_unpacked"
         try:
             sched.graph_compute(gf)
         finally:
             _lowp.set_kernel(None)
-            PACKED.enabled = True
+            PACKED.enabled = was
 
     return forced, out
 

@@ -223,6 +223,16 @@ def test_a_constant_bf16_weight_is_packed_once_and_never_stale():
     w_bits, x = bf16_from_f32(_f32(70, 40, seed=21)), _f32(9, 40, seed=22)
     PACKED_, w, run = _bf16_leaf_product(w_bits, x)
     PACKED_.clear()
+    was = PACKED_.enabled
+    PACKED_.enabled = True
+    try:
+        _packed_once_and_never_stale(PACKED_, w, run, w_bits, x)
+    finally:
+        PACKED_.enabled = was
+        PACKED_.clear()
+
+
+def _packed_once_and_never_stale(PACKED_, w, run, w_bits, x):
     y1, dx1 = run()
     held = PACKED_.nbytes()
     assert held >= 2 * w_bits.nbytes                # mul_mat's and out_prod's panels

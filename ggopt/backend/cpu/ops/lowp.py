@@ -4,14 +4,16 @@ get_rows of low-precision embeddings, and cpy between BF16 and F32. The family c
 (``linalg``, ``rows``, ``views``) hand such nodes here.
 
 Products loop over ggml's dim-2/3 broadcast in Python; each 2-D product is one kernel call on
-``n_threads`` OpenMP threads (every output summed by one thread in a fixed order). A BF16 weight
-that no node of the graph writes (a frozen base: LoRA, inference) is packed once: its panels
-are kept in :data:`PACKED` beside the weight's memory and checked against a 64-bit hash of the
+``n_threads`` OpenMP threads (every output summed by one thread in a fixed order). On request
+(:data:`PACKED`, off by default: it saves 1-6 % of a product and costs the weight's bytes twice
+over), a BF16 weight that no node of the graph writes (a frozen base: LoRA, inference) is packed
+once: its panels are kept beside the weight's memory and checked against a 64-bit hash of the
 weight's bits before every use (repacked when the bits changed).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import TYPE_CHECKING
 
@@ -37,11 +39,12 @@ def _bits(a: np.ndarray) -> np.ndarray:
 class PackedPanels:
     """The packed panels of BF16 weights that do not change, one entry per 2-D weight slice
     and orientation (mul_mat's, out_prod's transposed), with the hash of the bits they were
-    packed from. An entry lives as long as the weight's memory. ``enabled`` turns the cache
-    off (each product then packs its weight, as it always does for F16 and computed weights)."""
+    packed from. An entry lives as long as the weight's memory. ``enabled`` (default False)
+    turns the cache on; off, each product packs its weight, as it always does for F16 and
+    computed weights (the same bits either way)."""
 
     def __init__(self) -> None:
-        self.enabled = True
+        self.enabled = False
         self._entries: dict[tuple[int, int, int, int, int, bool], tuple[int, np.ndarray]] = {}
 
     def nbytes(self) -> int:
@@ -70,8 +73,10 @@ class PackedPanels:
         return packed
 
 
-#: the packed panels of constant BF16 weights (see :class:`PackedPanels`)
+#: the packed panels of constant BF16 weights (see :class:`PackedPanels`); on with
+#: ``GGOPT_LOWP_PACKED=1`` in the environment (read at import)
 PACKED = PackedPanels()
+PACKED.enabled = os.environ.get("GGOPT_LOWP_PACKED", "0").strip() == "1"
 
 
 def _constant(t: Tensor) -> bool:
