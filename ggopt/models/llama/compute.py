@@ -36,7 +36,8 @@ HELP = ("f32 (default): every product in F32. bf16: the weights' products (the s
         "LoRA and inference store the frozen base in BF16 (converted once at load, half the "
         "memory); a full fine-tune keeps F32 weights and AdamW state, rounds the weights to "
         "BF16 once per step's graph and computes their gradients as BF16 products too. "
-        "Norms, attention, softmax, adapters and the loss stay F32. A kept (--base-type keep) quantized, F16 or BF16 matrix computes in its own type")
+        "Norms, attention, softmax, adapters and the loss stay F32. A kept (--base-type "
+        "keep) quantized, F16 or BF16 matrix computes in its own type")
 
 
 def check_compute_type(value: object, where: str) -> str:
