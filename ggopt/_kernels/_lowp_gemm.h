@@ -3,11 +3,12 @@
    even) and F32 sums. Included by _lowp.pyx.
 
    A packed, register-blocked GEMM: X is rounded and packed once into blocks of GGOPT_LP_MR rows,
-   W into panels of GGOPT_LP_NR outputs (a thread's own scratch, the whole reduction, which
-   stays in the second-level cache), and a micro-kernel keeps an MR x NR tile of sums in
-   registers over the whole reduction. Threads share out the panels; every output is computed
-   by one thread in one fixed order, so its bits depend neither on the thread count nor on
-   the blocking.
+   W into panels of GGOPT_LP_NR outputs (a thread's scratch per pass, or all panels packed
+   beforehand by ggopt_lp_pack_all for a weight that does not change), and a micro-kernel keeps
+   an MR x NR tile of sums in registers over a block of GGOPT_LP_KC steps (partial sums stored
+   exactly between blocks; a long reduction runs in passes of GGOPT_LP_KPASS steps, the partial
+   sums kept in C). Threads share out the panels; every output is computed in one fixed order,
+   so its bits depend neither on the thread count nor on the blocking.
 
    BF16: the order is vdpbf16ps's. X and W are packed in pairs (k = 2p, 2p + 1, one 32-bit
    word, 2p in the low half); each step adds the product of the odd elements, then that of the
