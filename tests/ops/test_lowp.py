@@ -219,20 +219,11 @@ def _bf16_leaf_product(w_bits: np.ndarray, x: np.ndarray, threads: int = 2):
     return PACKED, w, run
 
 
-def test_a_constant_bf16_weight_is_packed_once_and_never_stale():
+def test_a_constant_bf16_weight_is_packed_once_and_never_stale(monkeypatch):
     w_bits, x = bf16_from_f32(_f32(70, 40, seed=21)), _f32(9, 40, seed=22)
     PACKED_, w, run = _bf16_leaf_product(w_bits, x)
     PACKED_.clear()
-    was = PACKED_.enabled
-    PACKED_.enabled = True
-    try:
-        _packed_once_and_never_stale(PACKED_, w, run, w_bits, x)
-    finally:
-        PACKED_.enabled = was
-        PACKED_.clear()
-
-
-def _packed_once_and_never_stale(PACKED_, w, run, w_bits, x):
+    monkeypatch.setattr(PACKED_, "enabled", True)
     y1, dx1 = run()
     held = PACKED_.nbytes()
     assert held >= 2 * w_bits.nbytes                # mul_mat's and out_prod's panels
@@ -263,6 +254,7 @@ def _packed_once_and_never_stale(PACKED_, w, run, w_bits, x):
     finally:
         PACKED_.enabled = True
     np.testing.assert_array_equal(y5.view(np.uint32), y4.view(np.uint32))
+    PACKED_.clear()
 
 
 @pytest.mark.parametrize("n_threads", [1, 2, 3])
