@@ -3,11 +3,12 @@
    even) and F32 sums. Included by _lowp.pyx.
 
    A packed, register-blocked GEMM: X is rounded and packed once into blocks of GGOPT_LP_MR rows,
-   W into panels of GGOPT_LP_NR outputs (a thread's own scratch, the whole reduction, which
-   stays in the second-level cache), and a micro-kernel keeps an MR x NR tile of sums in
-   registers over the whole reduction. Threads share out the panels; every output is computed
-   by one thread in one fixed order, so its bits depend neither on the thread count nor on
-   the blocking.
+   W into panels of GGOPT_LP_NR outputs (a thread's scratch per pass, or all panels packed
+   beforehand by ggopt_lp_pack_all for a weight that does not change), and a micro-kernel keeps
+   an MR x NR tile of sums in registers over a block of GGOPT_LP_KC steps (partial sums stored
+   exactly between blocks; a long reduction runs in passes of GGOPT_LP_KPASS steps, the partial
+   sums kept in C). Threads share out the panels; every output is computed in one fixed order,
+   so its bits depend neither on the thread count nor on the blocking.
 
    BF16: the order is vdpbf16ps's. X and W are packed in pairs (k = 2p, 2p + 1, one 32-bit
    word, 2p in the low half); each step adds the product of the odd elements, then that of the
@@ -53,6 +54,25 @@ static inline uint16_t ggopt_lp_f32_to_bf16(float f) {
     uint32_t u = ggopt_lp_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64u);
     return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+/* ggopt_lp_f32_to_bf16 over n values on n_threads threads (each value alone: the bits do not
+   depend on the thread count). Branch-free so that it vectorizes (SSE2 at least). */
+static void ggopt_lp_f32_to_bf16_n(const float *src, uint16_t *dst, ptrdiff_t n, int n_threads) {
+    const uint32_t *u = (const uint32_t *)(const void *)src;
+    #pragma omp parallel for schedule(static) num_threads(n_threads) if (n >= 65536)
+    for (ptrdiff_t i = 0; i < n; i++) {
+        uint32_t v = u[i];
+        uint32_t rounded = (v + (0x7fffu + ((v >> 16) & 1u))) >> 16;
+        uint32_t quiet = (v >> 16) | 64u;
+        dst[i] = (uint16_t)((v & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+    }
+}
+
+static void ggopt_lp_bf16_to_f32_n(const uint16_t *src, float *dst, ptrdiff_t n, int n_threads) {
+    uint32_t *u = (uint32_t *)(void *)dst;
+    #pragma omp parallel for schedule(static) num_threads(n_threads) if (n >= 65536)
+    for (ptrdiff_t i = 0; i < n; i++) u[i] = (uint32_t)src[i] << 16;
 }
 
 static inline float ggopt_lp_bf16_to_f32(uint16_t h) { return ggopt_lp_bits_f32((uint32_t)h << 16); }
@@ -115,33 +135,43 @@ typedef struct {
     ptrdiff_t n, m, k;         /* i < n, j < m, k < K */
     int wtype;                 /* GGOPT_LP_BF16 or GGOPT_LP_F16 */
     int kernel;                /* GGOPT_LP_PORTABLE, GGOPT_LP_DPBF16 or GGOPT_LP_FMA */
+    const uint32_t *wpacked;   /* NULL, or W's panels packed beforehand (ggopt_lp_pack_all) */
 } ggopt_lp_args;
 
-/* The packed operands hold float32 values, one element a step (F16; BF16 on the FMA kernel,
-   each pair's odd element first), or BF16 pairs, two elements a step (vdpbf16ps's words). */
-static inline int ggopt_lp_widened(const ggopt_lp_args *a) {
-    return a->wtype == GGOPT_LP_F16 || a->kernel == GGOPT_LP_FMA;
+/* W's packed steps: BF16 pairs (k = 2p, 2p+1 in one word, 2p low), or F16 values as float32.
+   Every kernel packs W so (the FMA kernel widens a block of a panel just before using it). */
+static inline ptrdiff_t ggopt_lp_wsteps(int wtype, ptrdiff_t k) {
+    return wtype == GGOPT_LP_F16 ? k : (k + 1) / 2;
 }
 
-/* Steps of the reduction. */
-static inline ptrdiff_t ggopt_lp_steps(const ggopt_lp_args *a) {
-    if (a->wtype == GGOPT_LP_F16) return a->k;
-    return a->kernel == GGOPT_LP_FMA ? 2 * ((a->k + 1) / 2) : (a->k + 1) / 2;
+/* The FMA kernel on BF16: X packed widened (two float32 steps a pair, the odd element
+   first), W's pairs widened per block. */
+static inline int ggopt_lp_widened_bf16(const ggopt_lp_args *a) {
+    return a->wtype == GGOPT_LP_BF16 && a->kernel == GGOPT_LP_FMA;
 }
 
-/* Element k of step s of a widened BF16 operand: pairs (2p, 2p+1), the odd one first. */
-static inline ptrdiff_t ggopt_lp_step_elem(ptrdiff_t s) { return s ^ 1; }
+/* Words of X per packed step of W, per row. */
+static inline ptrdiff_t ggopt_lp_xper(const ggopt_lp_args *a) {
+    return ggopt_lp_widened_bf16(a) ? 2 : 1;
+}
 
-/* A BF16 value's float32, subnormals read as zero (vdpbf16ps's DAZ), for widened packing. */
+/* The packed words of all of W's panels (ggopt_lp_pack_all). */
+static inline size_t ggopt_lp_packed_words(int wtype, ptrdiff_t m, ptrdiff_t k) {
+    ptrdiff_t panels = (m + GGOPT_LP_NR - 1) / GGOPT_LP_NR;
+    return (size_t)panels * (size_t)ggopt_lp_wsteps(wtype, k) * GGOPT_LP_NR;
+}
+
+/* A BF16 value's float32 bits, subnormals read as zero (vdpbf16ps's DAZ). */
 static inline uint32_t ggopt_lp_bf16_daz_bits(uint16_t h) {
     return (h & 0x7f80u) == 0 ? (uint32_t)(h & 0x8000u) << 16 : (uint32_t)h << 16;
 }
 
-/* X's row block ib (rows ib*MR ..) packed: word [p * MR + r] holds row r's step p (BF16: the
-   pair's bits, 2p low; F16: the rounded value as float32). Rows past n and the pad of an odd
-   K are zeros. */
+/* X's row block ib (rows ib*MR ..) packed: word [s * MR + r] holds row r's step s (BF16: the
+   pair's bits, 2p low; widened BF16: steps 2p, 2p+1 hold elements 2p+1, 2p as float32, the
+   subnormals zeroed; F16: the rounded value as float32). Rows past n and the pad of an odd K
+   are zeros. */
 static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst) {
-    ptrdiff_t steps = ggopt_lp_steps(a), i0 = ib * GGOPT_LP_MR;
+    ptrdiff_t steps = ggopt_lp_wsteps(a->wtype, a->k) * ggopt_lp_xper(a), i0 = ib * GGOPT_LP_MR;
     for (int r = 0; r < GGOPT_LP_MR; r++) {
         ptrdiff_t i = i0 + r;
         if (i >= a->n) {
@@ -149,9 +179,9 @@ static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst)
             continue;
         }
         const float *row = a->x + i * a->x_rs;
-        if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {
+        if (ggopt_lp_widened_bf16(a)) {
             for (ptrdiff_t s = 0; s < steps; s++) {
-                ptrdiff_t k = ggopt_lp_step_elem(s);
+                ptrdiff_t k = s ^ 1;
                 dst[s * GGOPT_LP_MR + r] = k < a->k ?
                     ggopt_lp_bf16_daz_bits(ggopt_lp_f32_to_bf16(row[k * a->x_cs])) : 0u;
             }
@@ -169,62 +199,79 @@ static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst)
     }
 }
 
-/* W's panel of outputs j0 .. j0+NR-1: word [p * NR + c] holds output j0+c's step p (BF16 pair
-   bits, or the F16 value as float32). Outputs past m and the pad of an odd K are zeros. */
-static void ggopt_lp_pack_w(const ggopt_lp_args *a, ptrdiff_t j0, uint32_t *dst) {
-    ptrdiff_t steps = ggopt_lp_steps(a), K = a->k;
+/* W's panel of outputs j0 .. j0+NR-1, steps p_lo .. p_hi-1: word [(p - p_lo) * NR + c] holds
+   output j0+c's step p (BF16 pair bits, or the F16 value as float32). Outputs past m and the
+   pad of an odd K are zeros. */
+static void ggopt_lp_pack_w(const ggopt_lp_args *a, ptrdiff_t j0, ptrdiff_t p_lo,
+                            ptrdiff_t p_hi, uint32_t *dst) {
+    ptrdiff_t steps = p_hi - p_lo, K = a->k;
     int nc = (int)(a->m - j0 < GGOPT_LP_NR ? a->m - j0 : GGOPT_LP_NR);
     if (nc < GGOPT_LP_NR)
         memset(dst, 0, (size_t)steps * GGOPT_LP_NR * sizeof(uint32_t));
-    if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {
-        for (int c = 0; c < nc; c++) {
-            const uint16_t *col = a->w + (j0 + c) * a->w_rs;
-            for (ptrdiff_t s = 0; s < steps; s++) {
-                ptrdiff_t k = ggopt_lp_step_elem(s);
-                dst[s * GGOPT_LP_NR + c] = k < K ? ggopt_lp_bf16_daz_bits(col[k * a->w_cs]) : 0u;
-            }
-        }
-    } else if (a->wtype == GGOPT_LP_BF16) {
+    if (a->wtype == GGOPT_LP_BF16) {
         if (a->w_cs == 1) {  /* rows of W along the reduction: copy 32-bit pairs */
             for (int c = 0; c < nc; c++) {
                 const uint16_t *row = a->w + (j0 + c) * a->w_rs;
-                ptrdiff_t p = 0;
-                for (; 2 * p + 1 < K; p++) {
-                    uint32_t v;
-                    memcpy(&v, row + 2 * p, 4);
-                    dst[p * GGOPT_LP_NR + c] = v;
+                for (ptrdiff_t p = p_lo; p < p_hi; p++) {
+                    uint32_t v = row[2 * p];
+                    if (2 * p + 1 < K) memcpy(&v, row + 2 * p, 4);
+                    dst[(p - p_lo) * GGOPT_LP_NR + c] = v;
                 }
-                if (p < steps) dst[p * GGOPT_LP_NR + c] = row[2 * p];
             }
         } else {  /* outputs along W's rows (out_prod): two rows give a step's pairs */
-            for (ptrdiff_t p = 0; p < steps; p++) {
+            for (ptrdiff_t p = p_lo; p < p_hi; p++) {
                 const uint16_t *lo = a->w + j0 * a->w_rs + 2 * p * a->w_cs;
                 const uint16_t *hi = lo + a->w_cs;
-                int odd = 2 * p + 1 < K;
-                for (int c = 0; c < nc; c++)
-                    dst[p * GGOPT_LP_NR + c] = (uint32_t)lo[c * a->w_rs] |
-                        (odd ? (uint32_t)hi[c * a->w_rs] << 16 : 0u);
+                uint32_t *d = dst + (p - p_lo) * GGOPT_LP_NR;
+                if (2 * p + 1 < K) {
+                    if (a->w_rs == 1)
+                        for (int c = 0; c < nc; c++) d[c] = (uint32_t)lo[c] | (uint32_t)hi[c] << 16;
+                    else
+                        for (int c = 0; c < nc; c++)
+                            d[c] = (uint32_t)lo[c * a->w_rs] | (uint32_t)hi[c * a->w_rs] << 16;
+                } else {
+                    for (int c = 0; c < nc; c++) d[c] = lo[c * a->w_rs];
+                }
             }
         }
     } else {
         for (int c = 0; c < nc; c++) {
             const uint16_t *col = a->w + (j0 + c) * a->w_rs;
-            for (ptrdiff_t p = 0; p < steps; p++)
-                dst[p * GGOPT_LP_NR + c] = ggopt_lp_f32_bits(ggopt_lp_f16_to_f32(col[p * a->w_cs]));
+            for (ptrdiff_t p = p_lo; p < p_hi; p++)
+                dst[(p - p_lo) * GGOPT_LP_NR + c] =
+                    ggopt_lp_f32_bits(ggopt_lp_f16_to_f32(col[p * a->w_cs]));
         }
     }
 }
 
-/* ---- micro-kernels: tile[r][c] = sums of an MR x NR tile over all steps ---- */
+#if !GGOPT_LP_X86
+/* Widened BF16: pairs [p * NR + c] of a panel's block become float32 steps 2p (element 2p+1)
+   and 2p+1 (element 2p), subnormals zeroed. */
+static void ggopt_lp_widen_w(const uint32_t *pairs, ptrdiff_t psteps, uint32_t *dst) {
+    for (ptrdiff_t p = 0; p < psteps; p++)
+        for (int c = 0; c < GGOPT_LP_NR; c++) {
+            uint32_t v = pairs[p * GGOPT_LP_NR + c];
+            dst[2 * p * GGOPT_LP_NR + c] = ggopt_lp_bf16_daz_bits((uint16_t)(v >> 16));
+            dst[(2 * p + 1) * GGOPT_LP_NR + c] = ggopt_lp_bf16_daz_bits((uint16_t)v);
+        }
+}
+#endif
 
-/* Output (r, c) of a widened BF16 tile, emulating vdpbf16ps's steps one by one: the FMA
-   kernel's result for outputs that came out NaN (whose payload the emulation defines). */
-static float ggopt_lp_widened_output(const uint32_t *xp, const uint32_t *wp, ptrdiff_t steps,
-                                     int r, int c) {
+/* ---- micro-kernels: tile[r][c] += the sums of an MR x NR tile over `steps` steps ---- */
+
+/* Output (i, j) of a BF16 product, vdpbf16ps's steps emulated one by one from the operands:
+   the FMA kernel's result for outputs that came out NaN (whose payload the emulation
+   defines). */
+static float ggopt_lp_emulated_output(const ggopt_lp_args *a, ptrdiff_t i, ptrdiff_t j) {
     float s = 0.0f;
-    for (ptrdiff_t p = 0; p < steps; p++)
-        s = ggopt_lp_dp_step_f(s, ggopt_lp_bits_f32(xp[p * GGOPT_LP_MR + r]),
-                               ggopt_lp_bits_f32(wp[p * GGOPT_LP_NR + c]));
+    const float *xr = a->x + i * a->x_rs;
+    const uint16_t *wr = a->w + j * a->w_rs;
+    for (ptrdiff_t k = 0; k < a->k; k += 2) {
+        if (k + 1 < a->k)
+            s = ggopt_lp_dp_step(s, ggopt_lp_f32_to_bf16(xr[(k + 1) * a->x_cs]),
+                                 wr[(k + 1) * a->w_cs]);
+        s = ggopt_lp_dp_step(s, ggopt_lp_f32_to_bf16(xr[k * a->x_cs]), wr[k * a->w_cs]);
+    }
     return s;
 }
 
@@ -232,7 +279,7 @@ static void ggopt_lp_tile_portable(int wtype, const uint32_t *xp, const uint32_t
                                    ptrdiff_t steps, float *tile) {
     for (int r = 0; r < GGOPT_LP_MR; r++)
         for (int c = 0; c < GGOPT_LP_NR; c++) {
-            float s = 0.0f;
+            float s = tile[r * GGOPT_LP_NR + c];
             if (wtype == GGOPT_LP_BF16) {
                 for (ptrdiff_t p = 0; p < steps; p++) {
                     uint32_t xv = xp[p * GGOPT_LP_MR + r], wv = wp[p * GGOPT_LP_NR + c];
@@ -252,7 +299,8 @@ static void ggopt_lp_tile_portable(int wtype, const uint32_t *xp, const uint32_t
 #define GGOPT_LP_TILE_BODY(STEP)                                                             \
     __m512 acc[GGOPT_LP_MR][GGOPT_LP_NV];                                                    \
     for (int r = 0; r < GGOPT_LP_MR; r++)                                                    \
-        for (int v = 0; v < GGOPT_LP_NV; v++) acc[r][v] = _mm512_setzero_ps();               \
+        for (int v = 0; v < GGOPT_LP_NV; v++)                                                \
+            acc[r][v] = _mm512_loadu_ps(tile + r * GGOPT_LP_NR + 16 * v);                    \
     for (ptrdiff_t p = 0; p < steps; p++) {                                                  \
         const uint32_t *xs = xp + p * GGOPT_LP_MR;                                           \
         const uint32_t *ws = wp + p * GGOPT_LP_NR;                                           \
@@ -284,6 +332,23 @@ static void ggopt_lp_tile_f16_hw(const uint32_t *xp, const uint32_t *wp, ptrdiff
                                  float *tile) {
     GGOPT_LP_TILE_BODY(GGOPT_LP_STEP_FMA)
 }
+
+/* ggopt_lp_widen_w on AVX-512F. */
+__attribute__((target("avx512f")))
+static void ggopt_lp_widen_w_hw(const uint32_t *pairs, ptrdiff_t psteps, uint32_t *dst) {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u), ex = _mm512_set1_epi32(0x7f800000);
+    const __m512i sg = _mm512_set1_epi32((int)0x80000000u);
+    for (ptrdiff_t p = 0; p < psteps; p++)
+        for (int v = 0; v < GGOPT_LP_NV; v++) {
+            __m512i w = _mm512_loadu_si512(pairs + p * GGOPT_LP_NR + 16 * v);
+            __m512i odd = _mm512_and_si512(w, hi), even = _mm512_slli_epi32(w, 16);
+            __mmask16 so = _mm512_testn_epi32_mask(odd, ex), se = _mm512_testn_epi32_mask(even, ex);
+            odd = _mm512_mask_and_epi32(odd, so, odd, sg);
+            even = _mm512_mask_and_epi32(even, se, even, sg);
+            _mm512_storeu_si512(dst + 2 * p * GGOPT_LP_NR + 16 * v, odd);
+            _mm512_storeu_si512(dst + (2 * p + 1) * GGOPT_LP_NR + 16 * v, even);
+        }
+}
 #endif
 
 /* 1 when this CPU runs `kernel` (DPBF16: AVX-512 BF16; FMA: AVX-512F; PORTABLE: any). */
@@ -312,31 +377,20 @@ static int ggopt_lp_best_kernel(int wtype) {
     return ggopt_lp_can_run(GGOPT_LP_FMA) ? GGOPT_LP_FMA : GGOPT_LP_PORTABLE;
 }
 
+/* tile += the steps of xp and wp (both packed for the tile: widened BF16 steps for the FMA
+   kernel on BF16). */
 static void ggopt_lp_tile(const ggopt_lp_args *a, const uint32_t *xp, const uint32_t *wp,
                           ptrdiff_t steps, float *tile) {
 #if GGOPT_LP_X86
-    if (a->kernel == GGOPT_LP_DPBF16) {
+    if (a->kernel == GGOPT_LP_DPBF16 && a->wtype == GGOPT_LP_BF16) {
         ggopt_lp_tile_bf16_hw(xp, wp, steps, tile);
         return;
     }
-    if (a->kernel == GGOPT_LP_FMA) {
+    if (a->kernel != GGOPT_LP_PORTABLE) {  /* FMA (and DPBF16 on F16) */
         ggopt_lp_tile_f16_hw(xp, wp, steps, tile);
-        if (a->wtype == GGOPT_LP_BF16) {  /* NaN payloads as vdpbf16ps makes them */
-            int any = 0;
-            for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++) any |= tile[i] != tile[i];
-            for (int i = 0; any && i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
-                if (tile[i] != tile[i])
-                    tile[i] = ggopt_lp_widened_output(xp, wp, steps, i / GGOPT_LP_NR,
-                                                      i % GGOPT_LP_NR);
-        }
         return;
     }
 #endif
-    if (a->wtype == GGOPT_LP_BF16 && ggopt_lp_widened(a)) {  /* not reached: FMA is x86 */
-        for (int i = 0; i < GGOPT_LP_MR * GGOPT_LP_NR; i++)
-            tile[i] = ggopt_lp_widened_output(xp, wp, steps, i / GGOPT_LP_NR, i % GGOPT_LP_NR);
-        return;
-    }
     ggopt_lp_tile_portable(a->wtype, xp, wp, steps, tile);
 }
 
@@ -344,7 +398,7 @@ static void ggopt_lp_tile(const ggopt_lp_args *a, const uint32_t *xp, const uint
    DAZ); the caller's MXCSR is restored after. */
 static inline unsigned ggopt_lp_enter_ftz(const ggopt_lp_args *a) {
 #if GGOPT_LP_X86
-    if (a->kernel == GGOPT_LP_FMA && a->wtype == GGOPT_LP_BF16) {
+    if (ggopt_lp_widened_bf16(a)) {
         unsigned saved = _mm_getcsr();
         _mm_setcsr(saved | 0x8040u);
         return saved;
@@ -356,22 +410,91 @@ static inline unsigned ggopt_lp_enter_ftz(const ggopt_lp_args *a) {
 
 static inline void ggopt_lp_leave_ftz(const ggopt_lp_args *a, unsigned saved) {
 #if GGOPT_LP_X86
-    if (a->kernel == GGOPT_LP_FMA && a->wtype == GGOPT_LP_BF16) _mm_setcsr(saved);
+    if (ggopt_lp_widened_bf16(a)) _mm_setcsr(saved);
 #endif
     (void)a;
     (void)saved;
 }
 
+/* W's panels, all of them, into dst (ggopt_lp_packed_words(wtype, m, k) words): what the
+   product packs per call, kept with a weight that does not change (a->wpacked). */
+static void ggopt_lp_pack_all(const ggopt_lp_args *a, uint32_t *dst, int n_threads) {
+    ptrdiff_t n_panels = (a->m + GGOPT_LP_NR - 1) / GGOPT_LP_NR;
+    size_t pw = (size_t)ggopt_lp_wsteps(a->wtype, a->k) * GGOPT_LP_NR;
+    #pragma omp parallel for schedule(static) num_threads(n_threads)
+    for (ptrdiff_t jp = 0; jp < n_panels; jp++)
+        ggopt_lp_pack_w(a, jp * GGOPT_LP_NR, 0, ggopt_lp_wsteps(a->wtype, a->k), dst + jp * pw);
+}
+
+/* A 64-bit hash of W's bits (rows x cols elements, W(i, j) = w[i * rs + j * cs]), the same
+   for any thread count: each row hashed alone (four interleaved multiply-rotate lanes), the
+   row hashes combined in order. What a cache of packed panels checks before each use. */
+static inline uint64_t ggopt_lp_mix(uint64_t acc, uint64_t v) {
+    acc += v * 0xC2B2AE3D27D4EB4FULL;
+    acc = (acc << 31) | (acc >> 33);
+    return acc * 0x9E3779B185EBCA87ULL;
+}
+
+static inline uint64_t ggopt_lp_final(uint64_t h) {
+    h ^= h >> 33; h *= 0xFF51AFD7ED558CCDULL; h ^= h >> 33; h *= 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 33);
+}
+
+static uint64_t ggopt_lp_hash_row(const uint16_t *row, ptrdiff_t cols, ptrdiff_t cs) {
+    uint64_t l[4] = {1, 2, 3, 4};
+    ptrdiff_t j = 0;
+    for (; j + 16 <= cols; j += 16)  /* lane q: elements j+4q .. j+4q+3, the first lowest */
+        for (int q = 0; q < 4; q++) {
+            uint64_t v = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            if (cs == 1) memcpy(&v, row + j + 4 * q, 8);
+            else
+#endif
+            {
+                for (int e = 0; e < 4; e++) v |= (uint64_t)row[(j + 4 * q + e) * cs] << (16 * e);
+            }
+            l[q] = ggopt_lp_mix(l[q], v);
+        }
+    for (; j < cols; j++) l[j & 3] = ggopt_lp_mix(l[j & 3], (uint64_t)row[j * cs] + 0x10000u);
+    uint64_t h = (uint64_t)cols;
+    for (int q = 0; q < 4; q++) h = ggopt_lp_mix(h, l[q]);
+    return ggopt_lp_final(h);
+}
+
+static int ggopt_lp_hash(const uint16_t *w, ptrdiff_t rows, ptrdiff_t cols, ptrdiff_t rs,
+                         ptrdiff_t cs, int n_threads, unsigned long long *out) {
+    uint64_t *rh = (uint64_t *)malloc((size_t)(rows > 0 ? rows : 1) * 8);
+    if (rh == NULL) return -1;
+    #pragma omp parallel for schedule(static) num_threads(n_threads)
+    for (ptrdiff_t i = 0; i < rows; i++) rh[i] = ggopt_lp_hash_row(w + i * rs, cols, cs);
+    uint64_t h = ggopt_lp_mix((uint64_t)rows, (uint64_t)cols);
+    for (ptrdiff_t i = 0; i < rows; i++) h = ggopt_lp_mix(h, rh[i]);
+    free(rh);
+    *out = (unsigned long long)ggopt_lp_final(h);
+    return 0;
+}
+
+/* Packed steps of W per block of the reduction (a panel's block and X's stay in the second-level
+   cache), and per pass over C (a long reduction is cut into passes, the partial sums kept in C
+   exactly, so that X's part of a pass stays in cache across the panels). */
+#define GGOPT_LP_KC 256
+#define GGOPT_LP_KPASS 512
+
 /* C = r(X) W^T on n_threads threads with a->kernel, which the caller has checked with
-   ggopt_lp_can_run. Returns 0, or -1 when scratch memory ran out (C is then partly
-   written). */
+   ggopt_lp_can_run. Each output is summed over the whole reduction in order, block after
+   block (partial sums kept exactly in float32 between blocks and passes). Returns 0, or -1
+   when scratch memory ran out (C is then partly written). */
 static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads) {
     if (a->n <= 0 || a->m <= 0) return 0;
-    ptrdiff_t steps = ggopt_lp_steps(a);
+    ptrdiff_t wsteps = ggopt_lp_wsteps(a->wtype, a->k), xper = ggopt_lp_xper(a);
+    int widened = ggopt_lp_widened_bf16(a);
     ptrdiff_t n_blocks = (a->n + GGOPT_LP_MR - 1) / GGOPT_LP_MR;
     ptrdiff_t n_panels = (a->m + GGOPT_LP_NR - 1) / GGOPT_LP_NR;
-    size_t xwords = (size_t)(steps > 0 ? steps : 1) * GGOPT_LP_MR;
-    size_t wwords = (size_t)(steps > 0 ? steps : 1) * GGOPT_LP_NR;
+    ptrdiff_t kpass = wsteps <= 2 * GGOPT_LP_KPASS ? wsteps : GGOPT_LP_KPASS;
+    size_t xwords = (size_t)(wsteps > 0 ? wsteps : 1) * xper * GGOPT_LP_MR;
+    size_t pwords = (size_t)(wsteps > 0 ? wsteps : 1) * GGOPT_LP_NR;
+    size_t bwords = (size_t)GGOPT_LP_KC * 2 * GGOPT_LP_NR;
+    size_t twords = (size_t)n_blocks * GGOPT_LP_MR * GGOPT_LP_NR;
     uint32_t *xpack = (uint32_t *)aligned_alloc(64, ((xwords * n_blocks * 4 + 63) / 64) * 64);
     int failed = xpack == NULL;
     if (failed) return -1;
@@ -380,33 +503,68 @@ static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads) {
     {
         #pragma omp for schedule(static)
         for (ptrdiff_t ib = 0; ib < n_blocks; ib++) ggopt_lp_pack_x(a, ib, xpack + ib * xwords);
-        uint32_t *wpack = (uint32_t *)aligned_alloc(64, ((wwords * 4 + 63) / 64) * 64);
-        float tile[GGOPT_LP_MR * GGOPT_LP_NR];
-        if (wpack == NULL) {
+        size_t kwords = (size_t)(kpass > 0 ? kpass : 1) * GGOPT_LP_NR;
+        uint32_t *wpack = a->wpacked ? NULL :
+            (uint32_t *)aligned_alloc(64, ((kwords * 4 + 63) / 64) * 64);
+        uint32_t *wide = widened ? (uint32_t *)aligned_alloc(64, bwords * 4) : NULL;
+        float *tiles = (float *)aligned_alloc(64, twords * 4);
+        int ok = (a->wpacked || wpack) && (!widened || wide) && tiles;
+        if (!ok) {
             #pragma omp atomic write
             failed = 1;
         }
         unsigned csr = ggopt_lp_enter_ftz(a);
-        #pragma omp for schedule(static)
-        for (ptrdiff_t jp = 0; jp < n_panels; jp++) {
-            if (wpack == NULL) continue;
-            ptrdiff_t j0 = jp * GGOPT_LP_NR;
-            int nc = (int)(a->m - j0 < GGOPT_LP_NR ? a->m - j0 : GGOPT_LP_NR);
-            ggopt_lp_pack_w(a, j0, wpack);
-            for (ptrdiff_t ib = 0; ib < n_blocks; ib++) {
-                ggopt_lp_tile(a, xpack + ib * xwords, wpack, steps, tile);
-                ptrdiff_t i0 = ib * GGOPT_LP_MR;
-                int nr = (int)(a->n - i0 < GGOPT_LP_MR ? a->n - i0 : GGOPT_LP_MR);
-                for (int r = 0; r < nr; r++) {
-                    float *crow = a->c + (i0 + r) * a->c_rs + j0 * a->c_cs;
-                    const float *t = tile + r * GGOPT_LP_NR;
-                    if (a->c_cs == 1) memcpy(crow, t, (size_t)nc * sizeof(float));
-                    else for (int c = 0; c < nc; c++) crow[c * a->c_cs] = t[c];
+        for (ptrdiff_t q0 = 0; q0 < (wsteps > 0 ? wsteps : 1); q0 += (kpass > 0 ? kpass : 1)) {
+            ptrdiff_t q1 = wsteps - q0 < kpass ? wsteps : q0 + kpass;
+            int first = q0 == 0, last = q1 >= wsteps;
+            #pragma omp for schedule(static)
+            for (ptrdiff_t jp = 0; jp < n_panels; jp++) {
+                if (!ok) continue;
+                ptrdiff_t j0 = jp * GGOPT_LP_NR;
+                int nc = (int)(a->m - j0 < GGOPT_LP_NR ? a->m - j0 : GGOPT_LP_NR);
+                const uint32_t *panel = a->wpacked ? a->wpacked + jp * pwords + q0 * GGOPT_LP_NR
+                                                   : wpack;
+                if (!a->wpacked) ggopt_lp_pack_w(a, j0, q0, q1, wpack);
+                if (first) {
+                    memset(tiles, 0, twords * 4);
+                } else {  /* the partial sums of the previous passes */
+                    for (ptrdiff_t i = 0; i < a->n; i++)
+                        for (int c = 0; c < nc; c++)
+                            tiles[(i / GGOPT_LP_MR) * GGOPT_LP_MR * GGOPT_LP_NR +
+                                  (i % GGOPT_LP_MR) * GGOPT_LP_NR + c] =
+                                a->c[i * a->c_rs + (j0 + c) * a->c_cs];
+                }
+                for (ptrdiff_t p0 = q0; p0 < q1; p0 += GGOPT_LP_KC) {
+                    ptrdiff_t len = q1 - p0 < GGOPT_LP_KC ? q1 - p0 : GGOPT_LP_KC;
+                    const uint32_t *wp = panel + (p0 - q0) * GGOPT_LP_NR;
+                    if (widened) {
+#if GGOPT_LP_X86
+                        ggopt_lp_widen_w_hw(wp, len, wide);
+#else
+                        ggopt_lp_widen_w(wp, len, wide);
+#endif
+                        wp = wide;
+                    }
+                    for (ptrdiff_t ib = 0; ib < n_blocks; ib++)
+                        ggopt_lp_tile(a, xpack + ib * xwords + p0 * xper * GGOPT_LP_MR, wp,
+                                      len * xper, tiles + ib * GGOPT_LP_MR * GGOPT_LP_NR);
+                }
+                for (ptrdiff_t i = 0; i < a->n; i++) {
+                    float *crow = a->c + i * a->c_rs + j0 * a->c_cs;
+                    const float *t = tiles + (i / GGOPT_LP_MR) * GGOPT_LP_MR * GGOPT_LP_NR +
+                                     (i % GGOPT_LP_MR) * GGOPT_LP_NR;
+                    for (int c = 0; c < nc; c++) {
+                        float v = t[c];
+                        if (last && widened && v != v) v = ggopt_lp_emulated_output(a, i, j0 + c);
+                        crow[c * a->c_cs] = v;
+                    }
                 }
             }
         }
         ggopt_lp_leave_ftz(a, csr);
         free(wpack);
+        free(wide);
+        free(tiles);
     }
     free(xpack);
     return failed ? -1 : 0;

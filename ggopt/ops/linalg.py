@@ -8,10 +8,10 @@ from __future__ import annotations
 from ..context import Context
 from ..errors import DTypeError, ShapeError
 from ..tensor import Op, Tensor
-from ..types import F32
+from ..types import BF16, F32
 from ._base import GradSink, backward, check_ctx, check_f32, ne_str
 from .reduce import repeat_back
-from .views import cont, reshape_4d, transpose, view_4d
+from .views import cont, cpy, reshape_4d, transpose, view_4d
 
 __all__ = ["mul_mat", "out_prod"]
 
@@ -93,7 +93,10 @@ def _sum_blocks(ctx: Context, t: Tensor, a: Tensor) -> Tensor:
 def _mul_mat_back(ctx: Context, node: Tensor, g: Tensor, sink: GradSink) -> None:
     a, b = node.src
     if sink.needs(0):
-        sink.add(0, _sum_blocks(ctx, out_prod(ctx, b, g), a))
+        # A BF16 weight's own gradient (a BF16 copy of an F32 master: compute type bf16) is a
+        # BF16 product too, as autocast's: x rounded to BF16, out_prod rounds g, F32 sums.
+        xb = cpy(ctx, b, ctx.new_tensor(BF16, b.ne)) if a.type is BF16 else b
+        sink.add(0, _sum_blocks(ctx, out_prod(ctx, xb, g), a))
     if sink.needs(1):  # a quantized a: out_prod dequantizes panels; BF16/F16: rounds g
         sink.add(1, out_prod(ctx, a, transpose(ctx, g)))
 

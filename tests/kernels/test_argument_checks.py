@@ -366,6 +366,20 @@ def _calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
         "diag_mask": (d4, lambda n: _attention.diag_mask(a4, d4, 0, -np.inf, n)),
         **_quant_calls(),
         "lowp_gemm": (out_lp, lambda n: _lowp.lowp_gemm(w_lp, 30, _f32(5, 9), out_lp, n)),
+        **_lowp_calls(),
+    }
+
+
+def _lowp_calls() -> dict[str, tuple[np.ndarray, Callable[[int], object]]]:
+    """_lowp.pyx's packing, hash and conversions (the product is in _calls())."""
+    w = np.arange(4 * 9, dtype=np.uint16).reshape(4, 9)
+    packed = np.full(_lowp.packed_words(30, 4, 9), 7, np.uint32)
+    bits, back, hashed = np.full(9, 7, np.uint16), np.full(36, 7.0, np.float32), np.zeros(1)
+    return {
+        "lowp_pack": (packed, lambda n: np.copyto(packed, _lowp.lowp_pack(w, 30, n))),
+        "lowp_hash": (hashed, lambda n: _lowp.lowp_hash(w, n)),
+        "f32_to_bf16": (bits, lambda n: _lowp.f32_to_bf16(_f32(9), bits, n)),
+        "bf16_to_f32": (back, lambda n: _lowp.bf16_to_f32(w.reshape(-1), back, n)),
     }
 
 
@@ -421,10 +435,10 @@ def test_every_public_kernel_is_covered():
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
-    # the kernel choices of _lowp and _quant_dot (switches) and the size of _quant_dot's
+    # the kernel choices of _lowp and _quant_dot (switches) and the sizes of their packed
     # panels: no work of their own
     switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel",
-                "packed_shape"}
+                "packed_shape", "packed_words"}
     assert public - switches == set(KERNELS)
 
 

@@ -160,3 +160,81 @@ def test_empty_and_refused_arguments():
     with pytest.raises(ShapeError, match="do not fit"):
         _lowp.lowp_gemm(w, 30, x, out, 1, True)
     assert np.all(out == 0)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("t", [BF16, F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_prepacked_panels_give_the_same_bits(t, kernel, transposed):
+    w = _bits(t, _f32(61, 77, seed=9))
+    w = np.ascontiguousarray(w.T) if transposed else w
+    x = _f32(11, 77, seed=10)
+    packed = _lowp.lowp_pack(w, int(t), 2, transposed)
+    assert packed.dtype == np.uint32 and packed.size == _lowp.packed_words(int(t), 61, 77)
+    assert np.array_equal(packed, _lowp.lowp_pack(w, int(t), 3, transposed))
+    plain = _gemm(t, w, x, 2, kernel=kernel, transposed=transposed)
+    out = np.empty_like(plain)
+    _lowp.set_kernel(kernel)
+    try:
+        _lowp.lowp_gemm(w, int(t), x, out, 3, transposed, packed)
+    finally:
+        _lowp.set_kernel(None)
+    np.testing.assert_array_equal(out.view(np.uint32), plain.view(np.uint32))
+    with pytest.raises(ShapeError, match="packed has"):
+        _lowp.lowp_gemm(w, int(t), x, out, 1, transposed, packed[:-1])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_long_reduction_summed_in_passes_keeps_the_order(kernel):
+    """K = 2600 (1300 pair steps): the reduction runs in passes over C and blocks; every output
+    is still one running sum in the kernel's order, for any thread count."""
+    w, x = _bits(BF16, _f32(50, 2600, seed=11)), _f32(9, 2600, seed=12)
+    want = _ordered(BF16, w, x)
+    for n in (1, 2, 3):
+        np.testing.assert_array_equal(_gemm(BF16, w, x, n, kernel=kernel).view(np.uint32),
+                                      want.view(np.uint32))
+    wt = np.ascontiguousarray(w.T)
+    np.testing.assert_array_equal(_gemm(BF16, wt, x, 2, kernel=kernel, transposed=True),
+                                  want)
+
+
+def test_the_hash_follows_the_bits_and_not_the_thread_count():
+    w = _bits(BF16, _f32(70, 33, seed=13))
+    h = _lowp.lowp_hash(w, 1)
+    assert h == _lowp.lowp_hash(w, 2) == _lowp.lowp_hash(w, 3) == _lowp.lowp_hash(w.copy(), 2)
+    for i, j in [(0, 0), (69, 32), (35, 17)]:
+        v = w.copy()
+        v[i, j] ^= 1
+        assert _lowp.lowp_hash(v, 2) != h
+    assert _lowp.lowp_hash(w[:, :32], 2) != h and _lowp.lowp_hash(w.T, 2) != h
+    strided = np.ascontiguousarray(w[:, ::2])
+    assert _lowp.lowp_hash(w[:, ::2], 1) == _lowp.lowp_hash(strided, 3)
+
+
+def _conversion_cases() -> np.ndarray:
+    """float32 bits: random, every tie and near-tie, NaN payloads (quiet and signalling, both
+    signs), infinities, zeros, subnormals, values that round to infinity."""
+    rng = np.random.default_rng(14)
+    rand = rng.integers(0, 1 << 32, 300_000, dtype=np.uint64).astype(np.uint32)
+    hi = rng.integers(0, 1 << 16, 20_000, dtype=np.uint64).astype(np.uint32) << 16
+    ties = np.concatenate([hi | 0x8000, hi | 0x7FFF, hi | 0x8001, hi])
+    special = np.array([0x7F800000, 0xFF800000, 0x7F800001, 0xFF800001, 0x7FC00000, 0xFFFFFFFF,
+                        0x7FBFFFFF, 0x00000001, 0x80000001, 0x007FFFFF, 0x00008000,
+                        0x00018000, 0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0, 0x80000000],
+                       np.uint32)
+    return np.concatenate([rand, ties, special]).view(np.float32)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_f32_to_bf16_in_c_equals_the_numpy_rule(n_threads):
+    x = _conversion_cases()
+    got = np.empty(x.size, np.uint16)
+    _lowp.f32_to_bf16(x, got, n_threads)
+    np.testing.assert_array_equal(got, bf16_from_f32(x))
+    back = np.empty(x.size, np.float32)
+    _lowp.bf16_to_f32(got, back, n_threads)
+    np.testing.assert_array_equal(back.view(np.uint32), f32_from_bf16(got).view(np.uint32))
+    with pytest.raises(ShapeError, match="values"):
+        _lowp.f32_to_bf16(x, got[:-1], n_threads)
+    with pytest.raises(ShapeError, match="values"):
+        _lowp.bf16_to_f32(got, back[:-1], n_threads)

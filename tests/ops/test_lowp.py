@@ -184,3 +184,113 @@ def test_bf16_type_facts():
     assert BF16.is_lowp and F16.is_lowp and not F32.is_lowp and not BF16.is_quantized
     with pytest.raises(DTypeError):
         ggopt.types.from_np_dtype(np.uint16)
+
+
+def _bf16_leaf_product(w_bits: np.ndarray, x: np.ndarray, threads: int = 2):
+    """mul_mat and out_prod of a BF16 leaf weight (a frozen base's matrix): the backend, the
+    weight and a function computing both products for x."""
+    from ggopt.backend.cpu.ops.lowp import PACKED
+
+    be = gb.cpu_init(threads)
+    ctx = ggopt.Context()
+    w = ctx.new_tensor(BF16, w_bits.shape[::-1])
+    xt = ctx.new_tensor(F32, x.shape[::-1])
+    g = ctx.new_tensor(F32, (x.shape[0], w_bits.shape[0]))
+    ggopt.set_input(xt)
+    ggopt.set_input(g)
+    y = ggopt.mul_mat(ctx, w, xt)
+    dx = ggopt.out_prod(ctx, w, g)
+    gf = ggopt.new_graph_custom(ctx, 64, False)
+    for o in (y, dx):
+        ggopt.set_output(o)
+        ggopt.build_forward_expand(gf, o)
+    gb.alloc_ctx_tensors(ctx, be)
+    gb.tensor_set(w, w_bits)
+    sched = gb.Scheduler([be])
+    sched.alloc_graph(gf)
+    gy = _f32(x.shape[0], w_bits.shape[0], seed=31)
+
+    def run():
+        gb.tensor_set(xt, x)
+        gb.tensor_set(g, np.ascontiguousarray(gy.T))
+        sched.graph_compute(gf)
+        return gb.tensor_get(y), gb.tensor_get(dx)
+
+    return PACKED, w, run
+
+
+def test_a_constant_bf16_weight_is_packed_once_and_never_stale(monkeypatch):
+    w_bits, x = bf16_from_f32(_f32(70, 40, seed=21)), _f32(9, 40, seed=22)
+    PACKED_, w, run = _bf16_leaf_product(w_bits, x)
+    PACKED_.clear()
+    monkeypatch.setattr(PACKED_, "enabled", True)
+    y1, dx1 = run()
+    held = PACKED_.nbytes()
+    assert held >= 2 * w_bits.nbytes                # mul_mat's and out_prod's panels
+    assert held < 2 * w_bits.nbytes * 1.5           # padding to 48 outputs at most
+    np.testing.assert_allclose(y1, _ref_product(BF16, x, f32_from_bf16(w_bits)), rtol=1e-5,
+                               atol=1e-5)
+    y2, dx2 = run()                                 # from the cache: the same bits
+    assert PACKED_.nbytes() == held
+    np.testing.assert_array_equal(y2.view(np.uint32), y1.view(np.uint32))
+    np.testing.assert_array_equal(dx2.view(np.uint32), dx1.view(np.uint32))
+    PACKED_.enabled = False
+    try:
+        y3, dx3 = run()                             # packed per call: the same bits
+    finally:
+        PACKED_.enabled = True
+    np.testing.assert_array_equal(y3.view(np.uint32), y1.view(np.uint32))
+    np.testing.assert_array_equal(dx3.view(np.uint32), dx1.view(np.uint32))
+    changed = w_bits.copy()
+    changed[33, 7] ^= 0x0040                        # one bit of one weight
+    gb.tensor_set(w, changed)
+    y4, _ = run()
+    np.testing.assert_allclose(y4, _ref_product(BF16, x, f32_from_bf16(changed)), rtol=1e-5,
+                               atol=1e-5)
+    assert not np.array_equal(y4[:, 33], y1[:, 33]) and np.array_equal(y4[:, :33], y1[:, :33])
+    PACKED_.enabled = False
+    try:
+        y5, _ = run()
+    finally:
+        PACKED_.enabled = True
+    np.testing.assert_array_equal(y5.view(np.uint32), y4.view(np.uint32))
+    PACKED_.clear()
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_cpy_f32_to_bf16_in_a_graph_for_every_thread_count(n_threads):
+    x = np.concatenate([_f32(200_000, seed=23), np.array(
+        [np.nan, -np.inf, np.inf, 0.0, -0.0, 1e-40, -3e-39, 3.4e38, 1.00390625, 1.01171875],
+        np.float32)]).reshape(2, -1)
+
+    def build(ctx, xt):
+        b = _as(ctx, BF16, xt)
+        return b, ggopt.cpy(ctx, b, ctx.new_tensor(F32, xt.ne))
+
+    b, back = _compute(build, [x], gb.cpu_init(n_threads))
+    np.testing.assert_array_equal(b, bf16_from_f32(x))
+    np.testing.assert_array_equal(back.view(np.uint32), f32_from_bf16(b).view(np.uint32))
+
+
+def test_a_bf16_weights_own_gradient_is_a_bf16_product():
+    """The gradient of a BF16 copy of an F32 master weight is autocast's: x and the incoming
+    gradient rounded to BF16, F32 sums (out_prod of cpy(x -> BF16)); an F32 weight's stays the
+    F32 product of the values as given."""
+    from tests.support.helpers import GradProblem
+
+    w, x, c = _f32(5, 24, seed=41), _f32(7, 24, seed=42), _f32(7, 5, seed=43)
+
+    def loss(t):
+        def build(ctx, wt, xt, ct):
+            wb = _as(ctx, t, wt) if t is BF16 else wt
+            return ggopt.sum(ctx, ggopt.mul(ctx, ggopt.mul_mat(ctx, wb, xt), ct))
+        return build
+
+    got = GradProblem(loss(BF16), [w, x, c], params=(0,), weighted=False).analytic()[0]
+    rounded = round_to(BF16, c).astype(np.float64).T @ round_to(BF16, x).astype(np.float64)
+    plain = c.astype(np.float64).T @ x.astype(np.float64)
+    np.testing.assert_allclose(got, rounded, rtol=1e-5, atol=1e-5)
+    assert np.abs(got - plain).max() > 10 * np.abs(got - rounded).max()
+    f32 = GradProblem(loss(F32), [w, x, c], params=(0,), weighted=False).analytic()[0]
+    np.testing.assert_allclose(f32, plain, rtol=1e-5, atol=1e-5)
+    assert np.abs(f32 - plain).max() < np.abs(got - plain).max() / 10

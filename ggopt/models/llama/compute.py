@@ -12,7 +12,8 @@ BF16 weight:
 - **rounded per graph** (a full fine-tune: the weights and AdamW's state stay F32, the master
   copy): the graph starts with one ``cpy`` F32 -> BF16 node per weight matrix (autocast's
   recipe without its per-call casts; each micro-batch's graph rounds once) and the products use
-  the copies; the weights' gradients reach the F32 master through the ``cpy``'s backward.
+  the copies; the weights' gradients are BF16 products too (``out_prod(cpy(x -> BF16), dy)``,
+  F32 sums, as autocast) and reach the F32 master through the ``cpy``'s backward.
 
 Either way the norms, rope, attention (its per-head products and softmax), SwiGLU, the residual
 adds, LoRA's adapters, the embedding lookup of an F32 master and the loss stay F32.
@@ -33,9 +34,10 @@ HELP = ("f32 (default): every product in F32. bf16: the weights' products (the s
         "gradient to their input) run with BF16 operands and F32 sums: the activations (and "
         "the incoming gradients) rounded to BF16 as ggml's mul_mat of a BF16 weight does. "
         "LoRA and inference store the frozen base in BF16 (converted once at load, half the "
-        "memory); a full fine-tune keeps F32 weights and AdamW state and rounds the weights to "
-        "BF16 once per step's graph. Norms, attention, softmax, adapters and the loss stay "
-        "F32. A kept (--base-type keep) quantized, F16 or BF16 matrix computes in its own type")
+        "memory); a full fine-tune keeps F32 weights and AdamW state, rounds the weights to "
+        "BF16 once per step's graph and computes their gradients as BF16 products too. "
+        "Norms, attention, softmax, adapters and the loss stay F32. A kept (--base-type "
+        "keep) quantized, F16 or BF16 matrix computes in its own type")
 
 
 def check_compute_type(value: object, where: str) -> str:
