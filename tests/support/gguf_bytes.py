@@ -37,8 +37,8 @@ def gguf(kvs: list[bytes], infos: list[bytes] = (), data: bytes = b"",  # type: 
 
 
 def insert_key(data: bytes, key: bytes, vtype: int, payload: bytes) -> bytes:
-    """``data`` (a GGUF aligned to 32) with the key first, then a filler key ``ggopt.pad`` (a
-    string) that keeps the tensor data aligned."""
+    """``data`` (a GGUF aligned to 32) with the key first, then a filler string key (the
+    padding key below) that keeps the tensor data aligned."""
     entry = kv(key, vtype, payload)
     pad = kv(b"ggopt.pad", 8, string(b""))
     entry += kv(b"ggopt.pad", 8, string(b"x" * (-(len(entry) + len(pad)) % ALIGN)))
