@@ -178,8 +178,8 @@ def test_generate_q4_1_kept_alternating(benchmark):
     llm = llama_cpp_model(path, len(PROMPT) + N_GEN + 1)
     llm.set_cache(None)
     llm.n_threads = ggopt.get_n_threads()
-    _alternate(benchmark, lambda: _greedy_cpp(llm), lambda: _greedy_ggopt(kept),
-               lambda out: len(out) == N_GEN)
+    outputs = _alternate(benchmark, lambda: _greedy_cpp(llm), lambda: _greedy_ggopt(kept))
+    assert all(len(out) == N_GEN for out in outputs)
 
 
 @pytest.mark.benchmark(group=f"eval 2 windows of {EVAL_CTX}, SmolLM2 Q4_1 kept, alternating rounds")
@@ -194,28 +194,25 @@ def test_eval_q4_1_kept_alternating(benchmark):
     llm = llama_cpp_model(path, EVAL_CTX)
     llm.n_threads = ggopt.get_n_threads()
     ids = (np.arange(2 * EVAL_CTX) * 7919 % 49152).astype(np.int32)
-    results: list[float] = []
-
-    def record(ppl: float) -> bool:
-        results.append(ppl)
-        return bool(np.isfinite(ppl))
-
-    _alternate(benchmark, lambda: record(llama_cpp_perplexity(llm, ids.tolist(), EVAL_CTX)),
-               lambda: record(perplexity(kept, ids, EVAL_CTX).ppl), bool)
+    results = _alternate(benchmark, lambda: llama_cpp_perplexity(llm, ids.tolist(), EVAL_CTX),
+                         lambda: perplexity(kept, ids, EVAL_CTX).ppl)
     theirs, ours = results[0], results[1]
+    assert len(set(results[0::2])) == len(set(results[1::2])) == 1  # the same in every round
     assert abs(ours / theirs - 1) < 1e-2
     benchmark.extra_info["ppl_ggopt"], benchmark.extra_info["ppl_llama_cpp"] = ours, theirs
 
 
-def _alternate(benchmark, cpp, ours, check) -> None:
-    """llama.cpp then ggopt, 5 rounds after a warm-up; each output passes ``check``; both
-    sides' minimum seconds and the ratios of llama.cpp's time to ggopt's in ``extra_info``."""
+def _alternate(benchmark, cpp, ours) -> list:
+    """llama.cpp then ggopt, 5 rounds after a warm-up; both sides' minimum seconds and the
+    ratios of llama.cpp's time to ggopt's in ``extra_info``; returns the outputs in call order
+    (llama.cpp's, ggopt's, llama.cpp's, ...)."""
     wall: dict[str, list[float]] = {"ggopt": [], "llama_cpp": []}
+    outputs: list = []
 
     def one_round() -> None:
         for impl, fn in (("llama_cpp", cpp), ("ggopt", ours)):
             t0 = time.perf_counter()
-            assert check(fn())
+            outputs.append(fn())
             wall[impl].append(time.perf_counter() - t0)
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
@@ -225,3 +222,4 @@ def _alternate(benchmark, cpp, ours, check) -> None:
     benchmark.extra_info["min_ratio_vs_llama_cpp"] = round(float(theirs_s.min() / ours_s.min()), 3)
     benchmark.extra_info["median_ratio_vs_llama_cpp"] = round(
         float(np.median(theirs_s / ours_s)), 3)
+    return outputs
