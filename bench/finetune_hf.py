@@ -34,13 +34,19 @@ def unpermute_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, n_out // n_head // 2, 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)
 
 
-def hf_state_dict(weights: dict[str, np.ndarray], n_head: int, n_head_kv: int
-                  ) -> dict[str, np.ndarray]:
-    """transformers' LlamaForCausalLM state dict from a llama GGUF's F32 tensors."""
+def _outer_tensors(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The state dict's tensors outside the layers: embeddings, final norm, untied output."""
     out = {"model.embed_tokens.weight": weights["token_embd.weight"],
            "model.norm.weight": weights["output_norm.weight"]}
     if "output.weight" in weights:
         out["lm_head.weight"] = weights["output.weight"]
+    return out
+
+
+def hf_state_dict(weights: dict[str, np.ndarray], n_head: int, n_head_kv: int
+                  ) -> dict[str, np.ndarray]:
+    """transformers' LlamaForCausalLM state dict from a llama GGUF's F32 tensors."""
+    out = _outer_tensors(weights)
     for name, w in weights.items():
         if not name.startswith("blk."):
             continue
@@ -117,10 +123,7 @@ def family_state_dict(cfg: Any, weights: dict[str, np.ndarray]) -> dict[str, np.
              "post_ffw_norm": "post_feedforward_layernorm"}
     if gemma:
         names["ffn_norm"] = "pre_feedforward_layernorm"
-    out = {"model.embed_tokens.weight": weights["token_embd.weight"],
-           "model.norm.weight": weights["output_norm.weight"]}
-    if "output.weight" in weights:
-        out["lm_head.weight"] = weights["output.weight"]
+    out = _outer_tensors(weights)
     for name, w in weights.items():
         if not name.startswith("blk."):
             continue
