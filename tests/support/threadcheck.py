@@ -41,9 +41,13 @@ def large_2d(rows: int = 257) -> tuple[int, int]:
     return rows, cols
 
 
-def os_thread_count() -> int:
-    """The number of OS threads of this process."""
-    return len(os.listdir("/proc/self/task"))
+def os_thread_ids() -> set[str]:
+    """The ids of this process's OS threads.
+
+    Tests compare these sets, not counts: a thread an earlier test left behind (a worker pool
+    winding down) may exit during the call being watched, and a count would then hide a thread
+    the call started."""
+    return set(os.listdir("/proc/self/task"))
 
 
 def skip_unless_observable() -> None:
@@ -86,14 +90,14 @@ def threads_started(call: Callable[[int], object]) -> int:
     """
     skip_unless_observable()
     n = fresh_team_size()
-    before = os_thread_count()
+    before = os_thread_ids()
     call(n)
-    return os_thread_count() - before
+    return len(os_thread_ids() - before)
 
 
 def count_new_threads(run: Callable[[], object]) -> int:
     """How many OS threads ``run()`` created (for set-up done by the caller beforehand)."""
     skip_unless_observable()
-    before = os_thread_count()
+    before = os_thread_ids()
     run()
-    return os_thread_count() - before
+    return len(os_thread_ids() - before)
