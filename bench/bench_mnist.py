@@ -19,6 +19,10 @@ batches' forward products) as NumPy ``matmul`` into preallocated arrays, with BL
 threads: the floor that no framework built on BLAS products gets below (ggopt's
 epoch within 1.25x of it).
 
+``GGOPT_BENCH_DEVICE=cuda`` runs both on the GPU instead: ggopt on its CuPy backend
+(``Scheduler([cupy, cpu])``), PyTorch with its model and data on ``cuda`` (each epoch ends by
+reading the validation loss back, so the GPU work is inside the timer); the NumPy row skips.
+
 ``extra_info``: ``s_per_epoch`` (the median) and, on the ggopt rows, ``ratio_vs_torch``
 (PyTorch's seconds / ggopt's: above 1 ggopt is faster) with the issue's target, and
 ``ratio_vs_numpy_matmuls``. The data is read from ``GGOPT_BENCH_MNIST`` (default
@@ -42,6 +46,8 @@ pytestmark = pytest.mark.usefixtures("bench_threads")
 
 MNIST_DIR = Path(os.environ.get("GGOPT_BENCH_MNIST", "")
                  or Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
+#: "cpu" (the default) or "cuda": where both frameworks train
+DEVICE = os.environ.get("GGOPT_BENCH_DEVICE", "cpu")
 ROUNDS = {"fc": 3, "cnn": 2}  # timed epochs, after one untimed warm-up epoch
 # The targets in seconds per epoch: CNN <= 0.7x PyTorch's time, FC <= 1.25x its matrix
 # products alone (and so faster than PyTorch); as speed ratios (reference seconds / ggopt's)
@@ -62,7 +68,8 @@ def mnist():
 def _ggopt_epoch(arch: str, images: np.ndarray, labels: np.ndarray):
     """fit's epoch loop with the OptContext built once, outside the timer."""
     ds = mnist_data.make_dataset(images, labels, 10, mnist_model.NBATCH_LOGICAL)
-    m = mnist_model.build_model(f"mnist-{arch}", mnist_model.make_scheduler())
+    m = mnist_model.build_model(f"mnist-{arch}",
+                                mnist_model.make_scheduler("cupy" if DEVICE == "cuda" else "cpu"))
     mnist_model.init_params(m, 0)
     params = opt.default_params(m.sched, opt.LossType.CROSS_ENTROPY)
     params.ctx_compute, params.inputs, params.outputs = m.ctx_compute, m.images, m.logits
@@ -133,22 +140,24 @@ def _torch_epoch(arch: str, images: np.ndarray, labels: np.ndarray, n_threads: i
     torch = pytest.importorskip("torch")
     torch.set_num_threads(n_threads)
     torch.manual_seed(0)
+    dev = torch.device(DEVICE)
     nn = torch.nn
     if arch == "fc":
         net = nn.Sequential(nn.Linear(784, 500), nn.ReLU(), nn.Linear(500, 10))
     else:
         net = _torch_cnn(torch)
+    net.to(dev)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     order = np.random.default_rng(0).permutation(len(images))
-    x = torch.from_numpy(images[order])
-    y = torch.from_numpy(labels[order].argmax(axis=1))
+    x = torch.from_numpy(images[order]).to(dev)
+    y = torch.from_numpy(labels[order].argmax(axis=1)).to(dev)
     x_train, y_train, x_val, y_val = x[:NTRAIN], y[:NTRAIN], x[NTRAIN:], y[NTRAIN:]
     loss_fn = nn.functional.cross_entropy
 
     def epoch() -> float:
         """Train one epoch; return the mean validation loss."""
-        shards = torch.randperm(NTRAIN // 10)
-        rows = (shards[:, None] * 10 + torch.arange(10)).reshape(-1)
+        shards = torch.randperm(NTRAIN // 10, device=dev)
+        rows = (shards[:, None] * 10 + torch.arange(10, device=dev)).reshape(-1)
         net.train()
         for start in range(0, NTRAIN, 1000):
             optimizer.zero_grad()
@@ -169,9 +178,12 @@ def _torch_epoch(arch: str, images: np.ndarray, labels: np.ndarray, n_threads: i
 @pytest.mark.parametrize("arch", ["fc", "cnn"])
 def test_mnist_epoch(benchmark, ratio_to, bench_threads, mnist, arch, impl):
     """One training epoch of mnist-<arch> (57,000 train + 3,000 val images)."""
-    if impl == "numpy_matmuls" and arch != "fc":
-        pytest.skip("the products-only reference is for mnist-fc")
-    benchmark.group = f"mnist-{arch} epoch [57k train + 3k val, {bench_threads} threads]"
+    if impl == "numpy_matmuls" and (arch != "fc" or DEVICE != "cpu"):
+        pytest.skip("the products-only reference is for mnist-fc on the CPU")
+    if DEVICE not in ("cpu", "cuda"):
+        pytest.fail(f"GGOPT_BENCH_DEVICE: expected 'cpu' or 'cuda', got {DEVICE!r}")
+    where = f"{bench_threads} threads" if DEVICE == "cpu" else "GPU: ggopt CuPy, PyTorch CUDA"
+    benchmark.group = f"mnist-{arch} epoch [57k train + 3k val, {where}]"
     images, labels = mnist
     if impl == "ggopt":
         run = _ggopt_epoch(arch, images, labels)
@@ -186,5 +198,6 @@ def test_mnist_epoch(benchmark, ratio_to, bench_threads, mnist, arch, impl):
         assert np.isfinite(val_loss) and val_loss < np.log(10)  # learnt something
     if benchmark.stats is not None:
         benchmark.extra_info["s_per_epoch"] = round(benchmark.stats.stats.median, 3)
-    ratio_to(impl, torch=TARGET_VS_TORCH[arch] if impl == "ggopt" else None,
-             numpy_matmuls=TARGET_VS_PRODUCTS if impl == "ggopt" else None)
+    ggopt_row = impl == "ggopt"
+    ratio_to(impl, torch=TARGET_VS_TORCH[arch] if ggopt_row and DEVICE == "cpu" else None,
+             numpy_matmuls=TARGET_VS_PRODUCTS if ggopt_row and DEVICE == "cpu" else None)
