@@ -68,9 +68,16 @@ def test_a_missing_command_or_option_is_a_problem():
     cmds = [cd.Command(("-m", "ggopt.examples.llm", "generate"), frozenset({"--temp"}), where),
             cd.Command(("-m", "ggopt.examples.llm", "generate"), frozenset({"--no-such"}), where),
             cd.Command(("-m", "ggopt.no_such_module"), frozenset(), where),
-            cd.Command(("ggopt", "finetune"), frozenset(), where)]
+            cd.Command(("ggopt", "finetune"), frozenset({"--lora"}), where),
+            cd.Command(("ggopt", "finetune"), frozenset({"--no-such"}), where)]
     problems, skipped = cd.check_commands(cmds)
-    assert len(problems) == 2
+    assert len(problems) == 3 and skipped == []
     assert "has no option --no-such" in problems[0]
     assert "ggopt.no_such_module --help` exited 1" in problems[1]
-    assert len(skipped) == 1 and "ggopt finetune" in skipped[0]
+    assert "`ggopt finetune` has no option --no-such" in problems[2]
+
+
+def test_ggopt_commands_skip_in_a_tree_without_the_command(tmp_path):
+    cmds = [cd.Command(("ggopt", "finetune"), frozenset(), "x.md:1")]
+    problems, skipped = cd.check_commands(cmds, root=tmp_path)
+    assert problems == [] and len(skipped) == 1 and "ggopt finetune" in skipped[0]
