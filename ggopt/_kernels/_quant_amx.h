@@ -1,9 +1,17 @@
-/* The AMX-INT8 micro-kernel of ggml's integer products (_quant_dot.h): 16 activation rows x one
-   panel (2 groups of 16 weight rows) per call. Each block's (or K-quant sub-block's) integer
-   sums come from one tile product per group (tdpbssd: signed activations x the codes, which
-   fit int8; tdpbusd for Q8_0: the activations biased to u8 x signed codes), exact like the
-   VNNI and portable kernels' sums; the float combine is the VNNI kernel's, operation for
-   operation, so all three give the same bits.
+/* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h): a thread's range of weight
+   panels (32 rows: two packed groups of 16) against strips of 32 (or 16) activation rows. The
+   tiles are configured once per thread and product. Per strip, the blocks (the K-quants:
+   their sub-blocks) are taken in chunks of GGOPT_AMX_CHUNK tile steps; one step is, per
+   16 activation rows and group, one tile product (tdpbssd: signed activations x the codes,
+   which fit int8; tdpbusd for Q8_0: the activations biased to u8 x signed codes, its C tile
+   started at -128 * the weight codes' sum) stored as 16 x 16 exact int32 sums. The tile
+   products of chunk c+1 are issued before the float combine of chunk c, which reads chunk c's
+   sums from the other buffer: the tile unit and the vector units overlap and no load waits for
+   a tile store just issued. The combine keeps 4 rows x 32 outputs in registers over a chunk
+   (the outputs are the running sums between chunks) and makes the float operations of
+   ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels give the same
+   bits; only the order of the exact integer sums differs (K-quants: the minimums' and
+   Q6_K's offset sums by vpdpwssd on 16-bit pairs).
 
    The packed group's codes [k/4][lane][4] are a B tile as AMX reads it (k/4 rows of 16 lanes x
    4 bytes); the activation codes are an A tile (16 rows of the block's bytes, row stride K).
@@ -12,6 +20,19 @@
 #ifndef GGOPT_QUANT_AMX_H
 #define GGOPT_QUANT_AMX_H
 #include "_quant_dot.h"
+
+/* tile steps per chunk (a step: 4 tiles of 16 x 16 int32 = 4 KiB); divides 8 and 16, so a
+   K-quant chunk never spans two super-blocks */
+#define GGOPT_AMX_CHUNK 2
+/* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
+#define GGOPT_AMX_TILES 4
+#ifndef EXP_NOSTORE
+#define EXP_NOSTORE 0
+#endif
+#ifndef EXP_NOCINIT
+#define EXP_NOCINIT 0
+#endif
+#define GGOPT_AMX_STEP_INTS (GGOPT_AMX_TILES * 512)
 
 #if GGOPT_HAVE_VNNI && __GNUC__ >= 11 && defined(__linux__)
 #define GGOPT_HAVE_AMX 1
@@ -39,161 +60,410 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) ggopt_tilecfg;
 
-/* tiles: 0 = A (16 rows x sub bytes), 1/2 = B of the two groups (sub/4 rows x 64 bytes),
-   3/4 = their C (16 x 16 int32) */
+/* tiles: 0/1 = A (16 activation rows x sub bytes) of even / odd steps, 2/3 = B of the two
+   groups (sub/4 rows x 64 bytes), 4 + 2 * (step & 1) + g = C of group g (16 x 16 int32): two
+   steps' tile products are in flight, none waits for the tile store of the step before */
 GGOPT_AMX static inline void ggopt_amx_config(int sub) {
     ggopt_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.colsb[0] = (uint16_t)sub;
-    cfg.rows[0] = 16;
-    for (int t = 1; t <= 2; t++) { cfg.colsb[t] = 64; cfg.rows[t] = (uint8_t)(sub / 4); }
-    for (int t = 3; t <= 4; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = (uint16_t)sub; cfg.rows[t] = 16; }
+    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = (uint8_t)(sub / 4); }
+    for (int t = 4; t <= 7; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     /* gcc 12 does not see that ldtilecfg reads cfg and drops the stores: a barrier keeps them */
     __asm__ volatile("" : : "r"(&cfg) : "memory");
     _tile_loadconfig(&cfg);
 }
 
-/* the integer sums of one sub-block for 16 rows x 2 groups into c[2][16][16] */
-GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_dp(
-        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int bias,
-        int32_t *c) {
-    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(c) : "memory");
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_loadd(0, a, lda);
-    _tile_loadd(1, b0, 64);
-    _tile_loadd(2, b1, 64);
-    if (bias) {
-        _tile_dpbusd(3, 0, 1);
-        _tile_dpbusd(4, 0, 2);
-    } else {
-        _tile_dpbssd(3, 0, 1);
-        _tile_dpbssd(4, 0, 2);
+/* one tile step of 16 activation rows on the tiles of parity odd (A: 0 / 1, C: 4, 5 / 6, 7)
+   against the B tiles 2, 3 already loaded: the integer sums into dst[g][16][16]; C starts at
+   zero, or (cinit, Q8_0) at the lanes cinit[g][16] in every row, and the products are u8 x s8
+   (cinit) or s8 x s8 */
+#define GGOPT_AMX_ROWS(A, C0, C1)                                                          \
+    do {                                                                                   \
+        if (cinit) {                                                                       \
+            _tile_loadd(C0, cinit, 0);                                                     \
+            _tile_loadd(C1, cinit + 16, 0);                                                \
+        } else {                                                                           \
+            _tile_zero(C0);                                                                \
+            _tile_zero(C1);                                                                \
+        }                                                                                  \
+        _tile_loadd(A, a, lda);                                                            \
+        if (cinit) {                                                                       \
+            _tile_dpbusd(C0, A, 2);                                                        \
+            _tile_dpbusd(C1, A, 3);                                                        \
+        } else {                                                                           \
+            _tile_dpbssd(C0, A, 2);                                                        \
+            _tile_dpbssd(C1, A, 3);                                                        \
+        }                                                                                  \
+        _tile_stored(C0, dst, 64);                                                         \
+        _tile_stored(C1, dst + 256, 64);                                                   \
+    } while (0)
+
+/* one step for nt tiles of 16 rows (A rows at a, stride lda; the tiles' rows 16 apart): B
+   tiles of the two groups loaded once, then per 16 rows the two tile products, into
+   dst[t][g][16][16] */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_step(
+        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int nt,
+        const int32_t *cinit, int32_t *dst) {
+    /* gcc's tile asm declares no memory use: barriers order it against the C around it */
+    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(cinit), "r"(dst) : "memory");
+    _tile_loadd(2, b0, 64);
+    _tile_loadd(3, b1, 64);
+    for (int t = 0; t < nt; t++, a += 16 * lda, dst += 512) {
+        if (t & 1) GGOPT_AMX_ROWS(1, 6, 7);
+        else GGOPT_AMX_ROWS(0, 4, 5);
     }
-    _tile_stored(3, c, 64);
-    _tile_stored(4, c + 256, 64);
-    __asm__ volatile("" : : "r"(c) : "memory");  /* gcc's tile asm declares no memory use */
+    __asm__ volatile("" : : "r"(dst) : "memory");
 }
 
-/* acc_out[r*32 + lane] for rows n0..n0+15 of x against the groups g0, g1; the float operations
-   of ggopt_qdot_vnni_nr in the same order. Call ggopt_amx_config(sub) first on this thread
-   (sub: 32, or 16 for Q6_K). acc_out: 16 x 32 floats. */
-GGOPT_AMX static void ggopt_qdot_amx16(int wtype, const uint8_t *g0, const uint8_t *g1,
-                                      const ggopt_q8_rows *x, Py_ssize_t n0, float *acc_out) {
-    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = ggopt_k_block_bytes(wtype) != 0, bias = wtype == GGOPT_Q8_0;
-    int32_t off = ggopt_code_offset(wtype);
-    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
-    int32_t c[2 * 256] __attribute__((aligned(64)));
-    const int8_t *xq = x->q + n0 * K;
-    for (int i = 0; i < 16 * 32; i += 16) _mm512_storeu_ps(acc_out + i, _mm512_setzero_ps());
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        const uint8_t *c0 = g0 + b * pbb, *c1 = g1 + b * pbb;
+/* the work space of one thread (ggopt_amx_ws_ints int32s, 64-byte aligned): two chunk buffers,
+   the K-quants' integer sums of a strip and per-strip / per-panel terms */
+typedef struct {
+    int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each */
+    int32_t *isum;    /* [rows][32 lanes], a K-quant block's integer sums between chunks */
+    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K / Q6_K 16-bit pairs */
+    int32_t *w128;    /* Q8_0: per block and group, -128 * the codes' sums (C's start) */
+    float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
+} ggopt_amx_ws;
+
+#define GGOPT_AMX_ROWS_MAX (16 * GGOPT_AMX_TILES)
+
+/* int32s of the work space for nb blocks per row */
+static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) {
+    return 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS + 2 * GGOPT_AMX_ROWS_MAX * 32
+           + GGOPT_AMX_ROWS_MAX * 8 * nb + 32 * nb;
+}
+
+static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb) {
+    ws->buf[0] = p;
+    ws->buf[1] = p + GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
+    ws->isum = p + 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
+    ws->acc = (float *)(ws->isum + GGOPT_AMX_ROWS_MAX * 32);
+    ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;
+    ws->w128 = ws->rowt + GGOPT_AMX_ROWS_MAX * 8 * nb;
+}
+
+/* the tile steps [s0, s1) of a strip of nt x 16 rows at xq (step s: block s, or a K-quant's
+   sub-block s % nsub of block s / nsub) into dst (steps GGOPT_AMX_STEP_INTS apart) */
+GGOPT_AMX static inline void ggopt_amx_chunk(const int8_t *xq, Py_ssize_t K, const uint8_t *g0,
+                                             const uint8_t *g1, Py_ssize_t pbb, int kq, int sub,
+                                             int nt, const int32_t *w128, Py_ssize_t s0,
+                                             Py_ssize_t s1, int32_t *dst) {
+    int nsub = GGOPT_QK_K / sub;
+    for (Py_ssize_t s = s0; s < s1; s++, dst += GGOPT_AMX_STEP_INTS) {
         if (!kq) {
-            const ggopt_meta32 *ms[2] = {(const ggopt_meta32 *)(c0 + ncode),
-                                         (const ggopt_meta32 *)(c1 + ncode)};
-            ggopt_amx_dp(xq + b * GGOPT_QK, K, c0, c1, bias, c);
-            for (int r = 0; r < 16; r++) {
-                Py_ssize_t n = n0 + r;
-                __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
-                int32_t asum = x->sums[n * (K / 16) + 2 * b] + x->sums[n * (K / 16) + 2 * b + 1];
-                for (int g = 0; g < 2; g++) {
-                    __m512i ia = _mm512_load_si512(c + g * 256 + r * 16);
-                    __m512i isum = bias
-                        ? _mm512_sub_epi32(ia, _mm512_slli_epi32(
-                              _mm512_loadu_si512(ms[g]->wsum), 7))
-                        : _mm512_sub_epi32(ia, _mm512_set1_epi32(off * asum));
-                    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                    __m512 acc = _mm512_loadu_ps(acc_out + r * 32 + g * 16);
-                    acc = _mm512_add_ps(acc, _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
-                    if (x->s)
-                        acc = _mm512_add_ps(acc, _mm512_mul_ps(
-                            _mm512_loadu_ps(ms[g]->m), _mm512_set1_ps(x->s[n * nb + b])));
-                    _mm512_storeu_ps(acc_out + r * 32 + g * 16, acc);
+            ggopt_amx_step(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, nt,
+                           w128 ? w128 + 32 * s : NULL, dst);
+        } else {
+            Py_ssize_t b = s / nsub, j = s % nsub;
+            ggopt_amx_step(xq + b * GGOPT_QK_K + j * sub, K, g0 + b * pbb + 16 * j * sub,
+                           g1 + b * pbb + 16 * j * sub, nt, NULL, dst);
+        }
+    }
+}
+
+/* masks of the lanes of a panel's two groups that are outputs (ml <= 32 of them) */
+#define GGOPT_MASK0(ml) ((__mmask16)((ml) >= 16 ? 0xffff : (1u << (ml)) - 1))
+#define GGOPT_MASK1(ml) ((__mmask16)((ml) <= 16 ? 0 : ((ml) >= 32 ? 0xffff : (1u << ((ml) - 16)) - 1)))
+
+/* 32-element blocks: the float combine of blocks [b0, b0 + cb) of a strip of 16 rows from their
+   tile sums ib; the outputs' running sums start at zero (first) or are read from out. corr:
+   Q4_0 / Q5_0's per-row offsets (rows of nb), hs: Q4_1 / Q5_1's m * s terms. */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_t(
+        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, const ggopt_q8_rows *x,
+        Py_ssize_t n0, int R, const int32_t *corr, const int hs, Py_ssize_t b0, int cb,
+        const int32_t *ib, float *accb, int first, int last, float *out, Py_ssize_t ldo,
+        int ml) {
+    Py_ssize_t nb = x->nb;
+    __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
+    const float *xd = x->d + n0 * nb + b0, *xs = hs ? x->s + n0 * nb + b0 : NULL;
+    const int32_t *cr = corr ? corr + b0 : NULL;
+    const uint8_t *m0b = g0 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
+    const uint8_t *m1b = g1 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
+    for (int r = 0; r < R; r += 4) {
+        __m512 acc[4][2];
+        for (int i = 0; i < 4; i++) {
+            acc[i][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32);
+            acc[i][1] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32 + 16);
+        }
+        for (int bi = 0; bi < cb; bi++) {
+            const ggopt_meta32 *m0 = (const ggopt_meta32 *)(m0b + bi * pbb);
+            const ggopt_meta32 *m1 = (const ggopt_meta32 *)(m1b + bi * pbb);
+            __m512 d0 = _mm512_loadu_ps(m0->d), d1 = _mm512_loadu_ps(m1->d);
+            const int32_t *st = ib + bi * GGOPT_AMX_STEP_INTS + (r >> 4) * 512 + (r & 15) * 16;
+            for (int i = 0; i < 4; i++) {
+                __m512i i0 = _mm512_load_si512(st + i * 16), i1 = _mm512_load_si512(st + 256 + i * 16);
+                if (corr) {
+                    __m512i c = _mm512_set1_epi32(cr[(r + i) * nb + bi]);
+                    i0 = _mm512_sub_epi32(i0, c);
+                    i1 = _mm512_sub_epi32(i1, c);
+                }
+                __m512 da = _mm512_set1_ps(xd[(r + i) * nb + bi]);
+                acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(_mm512_mul_ps(d0, da),
+                                                                   _mm512_cvtepi32_ps(i0)));
+                acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(_mm512_mul_ps(d1, da),
+                                                                   _mm512_cvtepi32_ps(i1)));
+                if (hs) {
+                    __m512 s = _mm512_set1_ps(xs[(r + i) * nb + bi]);
+                    acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(_mm512_loadu_ps(m0->m), s));
+                    acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(_mm512_loadu_ps(m1->m), s));
                 }
             }
-            continue;
         }
-        const ggopt_metak *ms[2] = {(const ggopt_metak *)(c0 + ncode),
-                                    (const ggopt_metak *)(c1 + ncode)};
-        int q4k = wtype == GGOPT_Q4_K, sub = q4k ? 32 : 16, nsub = GGOPT_QK_K / sub;
-        int32_t is[16][32] __attribute__((aligned(64)));
-        memset(is, 0, sizeof is);
-        for (int j = 0; j < nsub; j++) {
-            ggopt_amx_dp(xq + b * GGOPT_QK_K + j * sub, K, c0 + 16 * j * sub, c1 + 16 * j * sub,
-                         0, c);
-            for (int g = 0; g < 2; g++) {
-                __m512i sc = _mm512_loadu_si512(ms[g]->sc[j]);
-                for (int r = 0; r < 16; r++) {
-                    __m512i dp = _mm512_load_si512(c + g * 256 + r * 16);
-                    if (!q4k)
-                        dp = _mm512_sub_epi32(dp, _mm512_set1_epi32(
-                            32 * x->sums[(n0 + r) * (K / 16) + b * 16 + j]));
-                    __m512i *dst = (__m512i *)&is[r][g * 16];
-                    _mm512_store_si512(dst, _mm512_add_epi32(_mm512_load_si512(dst),
-                                                             _mm512_mullo_epi32(dp, sc)));
-                }
-            }
-        }
-        for (int r = 0; r < 16; r++) {
-            Py_ssize_t n = n0 + r;
-            const int32_t *bs = x->sums + n * (K / 16) + b * 16;
-            __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
-            for (int g = 0; g < 2; g++) {
-                __m512 acc = _mm512_loadu_ps(acc_out + r * 32 + g * 16);
-                __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(
-                    t, _mm512_cvtepi32_ps(_mm512_load_si512(&is[r][g * 16]))));
-                if (q4k) {
-                    __m512i msum = _mm512_setzero_si512();
-                    for (int j = 0; j < 8; j++)
-                        msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
-                            _mm512_loadu_si512(ms[g]->mn[j]),
-                            _mm512_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
-                    __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
-                    acc = _mm512_sub_ps(acc, _mm512_mul_ps(tm, _mm512_cvtepi32_ps(msum)));
-                }
-                _mm512_storeu_ps(acc_out + r * 32 + g * 16, acc);
+        for (int i = 0; i < 4; i++) {
+            if (last) {
+                float *o = out + (n0 + r + i) * ldo;
+                _mm512_mask_storeu_ps(o, k0, acc[i][0]);
+                _mm512_mask_storeu_ps(o + 16, k1, acc[i][1]);
+            } else {
+                _mm512_store_ps(accb + (r + i) * 32, acc[i][0]);
+                _mm512_store_ps(accb + (r + i) * 32 + 16, acc[i][1]);
             }
         }
     }
+}
+
+GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
+                                          const ggopt_q8_rows *x, Py_ssize_t n0, int R,
+                                          const int32_t *corr, Py_ssize_t b0, int cb,
+                                          const int32_t *ib, float *accb, int first,
+                                          int last, float *out, Py_ssize_t ldo, int ml) {
+    if (corr)
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, corr, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+    else if (x->s)
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, NULL, 1, b0, cb, ib, accb, first, last, out, ldo, ml);
+    else
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+}
+
+/* K-quants: the integer part of sub-blocks [j0, j0 + cj) of block b for a strip of 16 rows
+   (isum[r][lane] += dp_j * sc_j; zero at j0 == 0); after the block's last sub-block the float
+   combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, Q4_K: acc -= (dmin * da) * msum (msum
+   = sum_j mn_j * (bsum_2j + bsum_2j+1)), Q6_K: is -= 32 * sum_j sc_j * bsum_j first */
+GGOPT_AMX static void ggopt_amx_combinek(
+        int q4k, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
+        const ggopt_q8_rows *x, Py_ssize_t n0, int R, const int32_t *rowt, Py_ssize_t b,
+        int j0, int cj, int nsub, const int32_t *ib, int32_t *isum, float *accb, float *out,
+        Py_ssize_t ldo, int ml) {
+    Py_ssize_t nb = x->nb;
+    const ggopt_metak *ms[2] = {(const ggopt_metak *)(g0 + b * pbb + ncode),
+                                (const ggopt_metak *)(g1 + b * pbb + ncode)};
+    int last = j0 + cj == nsub, np = q4k ? 4 : 8;
+    __m512i lanep[2][8];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) or (sc_2i, sc_2i+1) */
+    if (last) {
+        for (int g = 0; g < 2; g++)
+            for (int i = 0; i < np; i++) {
+                const int32_t *lo = q4k ? ms[g]->mn[2 * i] : ms[g]->sc[2 * i];
+                const int32_t *hi = q4k ? ms[g]->mn[2 * i + 1] : ms[g]->sc[2 * i + 1];
+                lanep[g][i] = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_loadu_si512(lo), _mm512_set1_epi32(0xffff)),
+                    _mm512_slli_epi32(_mm512_loadu_si512(hi), 16));
+            }
+    }
+    __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
+    for (int r = 0; r < R; r += 4) {
+        __m512i is[4][2];
+        for (int i = 0; i < 4; i++)
+            for (int g = 0; g < 2; g++)
+                is[i][g] = j0 == 0 ? _mm512_setzero_si512()
+                                   : _mm512_load_si512(isum + (r + i) * 32 + g * 16);
+        for (int jj = 0; jj < cj; jj++) {
+            const int32_t *st = ib + jj * GGOPT_AMX_STEP_INTS + (r >> 4) * 512 + (r & 15) * 16;
+            __m512i sc0 = _mm512_loadu_si512(ms[0]->sc[j0 + jj]);
+            __m512i sc1 = _mm512_loadu_si512(ms[1]->sc[j0 + jj]);
+            for (int i = 0; i < 4; i++) {
+                is[i][0] = _mm512_add_epi32(is[i][0],
+                                            _mm512_mullo_epi32(_mm512_load_si512(st + 16 * i), sc0));
+                is[i][1] = _mm512_add_epi32(is[i][1], _mm512_mullo_epi32(
+                    _mm512_load_si512(st + 256 + 16 * i), sc1));
+            }
+        }
+        if (!last) {
+            for (int i = 0; i < 4; i++)
+                for (int g = 0; g < 2; g++)
+                    _mm512_store_si512(isum + (r + i) * 32 + g * 16, is[i][g]);
+            continue;
+        }
+        for (int i = 0; i < 4; i++) {
+            int rr = r + i;
+            Py_ssize_t n = n0 + rr;
+            const int32_t *rp = rowt + (rr * nb + b) * 8;
+            __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
+            float *o = out + n * ldo, *ab = accb + rr * 32;
+            __m512 acc[2] = {b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab),
+                             b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
+            for (int g = 0; g < 2; g++) {
+                __m512i t2 = _mm512_setzero_si512();
+                for (int p = 0; p < np; p++)
+                    t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
+                __m512i isv = q4k ? is[i][g] : _mm512_sub_epi32(is[i][g], _mm512_slli_epi32(t2, 5));
+                __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
+                acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isv)));
+                if (q4k) {
+                    __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
+                    acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
+                }
+            }
+            if (b == nb - 1) {
+                _mm512_mask_storeu_ps(o, k0, acc[0]);
+                _mm512_mask_storeu_ps(o + 16, k1, acc[1]);
+            } else {
+                _mm512_store_ps(ab, acc[0]);
+                _mm512_store_ps(ab + 16, acc[1]);
+            }
+        }
+    }
+}
+
+static inline int32_t ggopt_pair16(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+}
+
+/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel */
+GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
+                                      const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
+                                      Py_ssize_t ldo, const ggopt_amx_ws *ws) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
+    int kq = ggopt_k_block_bytes(wtype) != 0, q4k = wtype == GGOPT_Q4_K, R = 16 * nt;
+    int sub = wtype == GGOPT_Q6_K ? 16 : 32, nsub = kq ? GGOPT_QK_K / sub : 1;
+    int32_t off = ggopt_code_offset(wtype);
+    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
+    const int32_t *sums = x->sums + n0 * (K / 16);
+    const int32_t *corr = NULL;
+    if (off) {  /* Q4_0 / Q5_0: off * the block's code sum, per row */
+        for (int r = 0; r < R; r++)
+            for (Py_ssize_t b = 0; b < nb; b++)
+                ws->rowt[r * nb + b] = off * (sums[r * (K / 16) + 2 * b]
+                                              + sums[r * (K / 16) + 2 * b + 1]);
+        corr = ws->rowt;
+    } else if (kq) {  /* per row and block: 16-bit pairs of the 32-sums (Q4_K) or 16-sums */
+        for (int r = 0; r < R; r++)
+            for (Py_ssize_t b = 0; b < nb; b++) {
+                const int32_t *bs = sums + r * (K / 16) + b * 16;
+                int32_t *rp = ws->rowt + (r * nb + b) * 8;
+                for (int p = 0; p < (q4k ? 4 : 8); p++)
+                    rp[p] = q4k ? ggopt_pair16(bs[4 * p] + bs[4 * p + 1],
+                                               bs[4 * p + 2] + bs[4 * p + 3])
+                                : ggopt_pair16(bs[2 * p], bs[2 * p + 1]);
+            }
+    }
+    const int8_t *xq = x->q + n0 * K;
+    Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
+    const int32_t *w128 = wtype == GGOPT_Q8_0 ? ws->w128 : NULL;
+    ggopt_amx_chunk(xq, K, g0, g1, pbb, kq, sub, nt, w128, 0,
+                    steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK, ws->buf[0]);
+    for (Py_ssize_t c = 0; c < nch; c++) {
+        Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
+        if (s1 > steps) s1 = steps;
+#ifndef EXP_NOAMX
+        if (c + 1 < nch)
+#else
+        if (0)
+#endif
+            ggopt_amx_chunk(xq, K, g0, g1, pbb, kq, sub, nt, w128, s1,
+                            s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps,
+                            ws->buf[(c + 1) & 1]);
+#ifdef EXP_NOCOMB
+        if (c >= 0) continue;
+#endif
+        if (!kq)
+            ggopt_amx_combine32(g0, g1, pbb, x, n0, R, corr, s0, (int)(s1 - s0), ws->buf[c & 1],
+                                ws->acc, c == 0, c == nch - 1, out, ldo, ml);
+        else
+            ggopt_amx_combinek(q4k, g0, g1, pbb, ncode, x, n0, R, ws->rowt, s0 / nsub,
+                               (int)(s0 % nsub), (int)(s1 - s0), nsub, ws->buf[c & 1],
+                               ws->isum, ws->acc, out, ldo, ml);
+    }
+}
+
+/* Q8_0: per block and group of the panel, -128 * each lane's code sum */
+GGOPT_AMX static inline void ggopt_amx_w128(const uint8_t *g0, const uint8_t *g1,
+                                            Py_ssize_t pbb, Py_ssize_t nb, int32_t *w128) {
+    for (Py_ssize_t b = 0; b < nb; b++)
+        for (int g = 0; g < 2; g++) {
+            const ggopt_meta32 *m = (const ggopt_meta32 *)((g ? g1 : g0) + b * pbb
+                                                             + GGOPT_QK * GGOPT_LANES);
+            _mm512_store_si512(w128 + 32 * b + 16 * g, _mm512_sub_epi32(
+                _mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(m->wsum), 7)));
+        }
 }
 
 GGOPT_AMX static inline void ggopt_amx_release(void) { _tile_release(); }
 #else
 #define GGOPT_HAVE_AMX 0
 static inline int ggopt_amx_init(void) { return 0; }
+static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) { (void)nb; return 0; }
 #endif
 
-/* ggopt_qdot_panel with the AMX kernel for each whole 16 rows of x (use_amx), the panel's
-   kernel for the rest: the same bits. scratch: 16 x 32 floats. */
-static inline void ggopt_qdot_panel_amx(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
-                                        const ggopt_q8_rows *x, Py_ssize_t N, float *out,
-                                        Py_ssize_t ldo, int use_vnni, int use_amx,
-                                        float *scratch) {
-    Py_ssize_t n0 = 0;
+/* bytes of one thread's scratch for ggopt_qdot_panels: a panel's packed groups (unless the
+   panels are given), the VNNI kernel's 4 x 32 floats, the AMX work space, alignment */
+static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed) {
+    Py_ssize_t gbytes = ggopt_packed_block_bytes(wtype) * nb;
+    Py_ssize_t bytes = (packed ? 0 : (2 * gbytes + 63) / 64 * 64) + 4 * 32 * 4
+                       + 4 * ggopt_amx_ws_ints(nb) + 64;
+    return (bytes + 63) / 64 * 64;
+}
+
+/* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).
+   The panels are packed (2 groups of gbytes each per panel) or, when packed is NULL, packed
+   from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, strips of
+   32 (then 16) activation rows run the AMX kernel and the rest ggopt_qdot_panel (VNNI or
+   portable); all give the same bits. scratch: ggopt_qdot_scratch_bytes, private to the
+   calling thread. */
+static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w,
+                                     Py_ssize_t ws, Py_ssize_t M, const ggopt_q8_rows *x,
+                                     Py_ssize_t N, float *out, Py_ssize_t ldo, Py_ssize_t p0,
+                                     Py_ssize_t p1, int use_vnni, int use_amx, char *scratch) {
+    Py_ssize_t nb = x->nb, gbytes = ggopt_packed_block_bytes(wtype) * nb;
+    char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    uint8_t *own = packed ? NULL : (uint8_t *)base;
+    float *vscr = (float *)(base + (packed ? 0 : (2 * gbytes + 63) / 64 * 64));
+    Py_ssize_t namx = use_amx ? N / 16 * 16 : 0;
 #if GGOPT_HAVE_AMX
-    if (use_amx && N >= 16) {
-        ggopt_amx_config(wtype == GGOPT_Q6_K ? 16 : 32);
-        for (; n0 + 16 <= N; n0 += 16) {
-            ggopt_qdot_amx16(wtype, g0, g1, x, n0, scratch);
-            for (int r = 0; r < 16; r++)
-                memcpy(out + (n0 + r) * ldo, scratch + r * 32, (size_t)ml * sizeof(float));
-        }
-        ggopt_amx_release();
-    }
+    ggopt_amx_ws aws;
+    ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
+    if (namx) ggopt_amx_config(wtype == GGOPT_Q6_K ? 16 : 32);
 #else
-    (void)use_amx;
+    namx = 0;
 #endif
-    if (n0 < N) {
-        ggopt_q8_rows rest = *x;
-        rest.q += n0 * x->K;
-        rest.d += n0 * x->nb;
-        if (rest.s) rest.s += n0 * x->nb;
-        rest.sums += n0 * (x->K / 16);
-        ggopt_qdot_panel(wtype, g0, g1, ml, &rest, N - n0, out + n0 * ldo, ldo, use_vnni,
-                         scratch);
+    for (Py_ssize_t p = p0; p < p1; p++) {
+        int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);
+        const uint8_t *g0, *g1;
+        if (packed) {
+            g0 = packed + p * 2 * gbytes;
+        } else {
+            ggopt_pack_group(wtype, w + 32 * p * ws, ws, ml < 16 ? ml : 16, nb, own);
+            ggopt_pack_group(wtype, w + (32 * p + 16) * ws, ws, ml > 16 ? ml - 16 : 0, nb,
+                             own + gbytes);
+            g0 = own;
+        }
+        g1 = g0 + gbytes;
+        Py_ssize_t n0 = 0;
+#if GGOPT_HAVE_AMX
+        if (namx) {
+            if (wtype == GGOPT_Q8_0) ggopt_amx_w128(g0, g1, ggopt_packed_block_bytes(wtype), nb,
+                                                    aws.w128);
+            while (n0 < namx) {
+                int nt = (int)((namx - n0) / 16 < GGOPT_AMX_TILES ? (namx - n0) / 16
+                                                                  : GGOPT_AMX_TILES);
+                ggopt_amx_strip(wtype, g0, g1, ml, x, n0, nt, out + 32 * p, ldo, &aws);
+                n0 += 16 * nt;
+            }
+        }
+#endif
+        if (n0 < N) {
+            ggopt_q8_rows rest = *x;
+            rest.q += n0 * x->K;
+            rest.d += n0 * nb;
+            if (rest.s) rest.s += n0 * nb;
+            rest.sums += n0 * (x->K / 16);
+            ggopt_qdot_panel(wtype, g0, g1, ml, &rest, N - n0, out + n0 * ldo + 32 * p, ldo,
+                             use_vnni, vscr);
+        }
     }
+#if GGOPT_HAVE_AMX
+    if (namx) ggopt_amx_release();
+#endif
 }
 #endif
