@@ -1,17 +1,18 @@
 /* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h): a thread's range of weight
-   panels (32 rows: two packed groups of 16) against strips of 32 (or 16) activation rows. The
-   tiles are configured once per thread and product. Per strip, the blocks (the K-quants:
-   their sub-blocks) are taken in chunks of GGOPT_AMX_CHUNK tile steps; one step is, per
-   16 activation rows and group, one tile product (tdpbssd: signed activations x the codes,
-   which fit int8; tdpbusd for Q8_0: the activations biased to u8 x signed codes, its C tile
-   started at -128 * the weight codes' sum) stored as 16 x 16 exact int32 sums. The tile
-   products of chunk c+1 are issued before the float combine of chunk c, which reads chunk c's
-   sums from the other buffer: the tile unit and the vector units overlap and no load waits for
-   a tile store just issued. The combine keeps 4 rows x 32 outputs in registers over a chunk
-   (the outputs are the running sums between chunks) and makes the float operations of
-   ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels give the same
-   bits; only the order of the exact integer sums differs (K-quants: the minimums' and
-   Q6_K's offset sums by vpdpwssd on 16-bit pairs).
+   panels (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16
+   activation rows (the rows past the last whole 16 go to the VNNI / portable kernel). The
+   tiles are configured once per thread and product. A step is one block (the K-quants: one
+   sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
+   products (tdpbssd: signed activations x the codes, which fit int8; tdpbusd for Q8_0: the
+   activations biased to u8 x signed codes, its C tiles started at -128 * the codes' sums),
+   stored as 16 x 16 exact int32 sums; consecutive row tiles use alternate A and C tiles so
+   their products do not wait on each other. Steps are taken in chunks of GGOPT_AMX_CHUNK into
+   two buffers: the tile products of chunk c+1 are issued before the float combine of chunk c
+   reads chunk c's sums, so no load waits for a tile store just issued. The combine keeps
+   4 rows x 32 outputs in registers over a chunk (a thread's running sums between chunks) and
+   makes the float operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and
+   portable kernels give the same bits; only the order of the exact integer sums differs
+   (K-quants: the minimums' and Q6_K's offset sums by vpdpwssd on 16-bit pairs).
 
    The packed group's codes [k/4][lane][4] are a B tile as AMX reads it (k/4 rows of 16 lanes x
    4 bytes); the activation codes are an A tile (16 rows of the block's bytes, row stride K).
@@ -21,17 +22,11 @@
 #define GGOPT_QUANT_AMX_H
 #include "_quant_dot.h"
 
-/* tile steps per chunk (a step: 4 tiles of 16 x 16 int32 = 4 KiB); divides 8 and 16, so a
-   K-quant chunk never spans two super-blocks */
+/* tile steps per chunk (a step: up to 8 tiles of 16 x 16 int32, 8 KiB); divides 8 and 16,
+   so a K-quant chunk never spans two super-blocks */
 #define GGOPT_AMX_CHUNK 2
 /* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
 #define GGOPT_AMX_TILES 4
-#ifndef EXP_NOSTORE
-#define EXP_NOSTORE 0
-#endif
-#ifndef EXP_NOCINIT
-#define EXP_NOCINIT 0
-#endif
 #define GGOPT_AMX_STEP_INTS (GGOPT_AMX_TILES * 512)
 
 #if GGOPT_HAVE_VNNI && __GNUC__ >= 11 && defined(__linux__)
@@ -100,20 +95,21 @@ GGOPT_AMX static inline void ggopt_amx_config(int sub) {
         _tile_stored(C1, dst + 256, 64);                                                   \
     } while (0)
 
-/* one step for nt tiles of 16 rows (A rows at a, stride lda; the tiles' rows 16 apart): B
-   tiles of the two groups loaded once, then per 16 rows the two tile products, into
-   dst[t][g][16][16] */
-GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_step(
-        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int nt,
+/* one unit of a step: its row tile t (16 rows at a + 16 t lda) against the B tiles of the
+   two groups (loaded by the unit of t == 0) into dst[t][g][16][16] */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
+        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int t,
         const int32_t *cinit, int32_t *dst) {
     /* gcc's tile asm declares no memory use: barriers order it against the C around it */
     __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(cinit), "r"(dst) : "memory");
-    _tile_loadd(2, b0, 64);
-    _tile_loadd(3, b1, 64);
-    for (int t = 0; t < nt; t++, a += 16 * lda, dst += 512) {
-        if (t & 1) GGOPT_AMX_ROWS(1, 6, 7);
-        else GGOPT_AMX_ROWS(0, 4, 5);
+    if (t == 0) {
+        _tile_loadd(2, b0, 64);
+        _tile_loadd(3, b1, 64);
     }
+    a += 16 * t * lda;
+    dst += 512 * t;
+    if (t & 1) GGOPT_AMX_ROWS(1, 6, 7);
+    else GGOPT_AMX_ROWS(0, 4, 5);
     __asm__ volatile("" : : "r"(dst) : "memory");
 }
 
@@ -144,21 +140,25 @@ static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb
     ws->w128 = ws->rowt + GGOPT_AMX_ROWS_MAX * 8 * nb;
 }
 
-/* the tile steps [s0, s1) of a strip of nt x 16 rows at xq (step s: block s, or a K-quant's
-   sub-block s % nsub of block s / nsub) into dst (steps GGOPT_AMX_STEP_INTS apart) */
-GGOPT_AMX static inline void ggopt_amx_chunk(const int8_t *xq, Py_ssize_t K, const uint8_t *g0,
-                                             const uint8_t *g1, Py_ssize_t pbb, int kq, int sub,
-                                             int nt, const int32_t *w128, Py_ssize_t s0,
-                                             Py_ssize_t s1, int32_t *dst) {
+/* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
+   u % nt of step s0 + u / nt; step s: block s, or a K-quant's sub-block s % nsub of block
+   s / nsub) into dst (steps GGOPT_AMX_STEP_INTS apart) */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
+        const int8_t *xq, Py_ssize_t K, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
+        int kq, int sub, int nt, const int32_t *w128, Py_ssize_t s0, int u0, int u1,
+        int32_t *dst) {
     int nsub = GGOPT_QK_K / sub;
-    for (Py_ssize_t s = s0; s < s1; s++, dst += GGOPT_AMX_STEP_INTS) {
+    for (int u = u0; u < u1; u++) {
+        Py_ssize_t s = s0 + u / nt;
+        int t = u % nt;
+        int32_t *d = dst + (u / nt) * GGOPT_AMX_STEP_INTS;
         if (!kq) {
-            ggopt_amx_step(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, nt,
-                           w128 ? w128 + 32 * s : NULL, dst);
+            ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t,
+                           w128 ? w128 + 32 * s : NULL, d);
         } else {
             Py_ssize_t b = s / nsub, j = s % nsub;
-            ggopt_amx_step(xq + b * GGOPT_QK_K + j * sub, K, g0 + b * pbb + 16 * j * sub,
-                           g1 + b * pbb + 16 * j * sub, nt, NULL, dst);
+            ggopt_amx_unit(xq + b * GGOPT_QK_K + j * sub, K, g0 + b * pbb + 16 * j * sub,
+                           g1 + b * pbb + 16 * j * sub, t, NULL, d);
         }
     }
 }
@@ -172,7 +172,7 @@ GGOPT_AMX static inline void ggopt_amx_chunk(const int8_t *xq, Py_ssize_t K, con
    Q4_0 / Q5_0's per-row offsets (rows of nb), hs: Q4_1 / Q5_1's m * s terms. */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_t(
         const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, const ggopt_q8_rows *x,
-        Py_ssize_t n0, int R, const int32_t *corr, const int hs, Py_ssize_t b0, int cb,
+        Py_ssize_t n0, int r0, int r1, const int32_t *corr, const int hs, Py_ssize_t b0, int cb,
         const int32_t *ib, float *accb, int first, int last, float *out, Py_ssize_t ldo,
         int ml) {
     Py_ssize_t nb = x->nb;
@@ -181,7 +181,7 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_
     const int32_t *cr = corr ? corr + b0 : NULL;
     const uint8_t *m0b = g0 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
     const uint8_t *m1b = g1 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
-    for (int r = 0; r < R; r += 4) {
+    for (int r = r0; r < r1; r += 4) {
         __m512 acc[4][2];
         for (int i = 0; i < 4; i++) {
             acc[i][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32);
@@ -225,16 +225,16 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_
 }
 
 GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
-                                          const ggopt_q8_rows *x, Py_ssize_t n0, int R,
-                                          const int32_t *corr, Py_ssize_t b0, int cb,
+                                          const ggopt_q8_rows *x, Py_ssize_t n0, int r0,
+                                          int r1, const int32_t *corr, Py_ssize_t b0, int cb,
                                           const int32_t *ib, float *accb, int first,
                                           int last, float *out, Py_ssize_t ldo, int ml) {
     if (corr)
-        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, corr, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, corr, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
     else if (x->s)
-        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, NULL, 1, b0, cb, ib, accb, first, last, out, ldo, ml);
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 1, b0, cb, ib, accb, first, last, out, ldo, ml);
     else
-        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, R, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
 }
 
 /* K-quants: the integer part of sub-blocks [j0, j0 + cj) of block b for a strip of 16 rows
@@ -243,7 +243,7 @@ GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, 
    = sum_j mn_j * (bsum_2j + bsum_2j+1)), Q6_K: is -= 32 * sum_j sc_j * bsum_j first */
 GGOPT_AMX static void ggopt_amx_combinek(
         int q4k, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
-        const ggopt_q8_rows *x, Py_ssize_t n0, int R, const int32_t *rowt, Py_ssize_t b,
+        const ggopt_q8_rows *x, Py_ssize_t n0, int r0, int r1, const int32_t *rowt, Py_ssize_t b,
         int j0, int cj, int nsub, const int32_t *ib, int32_t *isum, float *accb, float *out,
         Py_ssize_t ldo, int ml) {
     Py_ssize_t nb = x->nb;
@@ -262,7 +262,7 @@ GGOPT_AMX static void ggopt_amx_combinek(
             }
     }
     __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
-    for (int r = 0; r < R; r += 4) {
+    for (int r = r0; r < r1; r += 4) {
         __m512i is[4][2];
         for (int i = 0; i < 4; i++)
             for (int g = 0; g < 2; g++)
@@ -351,27 +351,20 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
     const int8_t *xq = x->q + n0 * K;
     Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
     const int32_t *w128 = wtype == GGOPT_Q8_0 ? ws->w128 : NULL;
-    ggopt_amx_chunk(xq, K, g0, g1, pbb, kq, sub, nt, w128, 0,
-                    steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK, ws->buf[0]);
+    ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, w128, 0, 0,
+                    (int)(steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK) * nt, ws->buf[0]);
+    /* the tile products of chunk c + 1 are issued before chunk c's combine */
     for (Py_ssize_t c = 0; c < nch; c++) {
         Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
         if (s1 > steps) s1 = steps;
-#ifndef EXP_NOAMX
-        if (c + 1 < nch)
-#else
-        if (0)
-#endif
-            ggopt_amx_chunk(xq, K, g0, g1, pbb, kq, sub, nt, w128, s1,
-                            s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps,
-                            ws->buf[(c + 1) & 1]);
-#ifdef EXP_NOCOMB
-        if (c >= 0) continue;
-#endif
+        Py_ssize_t s2 = s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps;
+        ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, w128, s1, 0, (int)(s2 - s1) * nt,
+                        ws->buf[(c + 1) & 1]);
         if (!kq)
-            ggopt_amx_combine32(g0, g1, pbb, x, n0, R, corr, s0, (int)(s1 - s0), ws->buf[c & 1],
-                                ws->acc, c == 0, c == nch - 1, out, ldo, ml);
+            ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
+                                ws->buf[c & 1], ws->acc, c == 0, c == nch - 1, out, ldo, ml);
         else
-            ggopt_amx_combinek(q4k, g0, g1, pbb, ncode, x, n0, R, ws->rowt, s0 / nsub,
+            ggopt_amx_combinek(q4k, g0, g1, pbb, ncode, x, n0, 0, R, ws->rowt, s0 / nsub,
                                (int)(s0 % nsub), (int)(s1 - s0), nsub, ws->buf[c & 1],
                                ws->isum, ws->acc, out, ldo, ml);
     }
