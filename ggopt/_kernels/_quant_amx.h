@@ -3,9 +3,9 @@
    activation rows (the rows past the last whole 16 go to the VNNI / portable kernel). The
    tiles are configured once per thread and product. A step is one block (the K-quants: one
    sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
-   products (tdpbssd: signed activations x the codes, which fit int8; tdpbusd for Q8_0: the
-   activations biased to u8 x signed codes, its C tiles started at -128 * the codes' sums),
-   stored as 16 x 16 exact int32 sums; consecutive row tiles use alternate A and C tiles so
+   products (tdpbssd: signed activations x the codes, which fit int8; a Q8_0 weight's
+   activations are stored signed for these rows, ggopt_amx_rows), stored as 16 x 16 exact
+   int32 sums; consecutive row tiles use alternate A and C tiles so
    their products do not wait on each other. Steps are taken in chunks of GGOPT_AMX_CHUNK into
    two buffers: the tile products of chunk c+1 are issued before the float combine of chunk c
    reads chunk c's sums, so no load waits for a tile store just issued. The combine keeps
@@ -70,27 +70,15 @@ GGOPT_AMX static inline void ggopt_amx_config(int sub) {
     _tile_loadconfig(&cfg);
 }
 
-/* one tile step of 16 activation rows on the tiles of parity odd (A: 0 / 1, C: 4, 5 / 6, 7)
-   against the B tiles 2, 3 already loaded: the integer sums into dst[g][16][16]; C starts at
-   zero, or (cinit, Q8_0) at the lanes cinit[g][16] in every row, and the products are u8 x s8
-   (cinit) or s8 x s8 */
+/* 16 activation rows on the tiles of one parity (A: 0 / 1, C: 4, 5 / 6, 7) against the B
+   tiles 2, 3 already loaded: the integer sums (signed x signed) into dst[g][16][16] */
 #define GGOPT_AMX_ROWS(A, C0, C1)                                                          \
     do {                                                                                   \
-        if (cinit) {                                                                       \
-            _tile_loadd(C0, cinit, 0);                                                     \
-            _tile_loadd(C1, cinit + 16, 0);                                                \
-        } else {                                                                           \
-            _tile_zero(C0);                                                                \
-            _tile_zero(C1);                                                                \
-        }                                                                                  \
+        _tile_zero(C0);                                                                    \
+        _tile_zero(C1);                                                                    \
         _tile_loadd(A, a, lda);                                                            \
-        if (cinit) {                                                                       \
-            _tile_dpbusd(C0, A, 2);                                                        \
-            _tile_dpbusd(C1, A, 3);                                                        \
-        } else {                                                                           \
-            _tile_dpbssd(C0, A, 2);                                                        \
-            _tile_dpbssd(C1, A, 3);                                                        \
-        }                                                                                  \
+        _tile_dpbssd(C0, A, 2);                                                            \
+        _tile_dpbssd(C1, A, 3);                                                            \
         _tile_stored(C0, dst, 64);                                                         \
         _tile_stored(C1, dst + 256, 64);                                                   \
     } while (0)
@@ -99,9 +87,9 @@ GGOPT_AMX static inline void ggopt_amx_config(int sub) {
    two groups (loaded by the unit of t == 0) into dst[t][g][16][16] */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
         const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int t,
-        const int32_t *cinit, int32_t *dst) {
+        int32_t *dst) {
     /* gcc's tile asm declares no memory use: barriers order it against the C around it */
-    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(cinit), "r"(dst) : "memory");
+    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(dst) : "memory");
     if (t == 0) {
         _tile_loadd(2, b0, 64);
         _tile_loadd(3, b1, 64);
@@ -119,7 +107,6 @@ typedef struct {
     int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each */
     int32_t *isum;    /* [rows][32 lanes], a K-quant block's integer sums between chunks */
     int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K / Q6_K 16-bit pairs */
-    int32_t *w128;    /* Q8_0: per block and group, -128 * the codes' sums (C's start) */
     float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
 } ggopt_amx_ws;
 
@@ -128,7 +115,7 @@ typedef struct {
 /* int32s of the work space for nb blocks per row */
 static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) {
     return 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS + 2 * GGOPT_AMX_ROWS_MAX * 32
-           + GGOPT_AMX_ROWS_MAX * 8 * nb + 32 * nb;
+           + GGOPT_AMX_ROWS_MAX * 8 * nb;
 }
 
 static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb) {
@@ -137,7 +124,6 @@ static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb
     ws->isum = p + 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
     ws->acc = (float *)(ws->isum + GGOPT_AMX_ROWS_MAX * 32);
     ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;
-    ws->w128 = ws->rowt + GGOPT_AMX_ROWS_MAX * 8 * nb;
 }
 
 /* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
@@ -145,7 +131,7 @@ static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb
    s / nsub) into dst (steps GGOPT_AMX_STEP_INTS apart) */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
         const int8_t *xq, Py_ssize_t K, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
-        int kq, int sub, int nt, const int32_t *w128, Py_ssize_t s0, int u0, int u1,
+        int kq, int sub, int nt, Py_ssize_t s0, int u0, int u1,
         int32_t *dst) {
     int nsub = GGOPT_QK_K / sub;
     for (int u = u0; u < u1; u++) {
@@ -153,12 +139,11 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
         int t = u % nt;
         int32_t *d = dst + (u / nt) * GGOPT_AMX_STEP_INTS;
         if (!kq) {
-            ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t,
-                           w128 ? w128 + 32 * s : NULL, d);
+            ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t, d);
         } else {
             Py_ssize_t b = s / nsub, j = s % nsub;
             ggopt_amx_unit(xq + b * GGOPT_QK_K + j * sub, K, g0 + b * pbb + 16 * j * sub,
-                           g1 + b * pbb + 16 * j * sub, t, NULL, d);
+                           g1 + b * pbb + 16 * j * sub, t, d);
         }
     }
 }
@@ -350,15 +335,14 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
     }
     const int8_t *xq = x->q + n0 * K;
     Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
-    const int32_t *w128 = wtype == GGOPT_Q8_0 ? ws->w128 : NULL;
-    ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, w128, 0, 0,
+    ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, 0, 0,
                     (int)(steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK) * nt, ws->buf[0]);
     /* the tile products of chunk c + 1 are issued before chunk c's combine */
     for (Py_ssize_t c = 0; c < nch; c++) {
         Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
         if (s1 > steps) s1 = steps;
         Py_ssize_t s2 = s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps;
-        ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, w128, s1, 0, (int)(s2 - s1) * nt,
+        ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, s1, 0, (int)(s2 - s1) * nt,
                         ws->buf[(c + 1) & 1]);
         if (!kq)
             ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
@@ -368,18 +352,6 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
                                (int)(s0 % nsub), (int)(s1 - s0), nsub, ws->buf[c & 1],
                                ws->isum, ws->acc, out, ldo, ml);
     }
-}
-
-/* Q8_0: per block and group of the panel, -128 * each lane's code sum */
-GGOPT_AMX static inline void ggopt_amx_w128(const uint8_t *g0, const uint8_t *g1,
-                                            Py_ssize_t pbb, Py_ssize_t nb, int32_t *w128) {
-    for (Py_ssize_t b = 0; b < nb; b++)
-        for (int g = 0; g < 2; g++) {
-            const ggopt_meta32 *m = (const ggopt_meta32 *)((g ? g1 : g0) + b * pbb
-                                                             + GGOPT_QK * GGOPT_LANES);
-            _mm512_store_si512(w128 + 32 * b + 16 * g, _mm512_sub_epi32(
-                _mm512_setzero_si512(), _mm512_slli_epi32(_mm512_loadu_si512(m->wsum), 7)));
-        }
 }
 
 GGOPT_AMX static inline void ggopt_amx_release(void) { _tile_release(); }
@@ -398,12 +370,19 @@ static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int 
     return (bytes + 63) / 64 * 64;
 }
 
+/* the activation rows [0, ggopt_amx_rows) that the AMX kernel takes (whole 16s; 0 without
+   use_amx or AMX). For a Q8_0 weight these rows hold signed codes (the AMX products are
+   signed x signed) and the rest biased ones (the VNNI kernel's u8 x s8). */
+static inline Py_ssize_t ggopt_amx_rows(Py_ssize_t N, int use_amx) {
+    return GGOPT_HAVE_AMX && use_amx ? N / 16 * 16 : 0;
+}
+
 /* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).
    The panels are packed (2 groups of gbytes each per panel) or, when packed is NULL, packed
-   from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, strips of
-   32 (then 16) activation rows run the AMX kernel and the rest ggopt_qdot_panel (VNNI or
-   portable); all give the same bits. scratch: ggopt_qdot_scratch_bytes, private to the
-   calling thread. */
+   from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, the first
+   ggopt_amx_rows(N, use_amx) activation rows run the AMX kernel and the rest
+   ggopt_qdot_panel (VNNI or portable); all give the same bits. scratch:
+   ggopt_qdot_scratch_bytes, private to the calling thread. */
 static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w,
                                      Py_ssize_t ws, Py_ssize_t M, const ggopt_q8_rows *x,
                                      Py_ssize_t N, float *out, Py_ssize_t ldo, Py_ssize_t p0,
@@ -412,13 +391,11 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     uint8_t *own = packed ? NULL : (uint8_t *)base;
     float *vscr = (float *)(base + (packed ? 0 : (2 * gbytes + 63) / 64 * 64));
-    Py_ssize_t namx = use_amx ? N / 16 * 16 : 0;
+    Py_ssize_t namx = ggopt_amx_rows(N, use_amx);
 #if GGOPT_HAVE_AMX
     ggopt_amx_ws aws;
     ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
     if (namx) ggopt_amx_config(wtype == GGOPT_Q6_K ? 16 : 32);
-#else
-    namx = 0;
 #endif
     for (Py_ssize_t p = p0; p < p1; p++) {
         int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);
@@ -435,8 +412,6 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
         Py_ssize_t n0 = 0;
 #if GGOPT_HAVE_AMX
         if (namx) {
-            if (wtype == GGOPT_Q8_0) ggopt_amx_w128(g0, g1, ggopt_packed_block_bytes(wtype), nb,
-                                                    aws.w128);
             while (n0 < namx) {
                 int nt = (int)((namx - n0) / 16 < GGOPT_AMX_TILES ? (namx - n0) / 16
                                                                   : GGOPT_AMX_TILES);
