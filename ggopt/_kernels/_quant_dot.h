@@ -306,6 +306,40 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
     }
 }
 
+static inline int ggopt_cpu_has_vnni(void);
+
+#if GGOPT_HAVE_VNNI
+/* ggopt_pack_block32 with AVX-512 (the same codes and scales): the block's 32 codes decoded
+   at once, stored as 8 words of 4 at their lane */
+GGOPT_VNNI static inline void ggopt_pack_block32_avx512(int wtype, const uint8_t *b, int lane,
+                                                        uint8_t *codes, ggopt_meta32 *meta) {
+    __m256i q;
+    float m = 0.0f;
+    int32_t wsum = 0;
+    if (wtype == GGOPT_Q8_0) {
+        q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        wsum = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))
+               + _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    } else {
+        int off = wtype == GGOPT_Q4_0 ? 2 : (wtype == GGOPT_Q4_1 ? 4 : (wtype == GGOPT_Q5_0 ? 6 : 8));
+        __m128i nib = _mm_loadu_si128((const __m128i *)(b + off)), lo4 = _mm_set1_epi8(0x0f);
+        q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nib, 4), lo4), _mm_and_si128(nib, lo4));
+        if (wtype == GGOPT_Q5_0 || wtype == GGOPT_Q5_1) {  /* element j's fifth bit: bit j of qh */
+            uint32_t h;
+            memcpy(&h, b + (wtype == GGOPT_Q5_0 ? 2 : 4), 4);
+            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10)));
+        }
+        if (wtype == GGOPT_Q4_1 || wtype == GGOPT_Q5_1) m = ggopt_load_f16(b + 2);
+    }
+    uint32_t word[8];
+    _mm256_storeu_si256((__m256i *)word, q);
+    for (int k = 0; k < 8; k++) memcpy(codes + k * (4 * GGOPT_LANES) + lane * 4, &word[k], 4);
+    meta->d[lane] = ggopt_load_f16(b);
+    meta->m[lane] = m;
+    meta->wsum[lane] = wsum;
+}
+#endif
+
 /* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes and the
    scales a type does not use zero) */
 static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows,
@@ -314,6 +348,17 @@ static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int
     int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     memset(dst, 0, (size_t)(pbb * nb));
+#if GGOPT_HAVE_VNNI
+    if (!kq && ggopt_cpu_has_vnni()) {
+        for (int r = 0; r < nrows; r++) {
+            const uint8_t *row = (const uint8_t *)(w + r * ws);
+            for (Py_ssize_t b = 0; b < nb; b++)
+                ggopt_pack_block32_avx512(wtype, row + b * bb, r, dst + b * pbb,
+                                          (ggopt_meta32 *)(dst + b * pbb + ncode));
+        }
+        return;
+    }
+#endif
     for (int r = 0; r < nrows; r++) {
         const uint8_t *row = (const uint8_t *)(w + r * ws);
         for (Py_ssize_t b = 0; b < nb; b++) {
