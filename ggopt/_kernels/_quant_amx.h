@@ -1,18 +1,19 @@
-/* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h): a thread's range of weight
-   panels (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16
-   activation rows (the rows past the last whole 16 go to the VNNI / portable kernel). The
-   tiles are configured once per thread and product. A step is one block (the K-quants: one
+/* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h) for the 32-element block types
+   and Q4_K (Q6_K stays on the VNNI kernel, ggopt_amx_rows): a thread's range of weight panels
+   (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16 activation
+   rows (the rows past the last whole 16 go to the VNNI / portable kernel). The tiles are
+   configured once per thread and product. A step is one block (Q4_K: one 32-element
    sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
    products (tdpbssd: signed activations x the codes, which fit int8; a Q8_0 weight's
-   activations are stored signed for these rows, ggopt_amx_rows), stored as 16 x 16 exact
-   int32 sums; consecutive row tiles use alternate A and C tiles so
-   their products do not wait on each other. Steps are taken in chunks of GGOPT_AMX_CHUNK into
-   two buffers: the tile products of chunk c+1 are issued before the float combine of chunk c
-   reads chunk c's sums, so no load waits for a tile store just issued. The combine keeps
-   4 rows x 32 outputs in registers over a chunk (a thread's running sums between chunks) and
-   makes the float operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and
-   portable kernels give the same bits; only the order of the exact integer sums differs
-   (K-quants: the minimums' and Q6_K's offset sums by vpdpwssd on 16-bit pairs).
+   activations are stored signed for these rows), stored as 16 x 16 exact int32 sums;
+   consecutive row tiles use alternate A and C tiles so their products do not wait on each
+   other. Steps are taken in chunks of GGOPT_AMX_CHUNK into two buffers: the tile products of
+   chunk c+1 are issued (together: interleaving them with the vector code measured slower)
+   before the float combine of chunk c reads chunk c's sums. The combine keeps 4 rows x 32
+   outputs in registers over a chunk (a thread's running sums in between) and makes the float
+   operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels
+   give the same bits; only the order of the exact integer sums differs (Q4_K's minimum sums
+   by vpdpwssd on 16-bit pairs).
 
    The packed group's codes [k/4][lane][4] are a B tile as AMX reads it (k/4 rows of 16 lanes x
    4 bytes); the activation codes are an A tile (16 rows of the block's bytes, row stride K).
@@ -22,8 +23,8 @@
 #define GGOPT_QUANT_AMX_H
 #include "_quant_dot.h"
 
-/* tile steps per chunk (a step: up to 8 tiles of 16 x 16 int32, 8 KiB); divides 8 and 16,
-   so a K-quant chunk never spans two super-blocks */
+/* tile steps per chunk (a step: up to 8 tiles of 16 x 16 int32, 8 KiB); divides 8, so a Q4_K
+   chunk never spans two super-blocks */
 #define GGOPT_AMX_CHUNK 2
 /* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
 #define GGOPT_AMX_TILES 4
@@ -55,15 +56,16 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) ggopt_tilecfg;
 
-/* tiles: 0/1 = A (16 activation rows x sub bytes) of even / odd steps, 2/3 = B of the two
-   groups (sub/4 rows x 64 bytes), 4 + 2 * (step & 1) + g = C of group g (16 x 16 int32): two
+/* tiles: 0/1 = A (16 activation rows x 32 bytes) of even / odd row tiles, 2/3 = B of the two
+   groups (8 rows x 64 bytes), 4 + 2 * (t & 1) + g = C of row tile t and group g (16 x 16
+   int32): two
    steps' tile products are in flight, none waits for the tile store of the step before */
-GGOPT_AMX static inline void ggopt_amx_config(int sub) {
+GGOPT_AMX static inline void ggopt_amx_config(void) {
     ggopt_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = (uint16_t)sub; cfg.rows[t] = 16; }
-    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = (uint8_t)(sub / 4); }
+    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = GGOPT_QK; cfg.rows[t] = 16; }
+    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = GGOPT_QK / 4; }
     for (int t = 4; t <= 7; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     /* gcc 12 does not see that ldtilecfg reads cfg and drops the stores: a barrier keeps them */
     __asm__ volatile("" : : "r"(&cfg) : "memory");
@@ -106,7 +108,7 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
 typedef struct {
     int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each */
     int32_t *isum;    /* [rows][32 lanes], a K-quant block's integer sums between chunks */
-    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K / Q6_K 16-bit pairs */
+    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K's 16-bit pairs */
     float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
 } ggopt_amx_ws;
 
@@ -115,7 +117,7 @@ typedef struct {
 /* int32s of the work space for nb blocks per row */
 static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) {
     return 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS + 2 * GGOPT_AMX_ROWS_MAX * 32
-           + GGOPT_AMX_ROWS_MAX * 8 * nb;
+           + GGOPT_AMX_ROWS_MAX * 4 * nb;
 }
 
 static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb) {
@@ -123,17 +125,16 @@ static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb
     ws->buf[1] = p + GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
     ws->isum = p + 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
     ws->acc = (float *)(ws->isum + GGOPT_AMX_ROWS_MAX * 32);
-    ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;
+    ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;  /* then ROWS_MAX * 4 * nb */
 }
 
 /* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
-   u % nt of step s0 + u / nt; step s: block s, or a K-quant's sub-block s % nsub of block
-   s / nsub) into dst (steps GGOPT_AMX_STEP_INTS apart) */
+   u % nt of step s0 + u / nt; step s: block s, or Q4_K's 32-element sub-block s % 8 of block
+   s / 8) into dst (steps GGOPT_AMX_STEP_INTS apart) */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
         const int8_t *xq, Py_ssize_t K, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
-        int kq, int sub, int nt, Py_ssize_t s0, int u0, int u1,
+        int kq, int nt, Py_ssize_t s0, int u0, int u1,
         int32_t *dst) {
-    int nsub = GGOPT_QK_K / sub;
     for (int u = u0; u < u1; u++) {
         Py_ssize_t s = s0 + u / nt;
         int t = u % nt;
@@ -141,9 +142,10 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
         if (!kq) {
             ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t, d);
         } else {
-            Py_ssize_t b = s / nsub, j = s % nsub;
-            ggopt_amx_unit(xq + b * GGOPT_QK_K + j * sub, K, g0 + b * pbb + 16 * j * sub,
-                           g1 + b * pbb + 16 * j * sub, t, d);
+            Py_ssize_t b = s / 8, j = s % 8;
+            ggopt_amx_unit(xq + b * GGOPT_QK_K + j * GGOPT_QK, K,
+                           g0 + b * pbb + 16 * j * GGOPT_QK, g1 + b * pbb + 16 * j * GGOPT_QK,
+                           t, d);
         }
     }
 }
@@ -222,29 +224,26 @@ GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, 
         ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
 }
 
-/* K-quants: the integer part of sub-blocks [j0, j0 + cj) of block b for a strip of 16 rows
+/* Q4_K: the integer part of sub-blocks [j0, j0 + cj) of block b for rows [r0, r1) of a strip
    (isum[r][lane] += dp_j * sc_j; zero at j0 == 0); after the block's last sub-block the float
-   combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, Q4_K: acc -= (dmin * da) * msum (msum
-   = sum_j mn_j * (bsum_2j + bsum_2j+1)), Q6_K: is -= 32 * sum_j sc_j * bsum_j first */
+   combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, acc -= (dmin * da) * msum (msum =
+   sum_j mn_j * (bsum_2j + bsum_2j+1), by vpdpwssd on 16-bit pairs) */
 GGOPT_AMX static void ggopt_amx_combinek(
-        int q4k, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
+        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
         const ggopt_q8_rows *x, Py_ssize_t n0, int r0, int r1, const int32_t *rowt, Py_ssize_t b,
-        int j0, int cj, int nsub, const int32_t *ib, int32_t *isum, float *accb, float *out,
+        int j0, int cj, const int32_t *ib, int32_t *isum, float *accb, float *out,
         Py_ssize_t ldo, int ml) {
     Py_ssize_t nb = x->nb;
     const ggopt_metak *ms[2] = {(const ggopt_metak *)(g0 + b * pbb + ncode),
                                 (const ggopt_metak *)(g1 + b * pbb + ncode)};
-    int last = j0 + cj == nsub, np = q4k ? 4 : 8;
-    __m512i lanep[2][8];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) or (sc_2i, sc_2i+1) */
+    int last = j0 + cj == 8;
+    __m512i lanep[2][4];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) */
     if (last) {
         for (int g = 0; g < 2; g++)
-            for (int i = 0; i < np; i++) {
-                const int32_t *lo = q4k ? ms[g]->mn[2 * i] : ms[g]->sc[2 * i];
-                const int32_t *hi = q4k ? ms[g]->mn[2 * i + 1] : ms[g]->sc[2 * i + 1];
-                lanep[g][i] = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_loadu_si512(lo), _mm512_set1_epi32(0xffff)),
-                    _mm512_slli_epi32(_mm512_loadu_si512(hi), 16));
-            }
+            for (int i = 0; i < 4; i++)
+                lanep[g][i] = _mm512_or_si512(_mm512_loadu_si512(ms[g]->mn[2 * i]),
+                                              _mm512_slli_epi32(
+                                                  _mm512_loadu_si512(ms[g]->mn[2 * i + 1]), 16));
     }
     __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
     for (int r = r0; r < r1; r += 4) {
@@ -273,22 +272,19 @@ GGOPT_AMX static void ggopt_amx_combinek(
         for (int i = 0; i < 4; i++) {
             int rr = r + i;
             Py_ssize_t n = n0 + rr;
-            const int32_t *rp = rowt + (rr * nb + b) * 8;
+            const int32_t *rp = rowt + (rr * nb + b) * 4;
             __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
             float *o = out + n * ldo, *ab = accb + rr * 32;
             __m512 acc[2] = {b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab),
                              b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
             for (int g = 0; g < 2; g++) {
                 __m512i t2 = _mm512_setzero_si512();
-                for (int p = 0; p < np; p++)
+                for (int p = 0; p < 4; p++)
                     t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
-                __m512i isv = q4k ? is[i][g] : _mm512_sub_epi32(is[i][g], _mm512_slli_epi32(t2, 5));
                 __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isv)));
-                if (q4k) {
-                    __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
-                    acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
-                }
+                acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(is[i][g])));
+                __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
+                acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
             }
             if (b == nb - 1) {
                 _mm512_mask_storeu_ps(o, k0, acc[0]);
@@ -310,8 +306,7 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
                                       const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
                                       Py_ssize_t ldo, const ggopt_amx_ws *ws) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = ggopt_k_block_bytes(wtype) != 0, q4k = wtype == GGOPT_Q4_K, R = 16 * nt;
-    int sub = wtype == GGOPT_Q6_K ? 16 : 32, nsub = kq ? GGOPT_QK_K / sub : 1;
+    int kq = wtype == GGOPT_Q4_K, R = 16 * nt, nsub = kq ? 8 : 1;
     int32_t off = ggopt_code_offset(wtype);
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     const int32_t *sums = x->sums + n0 * (K / 16);
@@ -322,34 +317,32 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
                 ws->rowt[r * nb + b] = off * (sums[r * (K / 16) + 2 * b]
                                               + sums[r * (K / 16) + 2 * b + 1]);
         corr = ws->rowt;
-    } else if (kq) {  /* per row and block: 16-bit pairs of the 32-sums (Q4_K) or 16-sums */
+    } else if (kq) {  /* per row and block: the 32-element code sums as 16-bit pairs */
         for (int r = 0; r < R; r++)
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const int32_t *bs = sums + r * (K / 16) + b * 16;
-                int32_t *rp = ws->rowt + (r * nb + b) * 8;
-                for (int p = 0; p < (q4k ? 4 : 8); p++)
-                    rp[p] = q4k ? ggopt_pair16(bs[4 * p] + bs[4 * p + 1],
-                                               bs[4 * p + 2] + bs[4 * p + 3])
-                                : ggopt_pair16(bs[2 * p], bs[2 * p + 1]);
+                int32_t *rp = ws->rowt + (r * nb + b) * 4;
+                for (int p = 0; p < 4; p++)
+                    rp[p] = ggopt_pair16(bs[4 * p] + bs[4 * p + 1], bs[4 * p + 2] + bs[4 * p + 3]);
             }
     }
     const int8_t *xq = x->q + n0 * K;
     Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
-    ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, 0, 0,
+    ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, 0, 0,
                     (int)(steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK) * nt, ws->buf[0]);
     /* the tile products of chunk c + 1 are issued before chunk c's combine */
     for (Py_ssize_t c = 0; c < nch; c++) {
         Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
         if (s1 > steps) s1 = steps;
         Py_ssize_t s2 = s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps;
-        ggopt_amx_units(xq, K, g0, g1, pbb, kq, sub, nt, s1, 0, (int)(s2 - s1) * nt,
+        ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, s1, 0, (int)(s2 - s1) * nt,
                         ws->buf[(c + 1) & 1]);
         if (!kq)
             ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
                                 ws->buf[c & 1], ws->acc, c == 0, c == nch - 1, out, ldo, ml);
         else
-            ggopt_amx_combinek(q4k, g0, g1, pbb, ncode, x, n0, 0, R, ws->rowt, s0 / nsub,
-                               (int)(s0 % nsub), (int)(s1 - s0), nsub, ws->buf[c & 1],
+            ggopt_amx_combinek(g0, g1, pbb, ncode, x, n0, 0, R, ws->rowt, s0 / nsub,
+                               (int)(s0 % nsub), (int)(s1 - s0), ws->buf[c & 1],
                                ws->isum, ws->acc, out, ldo, ml);
     }
 }
@@ -371,16 +364,17 @@ static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int 
 }
 
 /* the activation rows [0, ggopt_amx_rows) that the AMX kernel takes (whole 16s; 0 without
-   use_amx or AMX). For a Q8_0 weight these rows hold signed codes (the AMX products are
+   use_amx or AMX, and for Q6_K: its 16-element sub-blocks would make quarter-width tile
+   products and the VNNI kernel measured faster). For a Q8_0 weight these rows hold signed codes (the AMX products are
    signed x signed) and the rest biased ones (the VNNI kernel's u8 x s8). */
-static inline Py_ssize_t ggopt_amx_rows(Py_ssize_t N, int use_amx) {
-    return GGOPT_HAVE_AMX && use_amx ? N / 16 * 16 : 0;
+static inline Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx) {
+    return GGOPT_HAVE_AMX && use_amx && wtype != GGOPT_Q6_K ? N / 16 * 16 : 0;
 }
 
 /* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).
    The panels are packed (2 groups of gbytes each per panel) or, when packed is NULL, packed
    from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, the first
-   ggopt_amx_rows(N, use_amx) activation rows run the AMX kernel and the rest
+   ggopt_amx_rows(wtype, N, use_amx) activation rows run the AMX kernel and the rest
    ggopt_qdot_panel (VNNI or portable); all give the same bits. scratch:
    ggopt_qdot_scratch_bytes, private to the calling thread. */
 static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w,
@@ -391,11 +385,11 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     uint8_t *own = packed ? NULL : (uint8_t *)base;
     float *vscr = (float *)(base + (packed ? 0 : (2 * gbytes + 63) / 64 * 64));
-    Py_ssize_t namx = ggopt_amx_rows(N, use_amx);
+    Py_ssize_t namx = ggopt_amx_rows(wtype, N, use_amx);
 #if GGOPT_HAVE_AMX
     ggopt_amx_ws aws;
     ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
-    if (namx) ggopt_amx_config(wtype == GGOPT_Q6_K ? 16 : 32);
+    if (namx) ggopt_amx_config();
 #endif
     for (Py_ssize_t p = p0; p < p1; p++) {
         int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);

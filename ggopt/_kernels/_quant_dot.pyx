@@ -38,7 +38,7 @@ cdef extern from "_quant_dot.h" nogil:
 
 cdef extern from "_quant_amx.h" nogil:
     int ggopt_amx_init()
-    Py_ssize_t ggopt_amx_rows(Py_ssize_t N, int use_amx)
+    Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx)
     Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed)
     void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w, Py_ssize_t ws,
                            Py_ssize_t M, const ggopt_q8_rows *x, Py_ssize_t N, float *out,
@@ -272,7 +272,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef int bias = qtype == 8, use_vnni = _use_vnni, use_amx = _use_amx
     cdef Py_ssize_t qb = K // nb
     # a Q8_0 weight's activations: signed codes for the AMX kernel's rows, biased for the rest
-    cdef Py_ssize_t namx = ggopt_amx_rows(N, use_amx)
+    cdef Py_ssize_t namx = ggopt_amx_rows(qtype, N, use_amx)
     try:
         with nogil:
             for n in prange(N, schedule="static", num_threads=n_threads,
