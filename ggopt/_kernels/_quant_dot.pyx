@@ -4,7 +4,9 @@ rounded to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K, as ggml's x86
 block (``mul_mat_q8``; the rounding alone: ``quantize_activations``).
 
 C in ``_quant_dot.h``: the activations' rounding, the packed weight panels, the AVX-512 VNNI
-kernel (chosen at import when the CPU has it) and the portable one (the same bits). Shapes,
+kernel and the portable one; ``_quant_amx.h``: the AMX-INT8 kernel and the loop over a
+thread's panels (the fastest kernel the CPU has is chosen at import; all give the same bits).
+Shapes,
 types and thread counts are checked before anything is written; every output is computed by
 one thread in one order, so the results do not depend on ``n_threads``.
 """
@@ -72,8 +74,8 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AMX-INT8 for each 16 activation rows and AVX-512 VNNI for the rest
-# when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
+# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512 VNNI
+# for the rest when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
 # tests and measurements).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
 cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
@@ -208,9 +210,10 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
     per block, then the blocks' scales, added block after block.
 
-    Panels of 32 weight rows are packed into a per-thread scratch (or taken from ``packed``)
-    and multiplied against all of ``x`` (AVX-512 VNNI or the portable kernel: the same bits);
-    every output is summed in the same order whichever thread computes it.
+    Each thread takes a range of the panels of 32 weight rows, packed into its scratch (or
+    taken from ``packed``), and multiplies them against all of ``x`` (AMX-INT8, AVX-512 VNNI
+    or the portable kernel: the same bits); every output is summed in the same order whichever
+    thread computes it.
 
     Parameters
     ----------
@@ -278,8 +281,9 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
             for n in prange(N, schedule="static", num_threads=n_threads,
                             use_threads_if=N * K >= MIN_PARALLEL_WORK):
                 ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias and n >= namx,
-                             aq + n * K, ad + n * (K // qb), as_ + n * nb32 if vt == VD_Q8_1 else NULL,
-                             asums + n * (K // 16), use_vnni)
+                             aq + n * K, ad + n * (K // qb),
+                             as_ + n * nb32 if vt == VD_Q8_1 else NULL, asums + n * (K // 16),
+                             use_vnni)
             for t in prange(team, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
                 ggopt_qdot_panels(qtype, pk, wb, ws, M, &rows, N, ob, ldo, t * npanels // team,
@@ -291,4 +295,3 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
         free(as_)
         free(asums)
         free(scratch)
-
