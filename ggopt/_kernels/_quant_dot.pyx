@@ -74,9 +74,9 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512 VNNI
-# for the rest when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
-# tests and measurements).
+# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512
+# VNNI for the rest when the CPU (and the OS) have them, unless a slower kernel is chosen (the
+# same bits; for tests and measurements).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
 cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
 cdef int _use_vnni = _HAS_VNNI
