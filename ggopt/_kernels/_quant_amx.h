@@ -9,7 +9,7 @@
    consecutive row tiles use alternate A and C tiles so their products do not wait on each
    other. Steps are taken in chunks of GGOPT_AMX_CHUNK into two buffers: the tile products of
    chunk c+1 are issued (together: interleaving them with the vector code measured slower)
-   before the float combine of chunk c reads chunk c's sums. The combine keeps 4 rows x 32
+   before the float combine of chunk c reads chunk c's sums. The combine keeps 8 rows x 32
    outputs in registers over a chunk (a thread's running sums in between) and makes the float
    operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels
    give the same bits; only the order of the exact integer sums differs (Q4_K's minimum sums
@@ -28,6 +28,8 @@
 #define GGOPT_AMX_CHUNK 2
 /* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
 #define GGOPT_AMX_TILES 4
+/* activation rows whose 2 x 16 outputs the float combine keeps in registers at once */
+#define GGOPT_AMX_RB 8
 #define GGOPT_AMX_STEP_INTS (GGOPT_AMX_TILES * 512)
 
 #if GGOPT_HAVE_VNNI && __GNUC__ >= 11 && defined(__linux__)
@@ -168,9 +170,9 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_
     const int32_t *cr = corr ? corr + b0 : NULL;
     const uint8_t *m0b = g0 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
     const uint8_t *m1b = g1 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
-    for (int r = r0; r < r1; r += 4) {
-        __m512 acc[4][2];
-        for (int i = 0; i < 4; i++) {
+    for (int r = r0; r < r1; r += GGOPT_AMX_RB) {
+        __m512 acc[GGOPT_AMX_RB][2];
+        for (int i = 0; i < GGOPT_AMX_RB; i++) {
             acc[i][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32);
             acc[i][1] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32 + 16);
         }
@@ -179,7 +181,7 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_
             const ggopt_meta32 *m1 = (const ggopt_meta32 *)(m1b + bi * pbb);
             __m512 d0 = _mm512_loadu_ps(m0->d), d1 = _mm512_loadu_ps(m1->d);
             const int32_t *st = ib + bi * GGOPT_AMX_STEP_INTS + (r >> 4) * 512 + (r & 15) * 16;
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < GGOPT_AMX_RB; i++) {
                 __m512i i0 = _mm512_load_si512(st + i * 16), i1 = _mm512_load_si512(st + 256 + i * 16);
                 if (corr) {
                     __m512i c = _mm512_set1_epi32(cr[(r + i) * nb + bi]);
@@ -198,7 +200,7 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_
                 }
             }
         }
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < GGOPT_AMX_RB; i++) {
             if (last) {
                 float *o = out + (n0 + r + i) * ldo;
                 _mm512_mask_storeu_ps(o, k0, acc[i][0]);
