@@ -8,7 +8,11 @@ super-blocks) for those and the K-quants Q4_K and Q6_K. The forward is ggml's in
 Each group runs the F32 graph first, then the quantized graphs (one-node graphs computed by
 the scheduler on ``GGOPT_BENCH_THREADS`` threads, default 2); the quantized rows store their
 speed relative to F32 (``ratio_vs_f32``, above 1 is faster) and their GFLOP/s in
-``extra_info``. Run with ``pytest bench/bench_quant.py`` (see bench/README.md).
+``extra_info``. The ``-kept`` rows (forward only) multiply a weight in read-only memory, as
+``--base-type keep`` maps it from its file: its decoded panels are made at the first product
+and kept (``backend/cpu/ops/quant.py:weight_panels``), so they time the kernel alone; their
+target is the issue's 3x the F32 product (``target_vs_f32`` / ``met_vs_f32``). Run with
+``pytest bench/bench_quant.py`` (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from gguf.constants import GGMLQuantizationType as GQT
 import ggopt
 from ggopt import backend as gb
 from ggopt.backend.array.ops.quant import int_product
+from ggopt.quants import tensor_from_blocks
 from ggopt.types import F32, GGType
 from tools.kquants import gguf_values, k_blocks
 
@@ -32,6 +37,11 @@ ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
 SHAPES = {"ffn_up": ((576, 1536), ["f32", "q8_0", "q4_1"]),
           "ffn_down": ((1536, 576), ["f32", "q8_0", "q4_1", "q4_k", "q6_k"])}
 ROWS = [(shape, impl) for shape, (_, impls) in SHAPES.items() for impl in impls]
+#: the weights kept in read-only memory (cached panels), per shape
+KEPT = {"ffn_up": ["q8_0", "q4_1"], "ffn_down": ["q8_0", "q4_1", "q4_k"]}
+KEPT_ROWS = [(shape, impl) for shape, impls in KEPT.items() for impl in impls]
+#: the issue's target for the integer products of a kept weight: 3x the F32 product
+KEPT_TARGET = 3.0
 
 
 def _weight(impl: str, K: int, M: int) -> tuple[GGType, np.ndarray, np.ndarray]:
@@ -49,18 +59,25 @@ def _weight(impl: str, K: int, M: int) -> tuple[GGType, np.ndarray, np.ndarray]:
     return qtype, raw, gq.dequantize(raw, GQT(int(qtype)))
 
 
-def _graph(impl: str, case: str, K: int, M: int):
-    """(step, output tensor, expected result) of one product on the CPU backend."""
+def _graph(impl: str, case: str, K: int, M: int, kept: bool = False):
+    """(step, output tensor, expected result) of one product on the CPU backend; kept: the
+    weight's memory is a read-only array (as a file mapped by ``--base-type keep``)."""
     qtype, data, wd = _weight(impl, K, M)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((N, K)).astype(np.float32)
     g = rng.standard_normal((N, M)).astype(np.float32)
     ctx = ggopt.Context()
-    tw = ctx.new_tensor(qtype, (K, M))
+    if kept:
+        ro = np.array(data, np.uint8)
+        ro.flags.writeable = False
+        tw = tensor_from_blocks(ggopt.Context(), qtype, (K, M), ro)
+    else:
+        tw = ctx.new_tensor(qtype, (K, M))
     tx = ctx.new_tensor(F32, (K, N) if case == "forward" else (M, N))
     cpu = gb.cpu_init()
     gb.alloc_ctx_tensors(ctx, cpu)
-    gb.tensor_set(tw, data)
+    if not kept:
+        gb.tensor_set(tw, data)
     gb.tensor_set(tx, x if case == "forward" else g)
     cctx = ggopt.Context()
     if case == "forward" and qtype.is_quantized:  # y = x W^T, ggml's integer product
@@ -90,3 +107,19 @@ def test_quantized_product(benchmark, ratio_to, case, shape, impl):
         benchmark.extra_info["gflops"] = round(2 * K * M * N / benchmark.stats.stats.median
                                                / 1e9, 2)
     ratio_to(impl, f32=None)
+
+
+@pytest.mark.benchmark(**ROUNDS)
+@pytest.mark.parametrize("shape,impl", KEPT_ROWS, ids=[f"{s}-{i}-kept" for s, i in KEPT_ROWS])
+def test_kept_weight_product(benchmark, ratio_to, shape, impl):
+    """The forward of a weight in read-only memory (its panels cached), in the forward group
+    of its shape: after that group's F32 row, ``ratio_vs_f32`` against the same run's F32."""
+    (K, M), _ = SHAPES[shape]
+    benchmark.group = f"mul_mat forward {shape} W[{K}x{M}] x {N} tokens"
+    step, out, expected = _graph(impl, "forward", K, M, kept=True)
+    benchmark(step)
+    np.testing.assert_array_equal(out.numpy(), expected)  # the NumPy port, bit for bit
+    if benchmark.stats is not None:
+        benchmark.extra_info["gflops"] = round(2 * K * M * N / benchmark.stats.stats.median
+                                               / 1e9, 2)
+    ratio_to(f"{impl}-kept", f32=KEPT_TARGET)

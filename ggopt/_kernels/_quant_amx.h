@@ -1,9 +1,19 @@
-/* The AMX-INT8 micro-kernel of ggml's integer products (_quant_dot.h): 16 activation rows x one
-   panel (2 groups of 16 weight rows) per call. Each block's (or K-quant sub-block's) integer
-   sums come from one tile product per group (tdpbssd: signed activations x the codes, which
-   fit int8; tdpbusd for Q8_0: the activations biased to u8 x signed codes), exact like the
-   VNNI and portable kernels' sums; the float combine is the VNNI kernel's, operation for
-   operation, so all three give the same bits.
+/* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h) for the 32-element block types
+   and Q4_K (Q6_K stays on the VNNI kernel, ggopt_amx_rows): a thread's range of weight panels
+   (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16 activation
+   rows (the rows past the last whole 16 go to the VNNI / portable kernel). The tiles are
+   configured once per thread and product. A step is one block (Q4_K: one 32-element
+   sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
+   products (tdpbssd: signed activations x the codes, which fit int8; a Q8_0 weight's
+   activations are stored signed for these rows), stored as 16 x 16 exact int32 sums;
+   consecutive row tiles use alternate A and C tiles so their products do not wait on each
+   other. Steps are taken in chunks of GGOPT_AMX_CHUNK into two buffers: the tile products of
+   chunk c+1 are issued (together: interleaving them with the vector code measured slower)
+   before the float combine of chunk c reads chunk c's sums. The combine keeps 8 rows x 32
+   outputs in registers over a chunk (a thread's running sums in between) and makes the float
+   operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels
+   give the same bits; only the order of the exact integer sums differs (Q4_K's minimum sums
+   by vpdpwssd on 16-bit pairs).
 
    The packed group's codes [k/4][lane][4] are a B tile as AMX reads it (k/4 rows of 16 lanes x
    4 bytes); the activation codes are an A tile (16 rows of the block's bytes, row stride K).
@@ -12,6 +22,15 @@
 #ifndef GGOPT_QUANT_AMX_H
 #define GGOPT_QUANT_AMX_H
 #include "_quant_dot.h"
+
+/* tile steps per chunk (a step: up to 8 tiles of 16 x 16 int32, 8 KiB); divides 8, so a Q4_K
+   chunk never spans two super-blocks */
+#define GGOPT_AMX_CHUNK 2
+/* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
+#define GGOPT_AMX_TILES 4
+/* activation rows whose 2 x 16 outputs the float combine keeps in registers at once */
+#define GGOPT_AMX_RB 8
+#define GGOPT_AMX_STEP_INTS (GGOPT_AMX_TILES * 512)
 
 #if GGOPT_HAVE_VNNI && __GNUC__ >= 11 && defined(__linux__)
 #define GGOPT_HAVE_AMX 1
@@ -39,124 +58,294 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) ggopt_tilecfg;
 
-/* tiles: 0 = A (16 rows x sub bytes), 1/2 = B of the two groups (sub/4 rows x 64 bytes),
-   3/4 = their C (16 x 16 int32) */
-GGOPT_AMX static inline void ggopt_amx_config(int sub) {
+/* tiles: 0/1 = A (16 activation rows x 32 bytes) of even / odd row tiles, 2/3 = B of the two
+   groups (8 rows x 64 bytes), 4 + 2 * (t & 1) + g = C of row tile t and group g (16 x 16
+   int32): two
+   steps' tile products are in flight, none waits for the tile store of the step before */
+GGOPT_AMX static inline void ggopt_amx_config(void) {
     ggopt_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.colsb[0] = (uint16_t)sub;
-    cfg.rows[0] = 16;
-    for (int t = 1; t <= 2; t++) { cfg.colsb[t] = 64; cfg.rows[t] = (uint8_t)(sub / 4); }
-    for (int t = 3; t <= 4; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
+    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = GGOPT_QK; cfg.rows[t] = 16; }
+    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = GGOPT_QK / 4; }
+    for (int t = 4; t <= 7; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     /* gcc 12 does not see that ldtilecfg reads cfg and drops the stores: a barrier keeps them */
     __asm__ volatile("" : : "r"(&cfg) : "memory");
     _tile_loadconfig(&cfg);
 }
 
-/* the integer sums of one sub-block for 16 rows x 2 groups into c[2][16][16] */
-GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_dp(
-        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int bias,
-        int32_t *c) {
-    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(c) : "memory");
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_loadd(0, a, lda);
-    _tile_loadd(1, b0, 64);
-    _tile_loadd(2, b1, 64);
-    if (bias) {
-        _tile_dpbusd(3, 0, 1);
-        _tile_dpbusd(4, 0, 2);
-    } else {
-        _tile_dpbssd(3, 0, 1);
-        _tile_dpbssd(4, 0, 2);
+/* 16 activation rows on the tiles of one parity (A: 0 / 1, C: 4, 5 / 6, 7) against the B
+   tiles 2, 3 already loaded: the integer sums (signed x signed) into dst[g][16][16] */
+#define GGOPT_AMX_ROWS(A, C0, C1)                                                          \
+    do {                                                                                   \
+        _tile_zero(C0);                                                                    \
+        _tile_zero(C1);                                                                    \
+        _tile_loadd(A, a, lda);                                                            \
+        _tile_dpbssd(C0, A, 2);                                                            \
+        _tile_dpbssd(C1, A, 3);                                                            \
+        _tile_stored(C0, dst, 64);                                                         \
+        _tile_stored(C1, dst + 256, 64);                                                   \
+    } while (0)
+
+/* one unit of a step: its row tile t (16 rows at a + 16 t lda) against the B tiles of the
+   two groups (loaded by the unit of t == 0) into dst[t][g][16][16] */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
+        const int8_t *a, Py_ssize_t lda, const uint8_t *b0, const uint8_t *b1, int t,
+        int32_t *dst) {
+    /* gcc's tile asm declares no memory use: barriers order it against the C around it */
+    __asm__ volatile("" : : "r"(a), "r"(b0), "r"(b1), "r"(dst) : "memory");
+    if (t == 0) {
+        _tile_loadd(2, b0, 64);
+        _tile_loadd(3, b1, 64);
     }
-    _tile_stored(3, c, 64);
-    _tile_stored(4, c + 256, 64);
-    __asm__ volatile("" : : "r"(c) : "memory");  /* gcc's tile asm declares no memory use */
+    a += 16 * t * lda;
+    dst += 512 * t;
+    if (t & 1) GGOPT_AMX_ROWS(1, 6, 7);
+    else GGOPT_AMX_ROWS(0, 4, 5);
+    __asm__ volatile("" : : "r"(dst) : "memory");
 }
 
-/* acc_out[r*32 + lane] for rows n0..n0+15 of x against the groups g0, g1; the float operations
-   of ggopt_qdot_vnni_nr in the same order. Call ggopt_amx_config(sub) first on this thread
-   (sub: 32, or 16 for Q6_K). acc_out: 16 x 32 floats. */
-GGOPT_AMX static void ggopt_qdot_amx16(int wtype, const uint8_t *g0, const uint8_t *g1,
-                                      const ggopt_q8_rows *x, Py_ssize_t n0, float *acc_out) {
-    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = ggopt_k_block_bytes(wtype) != 0, bias = wtype == GGOPT_Q8_0;
-    int32_t off = ggopt_code_offset(wtype);
-    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
-    int32_t c[2 * 256] __attribute__((aligned(64)));
-    const int8_t *xq = x->q + n0 * K;
-    for (int i = 0; i < 16 * 32; i += 16) _mm512_storeu_ps(acc_out + i, _mm512_setzero_ps());
-    for (Py_ssize_t b = 0; b < nb; b++) {
-        const uint8_t *c0 = g0 + b * pbb, *c1 = g1 + b * pbb;
+/* the work space of one thread (ggopt_amx_ws_ints int32s, 64-byte aligned): two chunk buffers,
+   the K-quants' integer sums of a strip and per-strip / per-panel terms */
+typedef struct {
+    int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each */
+    int32_t *isum;    /* [rows][32 lanes], a K-quant block's integer sums between chunks */
+    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K's 16-bit pairs */
+    float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
+} ggopt_amx_ws;
+
+#define GGOPT_AMX_ROWS_MAX (16 * GGOPT_AMX_TILES)
+
+/* int32s of the work space for nb blocks per row */
+static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) {
+    return 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS + 2 * GGOPT_AMX_ROWS_MAX * 32
+           + GGOPT_AMX_ROWS_MAX * 4 * nb;
+}
+
+static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb) {
+    ws->buf[0] = p;
+    ws->buf[1] = p + GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
+    ws->isum = p + 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
+    ws->acc = (float *)(ws->isum + GGOPT_AMX_ROWS_MAX * 32);
+    ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;  /* then ROWS_MAX * 4 * nb */
+}
+
+/* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
+   u % nt of step s0 + u / nt; step s: block s, or Q4_K's 32-element sub-block s % 8 of block
+   s / 8) into dst (steps GGOPT_AMX_STEP_INTS apart) */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
+        const int8_t *xq, Py_ssize_t K, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
+        int kq, int nt, Py_ssize_t s0, int u0, int u1,
+        int32_t *dst) {
+    for (int u = u0; u < u1; u++) {
+        Py_ssize_t s = s0 + u / nt;
+        int t = u % nt;
+        int32_t *d = dst + (u / nt) * GGOPT_AMX_STEP_INTS;
         if (!kq) {
-            const ggopt_meta32 *ms[2] = {(const ggopt_meta32 *)(c0 + ncode),
-                                         (const ggopt_meta32 *)(c1 + ncode)};
-            ggopt_amx_dp(xq + b * GGOPT_QK, K, c0, c1, bias, c);
-            for (int r = 0; r < 16; r++) {
-                Py_ssize_t n = n0 + r;
-                __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
-                int32_t asum = x->sums[n * (K / 16) + 2 * b] + x->sums[n * (K / 16) + 2 * b + 1];
-                for (int g = 0; g < 2; g++) {
-                    __m512i ia = _mm512_load_si512(c + g * 256 + r * 16);
-                    __m512i isum = bias
-                        ? _mm512_sub_epi32(ia, _mm512_slli_epi32(
-                              _mm512_loadu_si512(ms[g]->wsum), 7))
-                        : _mm512_sub_epi32(ia, _mm512_set1_epi32(off * asum));
-                    __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                    __m512 acc = _mm512_loadu_ps(acc_out + r * 32 + g * 16);
-                    acc = _mm512_add_ps(acc, _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
-                    if (x->s)
-                        acc = _mm512_add_ps(acc, _mm512_mul_ps(
-                            _mm512_loadu_ps(ms[g]->m), _mm512_set1_ps(x->s[n * nb + b])));
-                    _mm512_storeu_ps(acc_out + r * 32 + g * 16, acc);
+            ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t, d);
+        } else {
+            Py_ssize_t b = s / 8, j = s % 8;
+            ggopt_amx_unit(xq + b * GGOPT_QK_K + j * GGOPT_QK, K,
+                           g0 + b * pbb + 16 * j * GGOPT_QK, g1 + b * pbb + 16 * j * GGOPT_QK,
+                           t, d);
+        }
+    }
+}
+
+/* masks of the lanes of a panel's two groups that are outputs (ml <= 32 of them) */
+#define GGOPT_MASK0(ml) ((__mmask16)((ml) >= 16 ? 0xffff : (1u << (ml)) - 1))
+#define GGOPT_MASK1(ml) ((__mmask16)((ml) <= 16 ? 0 : ((ml) >= 32 ? 0xffff : (1u << ((ml) - 16)) - 1)))
+
+/* 32-element blocks: the float combine of blocks [b0, b0 + cb) of a strip of 16 rows from their
+   tile sums ib; the outputs' running sums start at zero (first) or are read from out. corr:
+   Q4_0 / Q5_0's per-row offsets (rows of nb), hs: Q4_1 / Q5_1's m * s terms. */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_combine32_t(
+        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, const ggopt_q8_rows *x,
+        Py_ssize_t n0, int r0, int r1, const int32_t *corr, const int hs, Py_ssize_t b0, int cb,
+        const int32_t *ib, float *accb, int first, int last, float *out, Py_ssize_t ldo,
+        int ml) {
+    Py_ssize_t nb = x->nb;
+    __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
+    const float *xd = x->d + n0 * nb + b0, *xs = hs ? x->s + n0 * nb + b0 : NULL;
+    const int32_t *cr = corr ? corr + b0 : NULL;
+    const uint8_t *m0b = g0 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
+    const uint8_t *m1b = g1 + b0 * pbb + GGOPT_QK * GGOPT_LANES;
+    for (int r = r0; r < r1; r += GGOPT_AMX_RB) {
+        __m512 acc[GGOPT_AMX_RB][2];
+        for (int i = 0; i < GGOPT_AMX_RB; i++) {
+            acc[i][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32);
+            acc[i][1] = first ? _mm512_setzero_ps() : _mm512_load_ps(accb + (r + i) * 32 + 16);
+        }
+        for (int bi = 0; bi < cb; bi++) {
+            const ggopt_meta32 *m0 = (const ggopt_meta32 *)(m0b + bi * pbb);
+            const ggopt_meta32 *m1 = (const ggopt_meta32 *)(m1b + bi * pbb);
+            __m512 d0 = _mm512_loadu_ps(m0->d), d1 = _mm512_loadu_ps(m1->d);
+            const int32_t *st = ib + bi * GGOPT_AMX_STEP_INTS + (r >> 4) * 512 + (r & 15) * 16;
+            for (int i = 0; i < GGOPT_AMX_RB; i++) {
+                __m512i i0 = _mm512_load_si512(st + i * 16), i1 = _mm512_load_si512(st + 256 + i * 16);
+                if (corr) {
+                    __m512i c = _mm512_set1_epi32(cr[(r + i) * nb + bi]);
+                    i0 = _mm512_sub_epi32(i0, c);
+                    i1 = _mm512_sub_epi32(i1, c);
+                }
+                __m512 da = _mm512_set1_ps(xd[(r + i) * nb + bi]);
+                acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(_mm512_mul_ps(d0, da),
+                                                                   _mm512_cvtepi32_ps(i0)));
+                acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(_mm512_mul_ps(d1, da),
+                                                                   _mm512_cvtepi32_ps(i1)));
+                if (hs) {
+                    __m512 s = _mm512_set1_ps(xs[(r + i) * nb + bi]);
+                    acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_mul_ps(_mm512_loadu_ps(m0->m), s));
+                    acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_mul_ps(_mm512_loadu_ps(m1->m), s));
                 }
             }
+        }
+        for (int i = 0; i < GGOPT_AMX_RB; i++) {
+            if (last) {
+                float *o = out + (n0 + r + i) * ldo;
+                _mm512_mask_storeu_ps(o, k0, acc[i][0]);
+                _mm512_mask_storeu_ps(o + 16, k1, acc[i][1]);
+            } else {
+                _mm512_store_ps(accb + (r + i) * 32, acc[i][0]);
+                _mm512_store_ps(accb + (r + i) * 32 + 16, acc[i][1]);
+            }
+        }
+    }
+}
+
+GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
+                                          const ggopt_q8_rows *x, Py_ssize_t n0, int r0,
+                                          int r1, const int32_t *corr, Py_ssize_t b0, int cb,
+                                          const int32_t *ib, float *accb, int first,
+                                          int last, float *out, Py_ssize_t ldo, int ml) {
+    if (corr)
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, corr, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+    else if (x->s)
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 1, b0, cb, ib, accb, first, last, out, ldo, ml);
+    else
+        ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
+}
+
+/* Q4_K: the integer part of sub-blocks [j0, j0 + cj) of block b for rows [r0, r1) of a strip
+   (isum[r][lane] += dp_j * sc_j; zero at j0 == 0); after the block's last sub-block the float
+   combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, acc -= (dmin * da) * msum (msum =
+   sum_j mn_j * (bsum_2j + bsum_2j+1), by vpdpwssd on 16-bit pairs) */
+GGOPT_AMX static void ggopt_amx_combinek(
+        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
+        const ggopt_q8_rows *x, Py_ssize_t n0, int r0, int r1, const int32_t *rowt, Py_ssize_t b,
+        int j0, int cj, const int32_t *ib, int32_t *isum, float *accb, float *out,
+        Py_ssize_t ldo, int ml) {
+    Py_ssize_t nb = x->nb;
+    const ggopt_metak *ms[2] = {(const ggopt_metak *)(g0 + b * pbb + ncode),
+                                (const ggopt_metak *)(g1 + b * pbb + ncode)};
+    int last = j0 + cj == 8;
+    __m512i lanep[2][4];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) */
+    if (last) {
+        for (int g = 0; g < 2; g++)
+            for (int i = 0; i < 4; i++)
+                lanep[g][i] = _mm512_or_si512(_mm512_loadu_si512(ms[g]->mn[2 * i]),
+                                              _mm512_slli_epi32(
+                                                  _mm512_loadu_si512(ms[g]->mn[2 * i + 1]), 16));
+    }
+    __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
+    for (int r = r0; r < r1; r += 4) {
+        __m512i is[4][2];
+        for (int i = 0; i < 4; i++)
+            for (int g = 0; g < 2; g++)
+                is[i][g] = j0 == 0 ? _mm512_setzero_si512()
+                                   : _mm512_load_si512(isum + (r + i) * 32 + g * 16);
+        for (int jj = 0; jj < cj; jj++) {
+            const int32_t *st = ib + jj * GGOPT_AMX_STEP_INTS + (r >> 4) * 512 + (r & 15) * 16;
+            __m512i sc0 = _mm512_loadu_si512(ms[0]->sc[j0 + jj]);
+            __m512i sc1 = _mm512_loadu_si512(ms[1]->sc[j0 + jj]);
+            for (int i = 0; i < 4; i++) {
+                is[i][0] = _mm512_add_epi32(is[i][0],
+                                            _mm512_mullo_epi32(_mm512_load_si512(st + 16 * i), sc0));
+                is[i][1] = _mm512_add_epi32(is[i][1], _mm512_mullo_epi32(
+                    _mm512_load_si512(st + 256 + 16 * i), sc1));
+            }
+        }
+        if (!last) {
+            for (int i = 0; i < 4; i++)
+                for (int g = 0; g < 2; g++)
+                    _mm512_store_si512(isum + (r + i) * 32 + g * 16, is[i][g]);
             continue;
         }
-        const ggopt_metak *ms[2] = {(const ggopt_metak *)(c0 + ncode),
-                                    (const ggopt_metak *)(c1 + ncode)};
-        int q4k = wtype == GGOPT_Q4_K, sub = q4k ? 32 : 16, nsub = GGOPT_QK_K / sub;
-        int32_t is[16][32] __attribute__((aligned(64)));
-        memset(is, 0, sizeof is);
-        for (int j = 0; j < nsub; j++) {
-            ggopt_amx_dp(xq + b * GGOPT_QK_K + j * sub, K, c0 + 16 * j * sub, c1 + 16 * j * sub,
-                         0, c);
-            for (int g = 0; g < 2; g++) {
-                __m512i sc = _mm512_loadu_si512(ms[g]->sc[j]);
-                for (int r = 0; r < 16; r++) {
-                    __m512i dp = _mm512_load_si512(c + g * 256 + r * 16);
-                    if (!q4k)
-                        dp = _mm512_sub_epi32(dp, _mm512_set1_epi32(
-                            32 * x->sums[(n0 + r) * (K / 16) + b * 16 + j]));
-                    __m512i *dst = (__m512i *)&is[r][g * 16];
-                    _mm512_store_si512(dst, _mm512_add_epi32(_mm512_load_si512(dst),
-                                                             _mm512_mullo_epi32(dp, sc)));
-                }
-            }
-        }
-        for (int r = 0; r < 16; r++) {
-            Py_ssize_t n = n0 + r;
-            const int32_t *bs = x->sums + n * (K / 16) + b * 16;
+        for (int i = 0; i < 4; i++) {
+            int rr = r + i;
+            Py_ssize_t n = n0 + rr;
+            const int32_t *rp = rowt + (rr * nb + b) * 4;
             __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
+            float *o = out + n * ldo, *ab = accb + rr * 32;
+            __m512 acc[2] = {b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab),
+                             b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
             for (int g = 0; g < 2; g++) {
-                __m512 acc = _mm512_loadu_ps(acc_out + r * 32 + g * 16);
+                __m512i t2 = _mm512_setzero_si512();
+                for (int p = 0; p < 4; p++)
+                    t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
                 __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(
-                    t, _mm512_cvtepi32_ps(_mm512_load_si512(&is[r][g * 16]))));
-                if (q4k) {
-                    __m512i msum = _mm512_setzero_si512();
-                    for (int j = 0; j < 8; j++)
-                        msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
-                            _mm512_loadu_si512(ms[g]->mn[j]),
-                            _mm512_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
-                    __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
-                    acc = _mm512_sub_ps(acc, _mm512_mul_ps(tm, _mm512_cvtepi32_ps(msum)));
-                }
-                _mm512_storeu_ps(acc_out + r * 32 + g * 16, acc);
+                acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(is[i][g])));
+                __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
+                acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
+            }
+            if (b == nb - 1) {
+                _mm512_mask_storeu_ps(o, k0, acc[0]);
+                _mm512_mask_storeu_ps(o + 16, k1, acc[1]);
+            } else {
+                _mm512_store_ps(ab, acc[0]);
+                _mm512_store_ps(ab + 16, acc[1]);
             }
         }
+    }
+}
+
+static inline int32_t ggopt_pair16(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+}
+
+/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel */
+GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
+                                      const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
+                                      Py_ssize_t ldo, const ggopt_amx_ws *ws) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
+    int kq = wtype == GGOPT_Q4_K, R = 16 * nt, nsub = kq ? 8 : 1;
+    int32_t off = ggopt_code_offset(wtype);
+    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
+    const int32_t *sums = x->sums + n0 * (K / 16);
+    const int32_t *corr = NULL;
+    if (off) {  /* Q4_0 / Q5_0: off * the block's code sum, per row */
+        for (int r = 0; r < R; r++)
+            for (Py_ssize_t b = 0; b < nb; b++)
+                ws->rowt[r * nb + b] = off * (sums[r * (K / 16) + 2 * b]
+                                              + sums[r * (K / 16) + 2 * b + 1]);
+        corr = ws->rowt;
+    } else if (kq) {  /* per row and block: the 32-element code sums as 16-bit pairs */
+        for (int r = 0; r < R; r++)
+            for (Py_ssize_t b = 0; b < nb; b++) {
+                const int32_t *bs = sums + r * (K / 16) + b * 16;
+                int32_t *rp = ws->rowt + (r * nb + b) * 4;
+                for (int p = 0; p < 4; p++)
+                    rp[p] = ggopt_pair16(bs[4 * p] + bs[4 * p + 1], bs[4 * p + 2] + bs[4 * p + 3]);
+            }
+    }
+    const int8_t *xq = x->q + n0 * K;
+    Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
+    ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, 0, 0,
+                    (int)(steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK) * nt, ws->buf[0]);
+    /* the tile products of chunk c + 1 are issued before chunk c's combine */
+    for (Py_ssize_t c = 0; c < nch; c++) {
+        Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
+        if (s1 > steps) s1 = steps;
+        Py_ssize_t s2 = s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps;
+        ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, s1, 0, (int)(s2 - s1) * nt,
+                        ws->buf[(c + 1) & 1]);
+        if (!kq)
+            ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
+                                ws->buf[c & 1], ws->acc, c == 0, c == nch - 1, out, ldo, ml);
+        else
+            ggopt_amx_combinek(g0, g1, pbb, ncode, x, n0, 0, R, ws->rowt, s0 / nsub,
+                               (int)(s0 % nsub), (int)(s1 - s0), ws->buf[c & 1],
+                               ws->isum, ws->acc, out, ldo, ml);
     }
 }
 
@@ -164,36 +353,81 @@ GGOPT_AMX static inline void ggopt_amx_release(void) { _tile_release(); }
 #else
 #define GGOPT_HAVE_AMX 0
 static inline int ggopt_amx_init(void) { return 0; }
+static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) { (void)nb; return 0; }
 #endif
 
-/* ggopt_qdot_panel with the AMX kernel for each whole 16 rows of x (use_amx), the panel's
-   kernel for the rest: the same bits. scratch: 16 x 32 floats. */
-static inline void ggopt_qdot_panel_amx(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
-                                        const ggopt_q8_rows *x, Py_ssize_t N, float *out,
-                                        Py_ssize_t ldo, int use_vnni, int use_amx,
-                                        float *scratch) {
-    Py_ssize_t n0 = 0;
+/* bytes of one thread's scratch for ggopt_qdot_panels: a panel's packed groups (unless the
+   panels are given), the VNNI kernel's 4 x 32 floats, the AMX work space, alignment */
+static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed) {
+    Py_ssize_t gbytes = ggopt_packed_block_bytes(wtype) * nb;
+    Py_ssize_t bytes = (packed ? 0 : (2 * gbytes + 63) / 64 * 64) + 4 * 32 * 4
+                       + 4 * ggopt_amx_ws_ints(nb) + 64;
+    return (bytes + 63) / 64 * 64;
+}
+
+/* the activation rows [0, ggopt_amx_rows) that the AMX kernel takes (whole 16s; 0 without
+   use_amx or AMX, and for Q6_K: its 16-element sub-blocks would make quarter-width tile
+   products and the VNNI kernel measured faster). For a Q8_0 weight these rows hold signed codes (the AMX products are
+   signed x signed) and the rest biased ones (the VNNI kernel's u8 x s8). */
+static inline Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx) {
+    return GGOPT_HAVE_AMX && use_amx && wtype != GGOPT_Q6_K ? N / 16 * 16 : 0;
+}
+
+/* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).
+   The panels are packed (2 groups of gbytes each per panel) or, when packed is NULL, packed
+   from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, the first
+   ggopt_amx_rows(wtype, N, use_amx) activation rows run the AMX kernel and the rest
+   ggopt_qdot_panel (VNNI or portable); all give the same bits. scratch:
+   ggopt_qdot_scratch_bytes, private to the calling thread. */
+static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w,
+                                     Py_ssize_t ws, Py_ssize_t M, const ggopt_q8_rows *x,
+                                     Py_ssize_t N, float *out, Py_ssize_t ldo, Py_ssize_t p0,
+                                     Py_ssize_t p1, int use_vnni, int use_amx, char *scratch) {
+    Py_ssize_t nb = x->nb, gbytes = ggopt_packed_block_bytes(wtype) * nb;
+    char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    uint8_t *own = packed ? NULL : (uint8_t *)base;
+    float *vscr = (float *)(base + (packed ? 0 : (2 * gbytes + 63) / 64 * 64));
+    Py_ssize_t namx = ggopt_amx_rows(wtype, N, use_amx);
 #if GGOPT_HAVE_AMX
-    if (use_amx && N >= 16) {
-        ggopt_amx_config(wtype == GGOPT_Q6_K ? 16 : 32);
-        for (; n0 + 16 <= N; n0 += 16) {
-            ggopt_qdot_amx16(wtype, g0, g1, x, n0, scratch);
-            for (int r = 0; r < 16; r++)
-                memcpy(out + (n0 + r) * ldo, scratch + r * 32, (size_t)ml * sizeof(float));
-        }
-        ggopt_amx_release();
-    }
-#else
-    (void)use_amx;
+    ggopt_amx_ws aws;
+    ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
+    if (namx) ggopt_amx_config();
 #endif
-    if (n0 < N) {
-        ggopt_q8_rows rest = *x;
-        rest.q += n0 * x->K;
-        rest.d += n0 * x->nb;
-        if (rest.s) rest.s += n0 * x->nb;
-        rest.sums += n0 * (x->K / 16);
-        ggopt_qdot_panel(wtype, g0, g1, ml, &rest, N - n0, out + n0 * ldo, ldo, use_vnni,
-                         scratch);
+    for (Py_ssize_t p = p0; p < p1; p++) {
+        int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);
+        const uint8_t *g0, *g1;
+        if (packed) {
+            g0 = packed + p * 2 * gbytes;
+        } else {
+            ggopt_pack_group(wtype, w + 32 * p * ws, ws, ml < 16 ? ml : 16, nb, own);
+            ggopt_pack_group(wtype, w + (32 * p + 16) * ws, ws, ml > 16 ? ml - 16 : 0, nb,
+                             own + gbytes);
+            g0 = own;
+        }
+        g1 = g0 + gbytes;
+        Py_ssize_t n0 = 0;
+#if GGOPT_HAVE_AMX
+        if (namx) {
+            while (n0 < namx) {
+                int nt = (int)((namx - n0) / 16 < GGOPT_AMX_TILES ? (namx - n0) / 16
+                                                                  : GGOPT_AMX_TILES);
+                ggopt_amx_strip(wtype, g0, g1, ml, x, n0, nt, out + 32 * p, ldo, &aws);
+                n0 += 16 * nt;
+            }
+        }
+#endif
+        if (n0 < N) {
+            ggopt_q8_rows rest = *x;
+            rest.q += n0 * x->K;
+            rest.d += n0 * nb;
+            if (rest.s) rest.s += n0 * nb;
+            rest.sums += n0 * (x->K / 16);
+            ggopt_qdot_panel(wtype, g0, g1, ml, &rest, N - n0, out + n0 * ldo + 32 * p, ldo,
+                             use_vnni, vscr);
+        }
     }
+#if GGOPT_HAVE_AMX
+    if (namx) ggopt_amx_release();
+#endif
 }
 #endif

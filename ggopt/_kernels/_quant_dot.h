@@ -118,9 +118,107 @@ static inline void ggopt_q8_sums16(const int8_t *q, Py_ssize_t K, int bias, int3
     }
 }
 
-/* one activation row of K: codes q[K], scales d[K/qb], s[K/32] (Q8_1), sums[K/16] */
+#if GGOPT_HAVE_VNNI
+/* ggopt_q8_block32 and ggopt_q8_block256 (and their 16-sums) with AVX-512: the same operations
+   on each element (max_ps keeps its second operand on NaN like ggopt_maxps, roundscale to
+   nearest even like nearbyintf, cvtps_epi32's INT32_MIN, signed saturation to int8; Q8_K's
+   magic-number rounding and truncation to int8), the same bits */
+GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t K, int bias,
+                                           int8_t *q, float *d, float *s, int32_t *sums) {
+    if (vtype == GGOPT_VD_Q8_K) {
+        for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++) {
+            const float *xb = x + b * GGOPT_QK_K;
+            int8_t *qb = q + b * GGOPT_QK_K;
+            __m512 m = _mm512_setzero_ps();
+            for (int k = 0; k < GGOPT_QK_K; k += 16)  /* NaN never wins (second operand) */
+                m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + k)), m);
+            float amax = _mm512_reduce_max_ps(m), max = 0.0f;
+            if (amax == 0.0f) {
+                memset(qb, 0, GGOPT_QK_K);
+                d[b] = 0.0f;
+            } else {
+                __m512 va = _mm512_set1_ps(amax);
+                for (int k = 0; k < GGOPT_QK_K; k += 16) {  /* the first of largest magnitude */
+                    __mmask16 hit = _mm512_cmp_ps_mask(
+                        _mm512_abs_ps(_mm512_loadu_ps(xb + k)), va, _CMP_EQ_OQ);
+                    if (hit) { max = xb[k + __builtin_ctz(hit)]; break; }
+                }
+                float iscale = -127.0f / max;
+                __m512 vs = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.0f);
+                for (int k = 0; k < GGOPT_QK_K; k += 16) {
+                    __m512i i = _mm512_castps_si512(_mm512_add_ps(
+                        _mm512_mul_ps(vs, _mm512_loadu_ps(xb + k)), magic));
+                    i = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x007fffff)),
+                                         _mm512_set1_epi32(0x00400000));
+                    i = _mm512_min_epi32(i, _mm512_set1_epi32(127));
+                    _mm_storeu_si128((__m128i *)(qb + k), _mm512_cvtepi32_epi8(i));
+                }
+                d[b] = 1.0f / iscale;
+            }
+        }
+        for (Py_ssize_t i = 0; i < K / 16; i++)
+            sums[i] = _mm512_reduce_add_epi32(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i))));
+        return;
+    }
+    for (Py_ssize_t b = 0; b < K / GGOPT_QK; b++) {
+        const float *xb = x + b * GGOPT_QK;
+        const __m256 s8 = _mm256_set1_ps(-0.0f);
+        __m256 m = _mm256_andnot_ps(s8, _mm256_loadu_ps(xb));
+        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 8)));
+        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 16)));
+        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 24)));
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+            _mm512_mul_ps(_mm512_loadu_ps(xb), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m512i i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+            _mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m128i c0 = _mm512_cvtsepi32_epi8(i0), c1 = _mm512_cvtsepi32_epi8(i1);
+        sums[2 * b] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c0));
+        sums[2 * b + 1] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c1));
+        if (bias) {
+            c0 = _mm_xor_si128(c0, _mm_set1_epi8((char)0x80));
+            c1 = _mm_xor_si128(c1, _mm_set1_epi8((char)0x80));
+        }
+        _mm_storeu_si128((__m128i *)(q + b * GGOPT_QK), c0);
+        _mm_storeu_si128((__m128i *)(q + b * GGOPT_QK + 16), c1);
+        d[b] = dd;
+        if (vtype == GGOPT_VD_Q8_1) {
+            uint32_t sum = (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+            s[b] = dd * (float)(int32_t)sum;
+        }
+    }
+    /* the scales through F16 (round to nearest even; NaN quieted keeping its payload's top
+       bits, as ggopt_f32_to_f16) */
+    for (Py_ssize_t b = 0; b < K / GGOPT_QK; b += 16) {
+        __mmask16 k = K / GGOPT_QK - b >= 16 ? 0xffff : (__mmask16)((1u << (K / GGOPT_QK - b)) - 1);
+        for (int t = 0; t < (vtype == GGOPT_VD_Q8_1 ? 2 : 1); t++) {
+            float *p = t ? s + b : d + b;
+            __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, p),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            _mm512_mask_storeu_ps(p, k, _mm512_cvtph_ps(h));
+        }
+    }
+}
+#endif
+
+/* one activation row of K: codes q[K], scales d[K/qb], s[K/32] (Q8_1), sums[K/16]; vec: with
+   AVX-512 (the same bits; only when the CPU has it) */
 static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q,
-                                float *d, float *s, int32_t *sums) {
+                                float *d, float *s, int32_t *sums, int vec) {
+#if GGOPT_HAVE_VNNI
+    if (vec) {
+        ggopt_q8_row_avx512(vtype, x, K, bias, q, d, s, sums);
+        return;
+    }
+#else
+    (void)vec;
+#endif
     if (vtype == GGOPT_VD_Q8_K) {
         for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++)
             ggopt_q8_block256(x + b * GGOPT_QK_K, q + b * GGOPT_QK_K, d + b);
@@ -208,6 +306,40 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
     }
 }
 
+static inline int ggopt_cpu_has_vnni(void);
+
+#if GGOPT_HAVE_VNNI
+/* ggopt_pack_block32 with AVX-512 (the same codes and scales): the block's 32 codes decoded
+   at once, stored as 8 words of 4 at their lane */
+GGOPT_VNNI static inline void ggopt_pack_block32_avx512(int wtype, const uint8_t *b, int lane,
+                                                        uint8_t *codes, ggopt_meta32 *meta) {
+    __m256i q;
+    float m = 0.0f;
+    int32_t wsum = 0;
+    if (wtype == GGOPT_Q8_0) {
+        q = _mm256_loadu_si256((const __m256i *)(b + 2));
+        wsum = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))
+               + _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+    } else {
+        int off = wtype == GGOPT_Q4_0 ? 2 : (wtype == GGOPT_Q4_1 ? 4 : (wtype == GGOPT_Q5_0 ? 6 : 8));
+        __m128i nib = _mm_loadu_si128((const __m128i *)(b + off)), lo4 = _mm_set1_epi8(0x0f);
+        q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nib, 4), lo4), _mm_and_si128(nib, lo4));
+        if (wtype == GGOPT_Q5_0 || wtype == GGOPT_Q5_1) {  /* element j's fifth bit: bit j of qh */
+            uint32_t h;
+            memcpy(&h, b + (wtype == GGOPT_Q5_0 ? 2 : 4), 4);
+            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10)));
+        }
+        if (wtype == GGOPT_Q4_1 || wtype == GGOPT_Q5_1) m = ggopt_load_f16(b + 2);
+    }
+    uint32_t word[8];
+    _mm256_storeu_si256((__m256i *)word, q);
+    for (int k = 0; k < 8; k++) memcpy(codes + k * (4 * GGOPT_LANES) + lane * 4, &word[k], 4);
+    meta->d[lane] = ggopt_load_f16(b);
+    meta->m[lane] = m;
+    meta->wsum[lane] = wsum;
+}
+#endif
+
 /* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes and the
    scales a type does not use zero) */
 static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows,
@@ -216,6 +348,17 @@ static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int
     int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     memset(dst, 0, (size_t)(pbb * nb));
+#if GGOPT_HAVE_VNNI
+    if (!kq && ggopt_cpu_has_vnni()) {
+        for (int r = 0; r < nrows; r++) {
+            const uint8_t *row = (const uint8_t *)(w + r * ws);
+            for (Py_ssize_t b = 0; b < nb; b++)
+                ggopt_pack_block32_avx512(wtype, row + b * bb, r, dst + b * pbb,
+                                          (ggopt_meta32 *)(dst + b * pbb + ncode));
+        }
+        return;
+    }
+#endif
     for (int r = 0; r < nrows; r++) {
         const uint8_t *row = (const uint8_t *)(w + r * ws);
         for (Py_ssize_t b = 0; b < nb; b++) {

@@ -4,7 +4,9 @@ rounded to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K, as ggml's x86
 block (``mul_mat_q8``; the rounding alone: ``quantize_activations``).
 
 C in ``_quant_dot.h``: the activations' rounding, the packed weight panels, the AVX-512 VNNI
-kernel (chosen at import when the CPU has it) and the portable one (the same bits). Shapes,
+kernel and the portable one; ``_quant_amx.h``: the AMX-INT8 kernel and the loop over a
+thread's panels (the fastest kernel the CPU has is chosen at import; all give the same bits).
+Shapes,
 types and thread counts are checked before anything is written; every output is computed by
 one thread in one order, so the results do not depend on ``n_threads``.
 """
@@ -15,7 +17,6 @@ from libc.stdlib cimport free, malloc
 from libc.string cimport memset
 
 from ggopt._kernels._common cimport check_n_threads, check_shape
-from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
 from ggopt.errors import DTypeError, InvalidValueError, ShapeError
@@ -32,16 +33,19 @@ cdef extern from "_quant_dot.h" nogil:
     int ggopt_vec_dot_type(int wtype)
     int ggopt_cpu_has_vnni()
     void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q, float *d,
-                      float *s, int32_t *sums)
+                      float *s, int32_t *sums, int vec)
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
     void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows, Py_ssize_t nb,
                           uint8_t *dst)
 
 cdef extern from "_quant_amx.h" nogil:
     int ggopt_amx_init()
-    void ggopt_qdot_panel_amx(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
-                              const ggopt_q8_rows *x, Py_ssize_t N, float *out, Py_ssize_t ldo,
-                              int use_vnni, int use_amx, float *scratch)
+    Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx)
+    Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed)
+    void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w, Py_ssize_t ws,
+                           Py_ssize_t M, const ggopt_q8_rows *x, Py_ssize_t N, float *out,
+                           Py_ssize_t ldo, Py_ssize_t p0, Py_ssize_t p1, int use_vnni,
+                           int use_amx, char *scratch)
 
 cdef enum:
     VD_Q8_1 = 9
@@ -70,17 +74,15 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AMX-INT8 for each 16 activation rows and AVX-512 VNNI for the rest
-# when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
-# tests and measurements).
+# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512
+# VNNI for the rest when the CPU (and the OS) have them, unless a slower kernel is chosen (the
+# same bits; for tests and measurements).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
 cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
 cdef int _use_vnni = _HAS_VNNI
 cdef int _use_amx = _HAS_AMX
 # weight rows per panel of mul_mat_q8 (two packed groups of 16)
 cdef Py_ssize_t Q8_PANEL = 32
-# floats of a thread's output scratch (16 rows x 32)
-cdef Py_ssize_t SCRATCH_FLOATS = 16 * 32
 
 
 def vnni_kernel() -> bool:
@@ -157,7 +159,7 @@ def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1]
         for n in prange(N, schedule="static", num_threads=n_threads,
                         use_threads_if=N * K >= MIN_PARALLEL_WORK):
             ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, &q[n, 0], &d[n, 0],
-                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0])
+                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0], _use_vnni)
 
 
 def packed_shape(int qtype, Py_ssize_t rows, Py_ssize_t cols) -> tuple[int, int]:
@@ -208,9 +210,10 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
     per block, then the blocks' scales, added block after block.
 
-    Panels of 32 weight rows are packed into a per-thread scratch (or taken from ``packed``)
-    and multiplied against all of ``x`` (AVX-512 VNNI or the portable kernel: the same bits);
-    every output is summed in the same order whichever thread computes it.
+    Each thread takes a range of the panels of 32 weight rows, packed into its scratch (or
+    taken from ``packed``), and multiplies them against all of ``x`` (AMX-INT8, AVX-512 VNNI
+    or the portable kernel: the same bits); every output is summed in the same order whichever
+    thread computes it.
 
     Parameters
     ----------
@@ -228,7 +231,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1]
     check_shape(fn, "out", out.shape, 2, N, M)
     cdef Py_ssize_t nb = _blocks_of_row(fn, qtype, w.shape[1], K)
-    cdef Py_ssize_t npanels = (M + Q8_PANEL - 1) // Q8_PANEL, p, i, n
+    cdef Py_ssize_t npanels = (M + Q8_PANEL - 1) // Q8_PANEL, t, i, n
     cdef Py_ssize_t gbytes = ggopt_packed_block_bytes(qtype) * nb
     if packed is not None:
         check_shape(fn, "packed", packed.shape, 2, npanels, 2 * gbytes)
@@ -247,7 +250,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef int32_t *asums = <int32_t *>malloc(N * (K // 16) * sizeof(int32_t))
     cdef int team = <int>min(<Py_ssize_t>n_threads, npanels)
     cdef const uint8_t *pk = &packed[0, 0] if packed is not None else NULL
-    cdef Py_ssize_t tbytes = (0 if pk != NULL else 2 * gbytes) + SCRATCH_FLOATS * sizeof(float) + 64
+    cdef Py_ssize_t tbytes = ggopt_qdot_scratch_bytes(qtype, nb, pk != NULL)
     cdef char *scratch = <char *>malloc(team * tbytes)
     if aq == NULL or ad == NULL or asums == NULL or scratch == NULL or (
             vt == VD_Q8_1 and as_ == NULL):
@@ -271,43 +274,24 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef Py_ssize_t ws = w.strides[0]
     cdef int bias = qtype == 8, use_vnni = _use_vnni, use_amx = _use_amx
     cdef Py_ssize_t qb = K // nb
-    cdef char *mine
+    # a Q8_0 weight's activations: signed codes for the AMX kernel's rows, biased for the rest
+    cdef Py_ssize_t namx = ggopt_amx_rows(qtype, N, use_amx)
     try:
         with nogil:
             for n in prange(N, schedule="static", num_threads=n_threads,
                             use_threads_if=N * K >= MIN_PARALLEL_WORK):
-                ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, aq + n * K,
-                             ad + n * (K // qb), as_ + n * nb32 if vt == VD_Q8_1 else NULL,
-                             asums + n * (K // 16))
-            for p in prange(npanels, schedule="static", chunksize=1, num_threads=team,
+                ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias and n >= namx,
+                             aq + n * K, ad + n * (K // qb),
+                             as_ + n * nb32 if vt == VD_Q8_1 else NULL, asums + n * (K // 16),
+                             use_vnni)
+            for t in prange(team, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
-                mine = scratch + omp_get_thread_num() * tbytes
-                if pk != NULL:
-                    ggopt_qdot_panel_amx(qtype, pk + p * 2 * gbytes,
-                                         pk + p * 2 * gbytes + gbytes,
-                                         <int>min(Q8_PANEL, M - p * Q8_PANEL), &rows, N,
-                                         ob + p * Q8_PANEL, ldo, use_vnni, use_amx,
-                                         <float *>mine)
-                else:
-                    _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
-                              <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N,
-                              ob + p * Q8_PANEL, ldo, use_vnni, use_amx, mine, gbytes)
+                ggopt_qdot_panels(qtype, pk, wb, ws, M, &rows, N, ob, ldo, t * npanels // team,
+                                  (t + 1) * npanels // team, use_vnni, use_amx,
+                                  scratch + t * tbytes)
     finally:
         free(aq)
         free(ad)
         free(as_)
         free(asums)
         free(scratch)
-
-
-cdef void _q8_panel(int qtype, const char *w, Py_ssize_t ws, int ml, Py_ssize_t nb,
-                    const ggopt_q8_rows *rows, Py_ssize_t N, float *out, Py_ssize_t ldo,
-                    int use_vnni, int use_amx, char *scratch,
-                    Py_ssize_t gbytes) noexcept nogil:
-    """Pack weight rows [0, ml) (ml <= 32) into two groups, then out[:, :ml] of the panel."""
-    cdef uint8_t *g0 = <uint8_t *>scratch
-    cdef uint8_t *g1 = g0 + gbytes
-    cdef float *acc = <float *>(scratch + 2 * gbytes)
-    ggopt_pack_group(qtype, w, ws, min(ml, 16), nb, g0)
-    ggopt_pack_group(qtype, w + 16 * ws, ws, max(ml - 16, 0), nb, g1)
-    ggopt_qdot_panel_amx(qtype, g0, g1, ml, rows, N, out, ldo, use_vnni, use_amx, acc)

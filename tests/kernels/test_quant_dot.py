@@ -61,10 +61,19 @@ def _hard_rows(qb: int) -> np.ndarray:
         return np.array(rows).astype(np.float32)
 
 
+KERNELS = _quant_dot.available()
+
+
 @pytest.mark.parametrize("qtype", [GGType.Q8_0, GGType.Q4_1, GGType.Q4_K], **IDS)
-def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype, kernel):
+    """With AVX-512 (the amx and vnni kernels) and the portable C: the same bits."""
     x = _hard_rows(ref.VEC_DOT_TYPES[int(qtype)][1])
-    q, d, s, sums = _activations(qtype, x)
+    try:
+        _quant_dot.set_kernel(kernel)
+        q, d, s, sums = _activations(qtype, x)
+    finally:
+        _quant_dot.set_kernel("auto")
     rq, rd, rs = ref.q8_activations(x, int(qtype))
     bias = 128 if qtype == GGType.Q8_0 else 0  # a Q8_0 weight's activations: u8 codes
     codes = (q.view(np.uint8).astype(np.int32) - 128) if bias else q.astype(np.int32)
@@ -91,9 +100,6 @@ def test_q8_rounding_details():
     q, d, _, _ = _activations(GGType.Q4_K, x)
     assert q[0, 10] == -127 and q[0, 11] == 0 and q[0, 0] == 32
     assert d[0, 0] == np.float32(1) / (np.float32(-127) / np.float32(-4))
-
-
-KERNELS = _quant_dot.available()
 
 
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
@@ -166,6 +172,32 @@ def test_packed_panels_give_the_same_bits(qtype, kernel):
     again = np.empty_like(panels)
     _quant_dot.pack_weight(raw, int(qtype), again, 1)
     np.testing.assert_array_equal(again, panels)  # packing does not depend on the threads
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_row_strips_chunks_and_tails_give_the_same_bits(qtype, kernel):
+    """The AMX kernel's blocking: 16, 48, 65 and 100 activation rows (whole and partial strips
+    of 64 rows, tails below 16), K of one block and of three (a last chunk of one step), 37
+    weight rows (a partial panel), packed panels and per-call packing, 1, 2 and 3 threads."""
+    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    x = np.random.default_rng(9).standard_normal((100, 3 * qb)).astype(np.float32)
+    try:
+        _quant_dot.set_kernel(kernel)
+        for k in (qb, 3 * qb):
+            raw = _weights(qtype, 37, k, seed=11 + int(qtype))
+            panels = np.empty(_quant_dot.packed_shape(int(qtype), 37, k), np.uint8)
+            _quant_dot.pack_weight(raw, int(qtype), panels, 2)
+            for rows in (16, 48, 65, 100):
+                want = ref.int_product(raw, int(qtype), x[:rows, :k])
+                for n in (1, 2, 3):
+                    for packed in (None, panels):
+                        out = np.full((rows, 37), np.nan, np.float32)
+                        _quant_dot.mul_mat_q8(raw, int(qtype), x[:rows, :k], out, n,
+                                              packed=packed)
+                        np.testing.assert_array_equal(_bits(out), _bits(want))
+    finally:
+        _quant_dot.set_kernel("auto")
 
 
 def test_packed_panels_of_the_wrong_shape_are_refused():
