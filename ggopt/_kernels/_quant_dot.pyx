@@ -4,7 +4,8 @@ rounded to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K, as ggml's x86
 block (``mul_mat_q8``; the rounding alone: ``quantize_activations``).
 
 C in ``_quant_dot.h``: the activations' rounding, the packed weight panels, the AVX-512 VNNI
-kernel (chosen at import when the CPU has it) and the portable one (the same bits). Shapes,
+kernel (chosen at import when the CPU has it), AVX-VNNI and AVX2 ones (``_quant_avx2.h``, chosen
+when it has not) and the portable one (the same bits). Shapes,
 types and thread counts are checked before anything is written; every output is computed by
 one thread in one order, so the results do not depend on ``n_threads``.
 """
@@ -31,6 +32,8 @@ cdef extern from "_quant_dot.h" nogil:
     int ggopt_q_block_elems(int type)
     int ggopt_vec_dot_type(int wtype)
     int ggopt_cpu_has_vnni()
+    int ggopt_cpu_has_avx2()
+    int ggopt_cpu_has_avxvnni()
     void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q, float *d,
                       float *s, int32_t *sums)
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
@@ -71,11 +74,17 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
     return ne0 // qk
 
 # The integer products: AMX-INT8 for each 16 activation rows and AVX-512 VNNI for the rest
-# when the CPU (and the OS) have them, unless a slower kernel is chosen (the same bits; for
-# tests and measurements).
+# when the CPU (and the OS) have them, else AVX-VNNI or AVX2 (_quant_avx2.h), unless a slower
+# kernel is chosen (the same bits; for tests and measurements). _kern: the kernel of the rows
+# AMX does not take (_quant_avx2.h's GGOPT_KERN_*).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
 cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
-cdef int _use_vnni = _HAS_VNNI
+cdef int _HAS_AVXVNNI = ggopt_cpu_has_avxvnni()
+cdef int _HAS_AVX2 = ggopt_cpu_has_avx2()
+# kernel names by GGOPT_KERN_* id, and the ids of the kernels this CPU has, fastest first
+_KERNS = ("portable", "vnni", "avx2", "avxvnni")
+_FOUND = [i for i, has in ((1, _HAS_VNNI), (3, _HAS_AVXVNNI), (2, _HAS_AVX2)) if has] + [0]
+cdef int _kern = _FOUND[0]
 cdef int _use_amx = _HAS_AMX
 # weight rows per panel of mul_mat_q8 (two packed groups of 16)
 cdef Py_ssize_t Q8_PANEL = 32
@@ -85,7 +94,7 @@ cdef Py_ssize_t SCRATCH_FLOATS = 16 * 32
 
 def vnni_kernel() -> bool:
     """True when mul_mat_q8 runs its AVX-512 VNNI kernel (the CPU has it, not forced off)."""
-    return bool(_use_vnni)
+    return _kern == 1
 
 
 def force_portable(bint on) -> None:
@@ -95,16 +104,19 @@ def force_portable(bint on) -> None:
 
 
 def kernel() -> str:
-    """The kernel mul_mat_q8 runs on 16 or more activation rows: "amx", "vnni" or "portable"."""
-    return "amx" if _use_amx else ("vnni" if _use_vnni else "portable")
+    """The kernel mul_mat_q8 runs on 16 or more activation rows: "amx", "vnni", "avxvnni",
+    "avx2" or "portable"."""
+    return "amx" if _use_amx else _KERNS[_kern]
 
 
 def set_kernel(str name) -> None:
     """Choose mul_mat_q8's kernel: "auto" (the fastest this CPU has), "amx" (AMX-INT8 for each
-    16 activation rows, VNNI for the rest), "vnni" or "portable"; all give the same bits.
-    InvalidValueError for an unknown name or one this CPU lacks, before anything changes."""
-    global _use_vnni, _use_amx
-    has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "portable": True}
+    16 activation rows, VNNI for the rest), "vnni" (AVX-512 VNNI), "avxvnni" (AVX-VNNI),
+    "avx2" or "portable"; all give the same bits. InvalidValueError for an unknown name or one
+    this CPU lacks, before anything changes."""
+    global _kern, _use_amx
+    has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "avxvnni": _HAS_AVXVNNI,
+           "avx2": _HAS_AVX2, "portable": True}
     if name not in has:
         raise InvalidValueError(f"set_kernel: unknown kernel {name!r}; expected one of "
                                 f"{', '.join(has)}")
@@ -112,12 +124,12 @@ def set_kernel(str name) -> None:
         raise InvalidValueError(f"set_kernel: this CPU (or OS) has no {name} kernel; available: "
                                 f"{', '.join(available())}")
     _use_amx = _HAS_AMX and name in ("auto", "amx")
-    _use_vnni = _HAS_VNNI and name != "portable"
+    _kern = _FOUND[0] if name in ("auto", "amx") else _KERNS.index(name)
 
 
 def available() -> list[str]:
     """The kernels this CPU can run, fastest first."""
-    return ["amx"] * _HAS_AMX + ["vnni"] * _HAS_VNNI + ["portable"]
+    return ["amx"] * _HAS_AMX + [_KERNS[i] for i in _FOUND]
 
 
 cdef int _vec_dot_type(str fn, int qtype) except -1:
@@ -269,7 +281,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef Py_ssize_t xs = x.strides[0]
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
-    cdef int bias = qtype == 8, use_vnni = _use_vnni, use_amx = _use_amx
+    cdef int bias = qtype == 8, kern = _kern, use_amx = _use_amx
     cdef Py_ssize_t qb = K // nb
     cdef char *mine
     try:
@@ -286,12 +298,12 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
                     ggopt_qdot_panel_amx(qtype, pk + p * 2 * gbytes,
                                          pk + p * 2 * gbytes + gbytes,
                                          <int>min(Q8_PANEL, M - p * Q8_PANEL), &rows, N,
-                                         ob + p * Q8_PANEL, ldo, use_vnni, use_amx,
+                                         ob + p * Q8_PANEL, ldo, kern, use_amx,
                                          <float *>mine)
                 else:
                     _q8_panel(qtype, wb + p * Q8_PANEL * ws, ws,
                               <int>min(Q8_PANEL, M - p * Q8_PANEL), nb, &rows, N,
-                              ob + p * Q8_PANEL, ldo, use_vnni, use_amx, mine, gbytes)
+                              ob + p * Q8_PANEL, ldo, kern, use_amx, mine, gbytes)
     finally:
         free(aq)
         free(ad)
@@ -302,7 +314,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
 
 cdef void _q8_panel(int qtype, const char *w, Py_ssize_t ws, int ml, Py_ssize_t nb,
                     const ggopt_q8_rows *rows, Py_ssize_t N, float *out, Py_ssize_t ldo,
-                    int use_vnni, int use_amx, char *scratch,
+                    int kern, int use_amx, char *scratch,
                     Py_ssize_t gbytes) noexcept nogil:
     """Pack weight rows [0, ml) (ml <= 32) into two groups, then out[:, :ml] of the panel."""
     cdef uint8_t *g0 = <uint8_t *>scratch
@@ -310,4 +322,4 @@ cdef void _q8_panel(int qtype, const char *w, Py_ssize_t ws, int ml, Py_ssize_t 
     cdef float *acc = <float *>(scratch + 2 * gbytes)
     ggopt_pack_group(qtype, w, ws, min(ml, 16), nb, g0)
     ggopt_pack_group(qtype, w + 16 * ws, ws, max(ml - 16, 0), nb, g1)
-    ggopt_qdot_panel_amx(qtype, g0, g1, ml, rows, N, out, ldo, use_vnni, use_amx, acc)
+    ggopt_qdot_panel_amx(qtype, g0, g1, ml, rows, N, out, ldo, kern, use_amx, acc)
