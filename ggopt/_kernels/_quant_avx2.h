@@ -63,6 +63,11 @@ static inline int ggopt_avx2_kind(int wtype) {
    they could overflow */
 #define GGOPT_XK_CHUNK(kind) ((kind) == GGOPT_XK_U5 ? 4 : ((kind) == GGOPT_XK_Q6K ? 2 : 8))
 
+/* two values that fit 16 bits as one 32-bit word: lo in the low half, hi in the high half */
+static inline int32_t ggopt_pair32(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+}
+
 #define GGOPT_QUANT_AVX2_BODY 1
 #define GGOPT_X_TARGET __attribute__((target("avx2,fma")))
 #define GGOPT_X(name) name##_avx2
@@ -158,6 +163,14 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_x
                 acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], m16[h]));
     }
 #endif
+}
+
+/* per lane l of 8: lo[l] in the low 16 bits, hi[l] in the high 16 (both fit 16 bits) */
+GGOPT_X_TARGET static inline __attribute__((always_inline)) __m256i GGOPT_X(ggopt_pair16)(
+        const int32_t *lo, const int32_t *hi) {
+    return _mm256_blend_epi16(_mm256_loadu_si256((const __m256i *)lo),
+                              _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)hi), 16),
+                              0xAA);
 }
 
 /* Q8_0, one block: acc[r][h] = the sum of the signed codes x the activations a[r] (stored
@@ -257,36 +270,49 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
                 GGOPT_X(ggopt_xdot_u)(c + 64 * 8 * j, a, nr, 8, S, sc, is);
             }
         } else {  /* Q6_K: sum_j sc_j * (dp_j - 32 * bsum_j) */
-            __m256i corr[4][2];
-            for (int r = 0; r < nr; r++) corr[r][0] = corr[r][1] = _mm256_setzero_si256();
             for (int j = 0; j < 16; j++) {
                 __m256i sc[2] = {_mm256_loadu_si256((const __m256i *)m->sc[j]),
                                  _mm256_loadu_si256((const __m256i *)(m->sc[j] + 8))};
                 for (int r = 0; r < nr; r++) a[r] = xq[r] + b * GGOPT_QK_K + 16 * j;
                 GGOPT_X(ggopt_xdot_u)(c + 64 * 4 * j, a, nr, 4, S, sc, is);
+            }
+            /* sum_j sc_j * bsum_j by pairs of j (|sc| <= 128, |bsum| <= 2032: 16 bits) */
+            for (int h = 0; h < 2; h++) {
+                __m256i sp[8];
+                for (int k = 0; k < 8; k++)
+                    sp[k] = GGOPT_X(ggopt_pair16)(m->sc[2 * k] + 8 * h, m->sc[2 * k + 1] + 8 * h);
                 for (int r = 0; r < nr; r++) {
-                    __m256i bs = _mm256_set1_epi32(x->sums[(n0 + r) * (K / 16) + b * 16 + j]);
-                    for (int h = 0; h < 2; h++)
-                        corr[r][h] = _mm256_add_epi32(corr[r][h], _mm256_mullo_epi32(sc[h], bs));
+                    const int32_t *bs = x->sums + (n0 + r) * (K / 16) + b * 16;
+                    __m256i corr = _mm256_setzero_si256();
+                    for (int k = 0; k < 8; k++)
+                        corr = _mm256_add_epi32(corr, _mm256_madd_epi16(
+                            sp[k], _mm256_set1_epi32(ggopt_pair32(bs[2 * k], bs[2 * k + 1]))));
+                    is[r][h] = _mm256_sub_epi32(is[r][h], _mm256_slli_epi32(corr, 5));
                 }
             }
-            for (int r = 0; r < nr; r++)
-                for (int h = 0; h < 2; h++)
-                    is[r][h] = _mm256_sub_epi32(is[r][h], _mm256_slli_epi32(corr[r][h], 5));
         }
+        __m256i mp[2][4];  /* Q4_K's minimums by pairs of 32-element sub-blocks */
+        if (q4k)
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 4; k++)
+                    mp[h][k] = GGOPT_X(ggopt_pair16)(m->mn[2 * k] + 8 * h,
+                                                     m->mn[2 * k + 1] + 8 * h);
         for (int r = 0; r < nr; r++) {
             Py_ssize_t n = n0 + r;
             const int32_t *bs = x->sums + n * (K / 16) + b * 16;
             __m256 da = _mm256_set1_ps(x->d[n * nb + b]);
+            __m256i bp[4];  /* the activations' sums of each 32 (|sum| <= 4064), by pairs */
+            if (q4k)
+                for (int k = 0; k < 4; k++)
+                    bp[k] = _mm256_set1_epi32(ggopt_pair32(bs[4 * k] + bs[4 * k + 1],
+                                                           bs[4 * k + 2] + bs[4 * k + 3]));
             for (int h = 0; h < 2; h++) {
                 __m256 t = _mm256_mul_ps(_mm256_loadu_ps(m->d + 8 * h), da);
                 acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(t, _mm256_cvtepi32_ps(is[r][h])));
                 if (q4k) {
                     __m256i msum = _mm256_setzero_si256();
-                    for (int j = 0; j < 8; j++)
-                        msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(
-                            _mm256_loadu_si256((const __m256i *)(m->mn[j] + 8 * h)),
-                            _mm256_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
+                    for (int k = 0; k < 4; k++)
+                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[h][k], bp[k]));
                     __m256 tm = _mm256_mul_ps(_mm256_loadu_ps(m->m + 8 * h), da);
                     acc[r][h] = _mm256_sub_ps(acc[r][h], _mm256_mul_ps(tm, _mm256_cvtepi32_ps(msum)));
                 }
