@@ -313,6 +313,11 @@ def test_kernel_choice():
     assert _quant_dot.available()[-1] == "portable"
     assert ("amx" in _quant_dot.available()) <= all(f in flags for f in ("amx_int8", "amx_tile"))
     assert _quant_dot.kernel() == _quant_dot.available()[0]
+    avx2 = all(f in flags.split() for f in ("avx2", "fma"))  # the AVX2 kernels (GCC >= 11)
+    assert ("avx2" in _quant_dot.available()) == avx2
+    assert ("avxvnni" in _quant_dot.available()) == (avx2 and "avx_vnni" in flags.split())
+    if "avx512_vnni" not in flags.split() and avx2:  # a laptop: an AVX2 kernel by default
+        assert _quant_dot.kernel() in ("avxvnni", "avx2")
     with pytest.raises(InvalidValueError, match="unknown kernel"):
         _quant_dot.set_kernel("avx9")
     for name in {"amx", "vnni", "avxvnni", "avx2"} - set(_quant_dot.available()):
