@@ -148,7 +148,7 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_x
     for (int k0 = 0; k0 < steps; k0 += S) {
         __m256i s16[4][2];
         for (int r = 0; r < nr; r++) s16[r][0] = s16[r][1] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 1
         for (int k = k0; k < k0 + S; k++) {
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(c + 64 * k));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(c + 64 * k + 32));
@@ -198,6 +198,7 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_x
         _mm256_storeu_si256((__m256i *)ao[r], _mm256_srai_epi16(s, 8));
     }
     for (int r = 0; r < nr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
     for (int k = 0; k < 8; k++) {
         __m256i we[2], wo[2];
         for (int h = 0; h < 2; h++) {
