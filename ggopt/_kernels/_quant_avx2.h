@@ -85,28 +85,33 @@ static inline int32_t ggopt_pair32(int32_t lo, int32_t hi) {
 #undef GGOPT_X_VNNI
 #undef GGOPT_QUANT_AVX2_BODY
 
-/* rows n0..n0+nr-1 (nr <= 4) of x against the panel's groups when kern is an AVX2 kernel:
-   out[r*ldo + m] for m < ml; 0 (nothing done) for the other kernels */
-static inline int ggopt_qdot_rows_avx2(int kern, int wtype, const uint8_t *g0, const uint8_t *g1,
-                                       int ml, const ggopt_q8_rows *x, Py_ssize_t n0, int nr,
-                                       float *out, Py_ssize_t ldo) {
+/* One panel (ggopt_qdot_panel's arguments) when kern is an AVX2 kernel: each group against
+   all N activation rows, 4 at a time (the group's codes stay in the L1 cache); 0 (nothing
+   done) for the other kernels */
+static inline int ggopt_qdot_panel_avx2(int kern, int wtype, const uint8_t *g0, const uint8_t *g1,
+                                        int ml, const ggopt_q8_rows *x, Py_ssize_t N, float *out,
+                                        Py_ssize_t ldo) {
     if (kern != GGOPT_KERN_AVX2 && kern != GGOPT_KERN_AVXVNNI) return 0;
     void (*group)(int, const uint8_t *, const ggopt_q8_rows *, Py_ssize_t, int, int, float *,
                   Py_ssize_t) =
         kern == GGOPT_KERN_AVXVNNI ? ggopt_qdot_group_avxvnni : ggopt_qdot_group_avx2;
-    group(wtype, g0, x, n0, nr, ml < 16 ? ml : 16, out, ldo);
-    if (ml > 16) group(wtype, g1, x, n0, nr, ml - 16, out + 16, ldo);
+    for (int g = 0; g < 2 && 16 * g < ml; g++) {
+        int nl = ml - 16 * g < 16 ? ml - 16 * g : 16;
+        for (Py_ssize_t n0 = 0; n0 < N; n0 += 4)
+            group(wtype, g ? g1 : g0, x, n0, N - n0 < 4 ? (int)(N - n0) : 4, nl,
+                  out + n0 * ldo + 16 * g, ldo);
+    }
     return 1;
 }
 #else
 #define GGOPT_HAVE_AVX2 0
 static inline int ggopt_cpu_has_avx2(void) { return 0; }
 static inline int ggopt_cpu_has_avxvnni(void) { return 0; }
-static inline int ggopt_qdot_rows_avx2(int kern, int wtype, const uint8_t *g0, const uint8_t *g1,
-                                       int ml, const ggopt_q8_rows *x, Py_ssize_t n0, int nr,
-                                       float *out, Py_ssize_t ldo) {
-    (void)kern; (void)wtype; (void)g0; (void)g1; (void)ml; (void)x; (void)n0; (void)nr;
-    (void)out; (void)ldo;
+static inline int ggopt_qdot_panel_avx2(int kern, int wtype, const uint8_t *g0, const uint8_t *g1,
+                                        int ml, const ggopt_q8_rows *x, Py_ssize_t N, float *out,
+                                        Py_ssize_t ldo) {
+    (void)kern; (void)wtype; (void)g0; (void)g1; (void)ml; (void)x; (void)N; (void)out;
+    (void)ldo;
     return 0;
 }
 #endif

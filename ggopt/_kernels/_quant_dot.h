@@ -462,10 +462,9 @@ static inline int ggopt_cpu_has_vnni(void) { return 0; }
 static inline void ggopt_qdot_panel(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
                                     const ggopt_q8_rows *x, Py_ssize_t N, float *out,
                                     Py_ssize_t ldo, int kern, float *scratch) {
+    if (ggopt_qdot_panel_avx2(kern, wtype, g0, g1, ml, x, N, out, ldo)) return;
     for (Py_ssize_t n0 = 0; n0 < N; n0 += 4) {
         int nr = N - n0 < 4 ? (int)(N - n0) : 4;
-        if (ggopt_qdot_rows_avx2(kern, wtype, g0, g1, ml, x, n0, nr, out + n0 * ldo, ldo))
-            continue;
 #if GGOPT_HAVE_VNNI
         if (kern == GGOPT_KERN_VNNI) {
             ggopt_qdot_vnni(wtype, g0, g1, x, n0, nr, scratch);
