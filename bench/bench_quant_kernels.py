@@ -4,7 +4,7 @@ product of the same shape in the same run: SmolLM2's FFN shapes with 256 tokens,
 (Q8_0, Q4_1) and 1536 -> 576 (Q8_0, Q4_1, Q4_K), with the weight's panels packed once
 (``pack_weight``, as a kept weight mapped from its file) and decoded per call.
 
-Rows per group: ``f32`` (the F32 product's ``sgemm`` through ``GemmPlan``), then one row per
+Rows per group: ``f32`` (ggopt's F32 mul_mat, a one-node graph), then one row per
 kernel, storing ``ratio_vs_f32`` (above 1: faster than F32) and GOP/s in ``extra_info``; every
 kernel's output is checked to be the first kernel's, byte for byte. ``GGOPT_BENCH_THREADS``
 threads (default 2); on a busy machine run it on one thread with
@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ggopt
+from ggopt import backend as gb
 from ggopt import quants
-from ggopt._kernels import _gemm, _quant_dot
-from ggopt.backend.cpu import blas
-from ggopt.types import GGType
+from ggopt._kernels import _quant_dot
+from ggopt.types import F32, GGType
 from tools.kquants import k_blocks
 
 N = 256
@@ -41,6 +42,25 @@ def _weight(qtype: GGType, K: int, M: int) -> np.ndarray:
     return quants.quantize(w, qtype)
 
 
+def _f32_product(w: np.ndarray, x: np.ndarray):
+    """(step, output tensor) of ``x @ w.T`` as ggopt's CPU backend computes an F32 mul_mat (a
+    one-node graph on the scheduler, ``bench_threads`` threads)."""
+    ctx = ggopt.Context()
+    tw, tx = ctx.new_tensor(F32, w.shape[::-1]), ctx.new_tensor(F32, x.shape[::-1])
+    cpu = gb.cpu_init()
+    gb.alloc_ctx_tensors(ctx, cpu)
+    gb.tensor_set(tw, w)
+    gb.tensor_set(tx, x)
+    cctx = ggopt.Context()
+    out = ggopt.mul_mat(cctx, tw, tx)
+    ggopt.set_output(out)
+    gf = ggopt.new_graph_custom(cctx, 16, False)
+    ggopt.build_forward_expand(gf, out)
+    sched = gb.Scheduler([cpu])
+    sched.alloc_graph(gf)
+    return (lambda: sched.graph_compute(gf)), out
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("shape,qtype,packed", GROUPS,
                          ids=[f"{s}-{t}-{'packed' if p else 'per_call'}" for s, t, p in GROUPS])
@@ -54,13 +74,10 @@ def test_quantized_kernel(benchmark, ratio_to, bench_threads, shape, qtype, pack
     qt = GGType[qtype]
     raw = _weight(qt, K, M)
     if impl == "f32":
-        blas.products_blas()
         w = quants.dequantize(raw, qt)
-        plan = _gemm.GemmPlan()
-        assert plan.add(x, w.T, out)
-        with blas.SerialBlas():
-            benchmark.pedantic(plan.run, args=(bench_threads,), **rounds)
-        np.testing.assert_allclose(out, x @ w.T, rtol=1e-3, atol=1e-3)
+        step, y = _f32_product(w, x)
+        benchmark.pedantic(step, **rounds)
+        np.testing.assert_allclose(y.numpy(), x @ w.T, rtol=1e-3, atol=1e-3)
         ratio_to("f32")
         return
     panels = None
