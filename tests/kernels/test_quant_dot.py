@@ -344,6 +344,29 @@ def test_non_finite_scales_give_nan_or_inf_not_a_crash():
     assert np.isfinite(out[0, 0]) and not np.isfinite(out[:, 1]).any()
 
 
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", SIMD_KERNELS)
+def test_non_finite_inputs_give_the_portable_kernels_values(qtype, kernel):
+    """Infinite and NaN (several payloads) weight scales and activations: NaN in the same
+    outputs as the portable kernel and every other output's bytes equal (a NaN's payload and
+    sign may differ: which operand's NaN an instruction passes on is the compiler's choice)."""
+    k = 512
+    raw = _weights(qtype, 37, k, seed=17).copy()
+    blocks = raw.reshape(37, -1, qtype.size)
+    at = 208 if qtype == GGType.Q6_K else 0  # the F16 scale d
+    for row, blk, bits in ((3, -1, 0x7C00), (5, 0, 0x7E01), (5, -1, 0xFE33), (9, 0, 0xFC00)):
+        blocks[row, blk, at:at + 2] = np.frombuffer(np.uint16(bits).tobytes(), np.uint8)
+    x = np.random.default_rng(5).standard_normal((7, k)).astype(np.float32)
+    xb = x.view(np.uint32)
+    xb[1, 40], xb[1, 300], xb[2, 3], xb[4, 100] = 0x7FC01234, 0xFFC05678, 0x7F800000, 0x7FA00001
+    got, want = (np.frombuffer(b"".join(_products(kn, raw, qtype, x)), np.float32)
+                 for kn in (kernel, "portable"))
+    nan = np.isnan(want)
+    assert nan.any() and (~nan).any()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert got[~nan].tobytes() == want[~nan].tobytes()
+
+
 def test_refusals():
     raw = quants.quantize(np.ones((3, 64), np.float32), GGType.Q4_0)
     with pytest.raises(ShapeError, match="out"):
