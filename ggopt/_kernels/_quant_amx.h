@@ -377,12 +377,12 @@ static inline Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx) {
    The panels are packed (2 groups of gbytes each per panel) or, when packed is NULL, packed
    from the raw rows w (row stride ws) into the scratch one at a time. With use_amx, the first
    ggopt_amx_rows(wtype, N, use_amx) activation rows run the AMX kernel and the rest
-   ggopt_qdot_panel (VNNI or portable); all give the same bits. scratch:
+   ggopt_qdot_panel with kernel kern (GGOPT_KERN_*); all give the same bits. scratch:
    ggopt_qdot_scratch_bytes, private to the calling thread. */
 static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w,
                                      Py_ssize_t ws, Py_ssize_t M, const ggopt_q8_rows *x,
                                      Py_ssize_t N, float *out, Py_ssize_t ldo, Py_ssize_t p0,
-                                     Py_ssize_t p1, int use_vnni, int use_amx, char *scratch) {
+                                     Py_ssize_t p1, int kern, int use_amx, char *scratch) {
     Py_ssize_t nb = x->nb, gbytes = ggopt_packed_block_bytes(wtype) * nb;
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     uint8_t *own = packed ? NULL : (uint8_t *)base;
@@ -423,7 +423,7 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
             if (rest.s) rest.s += n0 * nb;
             rest.sums += n0 * (x->K / 16);
             ggopt_qdot_panel(wtype, g0, g1, ml, &rest, N - n0, out + n0 * ldo + 32 * p, ldo,
-                             use_vnni, vscr);
+                             kern, vscr);
         }
     }
 #if GGOPT_HAVE_AMX

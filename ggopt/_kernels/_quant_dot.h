@@ -597,22 +597,25 @@ static inline int ggopt_cpu_has_vnni(void) {
 static inline int ggopt_cpu_has_vnni(void) { return 0; }
 #endif
 
+#include "_quant_avx2.h"
+
 /* One panel: rows of 2 groups (g1 may be unused when ml <= 16) against all N activation rows:
-   out[n*ldo + m] for m < ml (<= 32). scratch: 4 x 32 floats. */
+   out[n*ldo + m] for m < ml (<= 32). kern: GGOPT_KERN_* (0 portable, 1 AVX-512 VNNI, 2 AVX2,
+   3 AVX-VNNI). scratch: 4 x 32 floats. */
 static inline void ggopt_qdot_panel(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
                                     const ggopt_q8_rows *x, Py_ssize_t N, float *out,
-                                    Py_ssize_t ldo, int use_vnni, float *scratch) {
+                                    Py_ssize_t ldo, int kern, float *scratch) {
+    if (ggopt_qdot_panel_avx2(kern, wtype, g0, g1, ml, x, N, out, ldo)) return;
     for (Py_ssize_t n0 = 0; n0 < N; n0 += 4) {
         int nr = N - n0 < 4 ? (int)(N - n0) : 4;
 #if GGOPT_HAVE_VNNI
-        if (use_vnni) {
+        if (kern == GGOPT_KERN_VNNI) {
             ggopt_qdot_vnni(wtype, g0, g1, x, n0, nr, scratch);
             for (int r = 0; r < nr; r++)
                 memcpy(out + (n0 + r) * ldo, scratch + r * 32, (size_t)ml * sizeof(float));
             continue;
         }
 #else
-        (void)use_vnni;
         (void)scratch;
 #endif
         ggopt_qdot_group_scalar(wtype, g0, x, n0, nr, ml < 16 ? ml : 16, out + n0 * ldo, ldo);

@@ -4,9 +4,10 @@ rounded to the weight type's vec_dot_type (Q8_0, Q8_1 or Q8_K, as ggml's x86
 block (``mul_mat_q8``; the rounding alone: ``quantize_activations``).
 
 C in ``_quant_dot.h``: the activations' rounding, the packed weight panels, the AVX-512 VNNI
-kernel and the portable one; ``_quant_amx.h``: the AMX-INT8 kernel and the loop over a
-thread's panels (the fastest kernel the CPU has is chosen at import; all give the same bits).
-Shapes,
+kernel, the AVX-VNNI and AVX2 ones (``_quant_avx2.h``, for CPUs without AVX-512 VNNI)
+and the portable one; ``_quant_amx.h``: the AMX-INT8 kernel and the loop over a
+thread's panels (the fastest kernel the CPU has is chosen at import; all give the same
+bits). Shapes,
 types and thread counts are checked before anything is written; every output is computed by
 one thread in one order, so the results do not depend on ``n_threads``.
 """
@@ -32,6 +33,8 @@ cdef extern from "_quant_dot.h" nogil:
     int ggopt_q_block_elems(int type)
     int ggopt_vec_dot_type(int wtype)
     int ggopt_cpu_has_vnni()
+    int ggopt_cpu_has_avx2()
+    int ggopt_cpu_has_avxvnni()
     void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q, float *d,
                       float *s, int32_t *sums, int vec)
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
@@ -44,7 +47,7 @@ cdef extern from "_quant_amx.h" nogil:
     Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed)
     void ggopt_qdot_panels(int wtype, const uint8_t *packed, const char *w, Py_ssize_t ws,
                            Py_ssize_t M, const ggopt_q8_rows *x, Py_ssize_t N, float *out,
-                           Py_ssize_t ldo, Py_ssize_t p0, Py_ssize_t p1, int use_vnni,
+                           Py_ssize_t ldo, Py_ssize_t p0, Py_ssize_t p1, int kern,
                            int use_amx, char *scratch)
 
 cdef enum:
@@ -75,11 +78,17 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
     return ne0 // qk
 
 # The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512
-# VNNI for the rest when the CPU (and the OS) have them, unless a slower kernel is chosen (the
-# same bits; for tests and measurements).
+# VNNI for the rest when the CPU (and the OS) have them, else AVX-VNNI or AVX2
+# (_quant_avx2.h), unless a slower kernel is chosen (the same bits; for tests and
+# measurements). _kern: the kernel of the rows AMX does not take (GGOPT_KERN_*).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
 cdef int _HAS_AMX = _HAS_VNNI and ggopt_amx_init()
-cdef int _use_vnni = _HAS_VNNI
+cdef int _HAS_AVXVNNI = ggopt_cpu_has_avxvnni()
+cdef int _HAS_AVX2 = ggopt_cpu_has_avx2()
+# kernel names by GGOPT_KERN_* id, and the ids of the kernels this CPU has, fastest first
+_KERNS = ("portable", "vnni", "avx2", "avxvnni")
+_FOUND = [i for i, has in ((1, _HAS_VNNI), (3, _HAS_AVXVNNI), (2, _HAS_AVX2)) if has] + [0]
+cdef int _kern = _FOUND[0]
 cdef int _use_amx = _HAS_AMX
 # weight rows per panel of mul_mat_q8 (two packed groups of 16)
 cdef Py_ssize_t Q8_PANEL = 32
@@ -87,7 +96,7 @@ cdef Py_ssize_t Q8_PANEL = 32
 
 def vnni_kernel() -> bool:
     """True when mul_mat_q8 runs its AVX-512 VNNI kernel (the CPU has it, not forced off)."""
-    return bool(_use_vnni)
+    return _kern == 1
 
 
 def force_portable(bint on) -> None:
@@ -97,16 +106,19 @@ def force_portable(bint on) -> None:
 
 
 def kernel() -> str:
-    """The kernel mul_mat_q8 runs on 16 or more activation rows: "amx", "vnni" or "portable"."""
-    return "amx" if _use_amx else ("vnni" if _use_vnni else "portable")
+    """The kernel mul_mat_q8 runs on 16 or more activation rows: "amx", "vnni", "avxvnni",
+    "avx2" or "portable"."""
+    return "amx" if _use_amx else _KERNS[_kern]
 
 
 def set_kernel(str name) -> None:
     """Choose mul_mat_q8's kernel: "auto" (the fastest this CPU has), "amx" (AMX-INT8 for each
-    16 activation rows, VNNI for the rest), "vnni" or "portable"; all give the same bits.
-    InvalidValueError for an unknown name or one this CPU lacks, before anything changes."""
-    global _use_vnni, _use_amx
-    has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "portable": True}
+    16 activation rows, VNNI for the rest), "vnni" (AVX-512 VNNI), "avxvnni" (AVX-VNNI),
+    "avx2" or "portable"; all give the same bits. InvalidValueError for an unknown name or one
+    this CPU lacks, before anything changes."""
+    global _kern, _use_amx
+    has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "avxvnni": _HAS_AVXVNNI,
+           "avx2": _HAS_AVX2, "portable": True}
     if name not in has:
         raise InvalidValueError(f"set_kernel: unknown kernel {name!r}; expected one of "
                                 f"{', '.join(has)}")
@@ -114,12 +126,12 @@ def set_kernel(str name) -> None:
         raise InvalidValueError(f"set_kernel: this CPU (or OS) has no {name} kernel; available: "
                                 f"{', '.join(available())}")
     _use_amx = _HAS_AMX and name in ("auto", "amx")
-    _use_vnni = _HAS_VNNI and name != "portable"
+    _kern = _FOUND[0] if name in ("auto", "amx") else _KERNS.index(name)
 
 
 def available() -> list[str]:
     """The kernels this CPU can run, fastest first."""
-    return ["amx"] * _HAS_AMX + ["vnni"] * _HAS_VNNI + ["portable"]
+    return ["amx"] * _HAS_AMX + [_KERNS[i] for i in _FOUND]
 
 
 cdef int _vec_dot_type(str fn, int qtype) except -1:
@@ -159,7 +171,7 @@ def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1]
         for n in prange(N, schedule="static", num_threads=n_threads,
                         use_threads_if=N * K >= MIN_PARALLEL_WORK):
             ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, &q[n, 0], &d[n, 0],
-                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0], _use_vnni)
+                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0], _kern == 1)
 
 
 def packed_shape(int qtype, Py_ssize_t rows, Py_ssize_t cols) -> tuple[int, int]:
@@ -272,7 +284,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     cdef Py_ssize_t xs = x.strides[0]
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
-    cdef int bias = qtype == 8, use_vnni = _use_vnni, use_amx = _use_amx
+    cdef int bias = qtype == 8, kern = _kern, use_amx = _use_amx
     cdef Py_ssize_t qb = K // nb
     # a Q8_0 weight's activations: signed codes for the AMX kernel's rows, biased for the rest
     cdef Py_ssize_t namx = ggopt_amx_rows(qtype, N, use_amx)
@@ -283,11 +295,11 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
                 ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias and n >= namx,
                              aq + n * K, ad + n * (K // qb),
                              as_ + n * nb32 if vt == VD_Q8_1 else NULL, asums + n * (K // 16),
-                             use_vnni)
+                             kern == 1)
             for t in prange(team, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
                 ggopt_qdot_panels(qtype, pk, wb, ws, M, &rows, N, ob, ldo, t * npanels // team,
-                                  (t + 1) * npanels // team, use_vnni, use_amx,
+                                  (t + 1) * npanels // team, kern, use_amx,
                                   scratch + t * tbytes)
     finally:
         free(aq)

@@ -127,7 +127,8 @@ def test_product_is_the_numpy_port_bit_for_bit(qtype, kernel):
 
 
 @pytest.mark.parametrize("qtype", [GGType.Q4_1, GGType.Q8_0, GGType.Q6_K], **IDS)
-def test_product_of_views_odd_sizes_and_tails(qtype):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_product_of_views_odd_sizes_and_tails(qtype, kernel):
     """Strided weight rows, strided activation and output rows, 1..37 rows of each (every
     tail of the 4-row, 16-row (AMX) and 32-row blocks)."""
     k = 256
@@ -135,13 +136,119 @@ def test_product_of_views_odd_sizes_and_tails(qtype):
     wide = np.zeros((37, raw.shape[1] + 40), np.uint8)
     wide[:, 5:5 + raw.shape[1]] = raw
     x = np.random.default_rng(4).standard_normal((21, k + 3)).astype(np.float32)
-    for n, m in ((1, 1), (3, 17), (5, 32), (9, 37), (21, 33)):
-        out = np.full((n, m + 2), 7.0, np.float32)
-        _quant_dot.mul_mat_q8(wide[:m, 5:5 + raw.shape[1]], int(qtype), x[:n, 1:k + 1],
-                          out[:, 1:m + 1], 2)
-        want = ref.int_product(raw[:m], int(qtype), x[:n, 1:k + 1])
-        np.testing.assert_array_equal(_bits(out[:, 1:m + 1]), _bits(want))
-        assert (out[:, 0] == 7).all() and (out[:, -1] == 7).all()
+    try:
+        _quant_dot.set_kernel(kernel)
+        for n, m in ((1, 1), (3, 17), (5, 32), (9, 37), (21, 33)):
+            out = np.full((n, m + 2), 7.0, np.float32)
+            _quant_dot.mul_mat_q8(wide[:m, 5:5 + raw.shape[1]], int(qtype), x[:n, 1:k + 1],
+                                  out[:, 1:m + 1], 2)
+            want = ref.int_product(raw[:m], int(qtype), x[:n, 1:k + 1])
+            np.testing.assert_array_equal(_bits(out[:, 1:m + 1]), _bits(want))
+            assert (out[:, 0] == 7).all() and (out[:, -1] == 7).all()
+    finally:
+        _quant_dot.set_kernel("auto")
+
+
+def _products(kernel: str, raw: np.ndarray, qtype: GGType, x: np.ndarray,
+              packed: bool = False) -> list[bytes]:
+    """mul_mat_q8's outputs with ``kernel`` on 1, 2 and 3 threads (from panels packed once
+    when ``packed``), as bytes."""
+    outs = []
+    try:
+        _quant_dot.set_kernel(kernel)
+        panels = None
+        if packed:
+            panels = np.empty(_quant_dot.packed_shape(int(qtype), raw.shape[0], x.shape[1]),
+                              np.uint8)
+            _quant_dot.pack_weight(raw, int(qtype), panels, 2)
+        for n in (1, 2, 3):
+            out = np.full((x.shape[0], raw.shape[0]), np.nan, np.float32)
+            _quant_dot.mul_mat_q8(raw, int(qtype), x, out, n, packed=panels)
+            outs.append(out.tobytes())
+    finally:
+        _quant_dot.set_kernel("auto")
+    return outs
+
+
+SIMD_KERNELS = [k for k in KERNELS if k != "portable"]
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", SIMD_KERNELS)
+def test_every_kernel_gives_the_portable_kernels_bytes(qtype, kernel):
+    """One block (K = 32 or 256) and three; odd activation rows (1, 5, 7: the 4-row tails);
+    weight rows that are no multiple of 16 or 32 (13, 17, 45); the weight, activations and
+    outputs strided views; cached panels and per-call ones; 1, 2 and 3 threads."""
+    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    for k in (qb, 3 * qb):
+        raw = _weights(qtype, 45, k, seed=11 + int(qtype))
+        wide = np.zeros((45, raw.shape[1] + 6), np.uint8)
+        wide[:, 2:2 + raw.shape[1]] = raw
+        xs = np.random.default_rng(k).standard_normal((7, k + 2)).astype(np.float32)
+        for n, m in ((1, 13), (5, 17), (7, 45)):
+            w, x = wide[:m, 2:2 + raw.shape[1]], xs[:n, 1:k + 1]
+            want = ref.int_product(raw[:m], int(qtype), x).tobytes()
+            for packed in (False, True):
+                mine = _products(kernel, w, qtype, x, packed)
+                assert mine == _products("portable", w, qtype, x, packed) == [want] * 3
+        out = np.full((7, 47), 5.0, np.float32)  # a strided output view
+        try:
+            _quant_dot.set_kernel(kernel)
+            _quant_dot.mul_mat_q8(wide[:, 2:2 + raw.shape[1]], int(qtype), xs[:, 1:k + 1],
+                                  out[:, 1:46], 2)
+        finally:
+            _quant_dot.set_kernel("auto")
+        want = ref.int_product(raw, int(qtype), xs[:, 1:k + 1])
+        assert out[:, 1:46].tobytes() == want.tobytes()
+        assert (out[:, 0] == 5).all() and (out[:, 46] == 5).all()
+
+
+def _hostile_weights(qtype: GGType, rows: int, cols: int) -> np.ndarray:
+    """Blocks of the largest codes a file can hold, with finite scales: every unsigned code at
+    its top (15, 31, 63), Q8_0's codes -128 and 127 (rows of each, and mixed), Q4_K's 6-bit
+    scales and minimums 63, Q6_K's scales -128 and 127."""
+    raw = _weights(qtype, rows, cols, seed=9).copy()
+    blocks = raw.reshape(rows, -1, qtype.size)
+    if qtype == GGType.Q8_0:
+        codes = np.random.default_rng(9).choice(np.array([-128, 127, -1, 0], np.int8),
+                                                (rows, blocks.shape[1], 32))
+        codes[0], codes[1] = -128, 127
+        blocks[..., 2:] = codes.view(np.uint8)
+    elif qtype == GGType.Q4_K:
+        blocks[..., 4:] = 0xFF
+    elif qtype == GGType.Q6_K:
+        blocks[..., :192] = 0xFF
+        blocks[..., 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)
+    else:  # nibbles (and Q5's fifth bits) all set
+        blocks[..., {GGType.Q4_0: 2, GGType.Q4_1: 4, GGType.Q5_0: 2, GGType.Q5_1: 4}[qtype]:] = \
+            0xFF
+    return raw
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", SIMD_KERNELS)
+def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
+    """The largest codes against activations at -128 (Q8_0/Q8_1: NaN elements that the block's
+    maximum skips), -127 and 127: where vpmaddubsw would saturate (Q8_0's signed codes against
+    biased activations) or 16-bit pair sums would overflow, the integers stay exact."""
+    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    k = 2 * qb
+    raw = _hostile_weights(qtype, 37, k)
+    x = np.full((6, k), -1.0, np.float32)
+    x[1] = 1.0
+    x[2, :] = np.where(np.arange(k) % 2, 1.0, -1.0)
+    x[3].reshape(-1, 32)[:, :8] = np.nan  # codes -128 with a finite scale (not for Q8_K)
+    x[4].reshape(-1, 32)[:, :8] = np.nan
+    x[4, 8::2] = 1.0
+    x[5] = np.random.default_rng(3).standard_normal(k)
+    q, _, _, _ = _activations(qtype, x)
+    codes = q.view(np.uint8).astype(np.int32) - 128 if qtype == GGType.Q8_0 else q
+    assert codes.min() == (-127 if qb == 256 else -128) and codes.max() == 127
+    want = ref.int_product(raw, int(qtype), x)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    for packed in (False, True):
+        mine = _products(kernel, raw, qtype, x, packed)
+        assert mine == _products("portable", raw, qtype, x, packed) == [want.tobytes()] * 3
 
 
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
@@ -238,9 +345,14 @@ def test_kernel_choice():
     assert _quant_dot.available()[-1] == "portable"
     assert ("amx" in _quant_dot.available()) <= all(f in flags for f in ("amx_int8", "amx_tile"))
     assert _quant_dot.kernel() == _quant_dot.available()[0]
+    avx2 = all(f in flags.split() for f in ("avx2", "fma"))  # the AVX2 kernels (GCC >= 11)
+    assert ("avx2" in _quant_dot.available()) == avx2
+    assert ("avxvnni" in _quant_dot.available()) == (avx2 and "avx_vnni" in flags.split())
+    if "avx512_vnni" not in flags.split() and avx2:  # a laptop: an AVX2 kernel by default
+        assert _quant_dot.kernel() in ("avxvnni", "avx2")
     with pytest.raises(InvalidValueError, match="unknown kernel"):
         _quant_dot.set_kernel("avx9")
-    for name in {"amx", "vnni"} - set(_quant_dot.available()):
+    for name in {"amx", "vnni", "avxvnni", "avx2"} - set(_quant_dot.available()):
         with pytest.raises(InvalidValueError, match="has no"):
             _quant_dot.set_kernel(name)
     assert _quant_dot.kernel() == _quant_dot.available()[0]
@@ -262,6 +374,29 @@ def test_non_finite_scales_give_nan_or_inf_not_a_crash():
     want = ref.int_product(raw, int(GGType.Q4_1), x)
     np.testing.assert_array_equal(out, want)
     assert np.isfinite(out[0, 0]) and not np.isfinite(out[:, 1]).any()
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", SIMD_KERNELS)
+def test_non_finite_inputs_give_the_portable_kernels_values(qtype, kernel):
+    """Infinite and NaN (several payloads) weight scales and activations: NaN in the same
+    outputs as the portable kernel and every other output's bytes equal (a NaN's payload and
+    sign may differ: which operand's NaN an instruction passes on is the compiler's choice)."""
+    k = 512
+    raw = _weights(qtype, 37, k, seed=17).copy()
+    blocks = raw.reshape(37, -1, qtype.size)
+    at = 208 if qtype == GGType.Q6_K else 0  # the F16 scale d
+    for row, blk, bits in ((3, -1, 0x7C00), (5, 0, 0x7E01), (5, -1, 0xFE33), (9, 0, 0xFC00)):
+        blocks[row, blk, at:at + 2] = np.frombuffer(np.uint16(bits).tobytes(), np.uint8)
+    x = np.random.default_rng(5).standard_normal((7, k)).astype(np.float32)
+    xb = x.view(np.uint32)
+    xb[1, 40], xb[1, 300], xb[2, 3], xb[4, 100] = 0x7FC01234, 0xFFC05678, 0x7F800000, 0x7FA00001
+    got, want = (np.frombuffer(b"".join(_products(kn, raw, qtype, x)), np.float32)
+                 for kn in (kernel, "portable"))
+    nan = np.isnan(want)
+    assert nan.any() and (~nan).any()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    assert got[~nan].tobytes() == want[~nan].tobytes()
 
 
 def test_refusals():

@@ -10,6 +10,7 @@ import pytest
 from gguf import GGUFReader
 
 import ggopt
+from ggopt._kernels import _quant_dot
 from ggopt.errors import DTypeError, InvalidValueError, StateError
 from ggopt.lm import SamplingParams, generate, perplexity
 from ggopt.lm.finetune import FinetuneParams, FineTuner
@@ -89,6 +90,25 @@ def test_keep_dequantizes_types_without_kernels(tmp_path):
     # random K-quant blocks make logits of a few hundred; the 8-bit rounding of the activations
     # moves the largest by 20-40 % (the kernels' exactness: tests/kernels/test_quant_dot.py)
     _assert_q8_rounding(llama.logits(kept, IDS), llama.logits(f32, IDS), rel=0.5)
+
+
+def test_keep_gives_the_same_logits_on_every_integer_kernel(tmp_path):
+    """Kept Q4_K, Q6_K, Q4_1 and Q8_0 matrices: the logits' bytes do not depend on the kernel
+    (AMX, AVX-512 VNNI, AVX-VNNI, AVX2, portable: those this CPU has)."""
+    cfg = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256)
+    types = dict(zip(_matrices(cfg), [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0] * 4, strict=False))
+    path = tmp_path / "mixed.gguf"
+    write(path, cfg, types=types)
+    kept = llama.load(path, progress=False, base_type="keep")
+    assert {int(t.type) for t in kept.net.params.values()} >= {int(q) for q in types.values()}
+    outs = set()
+    try:
+        for kernel in _quant_dot.available():
+            _quant_dot.set_kernel(kernel)
+            outs.add(llama.logits(kept, IDS).tobytes())
+    finally:
+        _quant_dot.set_kernel("auto")
+    assert len(outs) == 1
 
 
 def test_keep_generates_its_own_greedy_tokens_and_evaluates_near_the_f32_load(tmp_path):
