@@ -8,18 +8,25 @@ lr 1e-4. Each configuration runs in its own process (its peak RSS is its own), t
 alternating ``--rounds`` times; each prints its held-out loss before and after its steps,
 the median step time, tokens/s, :func:`ggopt.lm.memory.memory_report` and the peak RSS, and
 the end the keep/f32 ratios. Not part of the pytest run.
+
+``--process``: the whole ``ggopt finetune`` process as a user runs it instead (load, the
+held-out loss before, one epoch over GPL-3, validation, the merged model and the adapter
+written; ``--lora RANK --base-type keep|f32 --ctx --threads``): each run's peak RSS from
+``wait4`` (that child's alone), its tokens/s as it prints them, and the keep/f32 ratios.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-from bench.bench_finetune import bench_parser, gpl3_windows, model_path
+from bench.bench_finetune import GPL3, bench_parser, gpl3_windows, model_path
 
 CONFIGS = ("f32", "keep")
 
@@ -52,8 +59,57 @@ def child(base_type: str, steps: int, n_ctx: int, threads: int, rank: int) -> di
             "weights_mb": mem.weights_bytes / 1e6, "weights_f32_mb": mem.weights_f32_bytes / 1e6}
 
 
+def run_process(base_type: str, args, out_dir: str) -> tuple[float, float, float]:
+    """One ``ggopt finetune`` run: (its peak RSS in MB, its training tokens/s, wall s)."""
+    cmd = [sys.executable, "-m", "ggopt", "finetune", "--model", str(model_path(True)),
+           "--base-type", base_type, "--lora", str(args.rank), "--text", GPL3, "--ctx",
+           str(args.ctx), "--threads", str(args.threads), "--no-progress",
+           "--out", os.path.join(out_dir, f"{base_type}.gguf"),
+           "--adapter-out", os.path.join(out_dir, f"{base_type}-adapter.gguf")]
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        out = log.read()
+    if proc.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{out}")
+    rate = re.search(r"([0-9.]+) tokens/s", out)
+    return (usage.ru_maxrss * 1024 / 1e6, float(rate.group(1)) if rate else 0.0,
+            time.perf_counter() - t0)
+
+
+def process_main(args) -> int:
+    """``--process``: the whole command, the configurations alternating ``--rounds`` times."""
+    peaks: dict[str, list[float]] = {}
+    rates: dict[str, list[float]] = {}
+    print(f"load: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as out_dir:
+        for _ in range(args.rounds):
+            for config in args.configs.split(","):
+                peak, rate, wall = run_process(config, args, out_dir)
+                peaks.setdefault(config, []).append(peak)
+                rates.setdefault(config, []).append(rate)
+                print(f"{config}: peak RSS {peak:.0f} MB, {rate:.1f} tokens/s (training), "
+                      f"{wall:.1f} s in all", flush=True)
+    print(f"load: {os.getloadavg()}")
+    if set(CONFIGS) <= set(peaks):
+        hi = {c: max(p) for c, p in peaks.items()}
+        print(f"keep / f32, the whole process: peak RSS {hi['keep']:.0f} / {hi['f32']:.0f} MB "
+              f"= x{hi['keep'] / hi['f32']:.3f} (the rounds' maxima); tokens/s "
+              f"x{statistics.median(rates['keep']) / statistics.median(rates['f32']):.3f} "
+              f"(medians)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = bench_parser(__doc__, CONFIGS).parse_args(argv)
+    p = bench_parser(__doc__, CONFIGS)
+    p.add_argument("--process", action="store_true",
+                   help="the whole `ggopt finetune` process, one epoch (module docstring)")
+    args = p.parse_args(argv)
+    if args.process:
+        return process_main(args)
     if args.child:
         rec = child(args.child, args.warm + args.steps, args.ctx, args.threads, args.rank)
         print(json.dumps(rec))

@@ -175,6 +175,18 @@ class Scheduler:
             self._current = None
             self._graph = None
 
+    def release_buffers(self) -> None:
+        """Forget the allocated graph (as :meth:`reset`) and every compiled plan, and drop the
+        compute buffers: their memory goes back to the system once nothing else holds it (after
+        a training run, before its results are written). The next :meth:`alloc_graph`
+        allocates and plans again. ggml frees them only with the scheduler
+        (``ggml_backend_sched_free``)."""
+        with self._lock:
+            self.reset()
+            self._buffers.clear()
+            self._cache.clear()
+            self._plans.clear()
+
     def alloc_graph(self, g: Graph) -> bool:
         """Assign backends and memory to every tensor of ``g`` that has none.
 

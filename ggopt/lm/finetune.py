@@ -480,4 +480,10 @@ class FineTuner:
         return self.schedule if isinstance(self.schedule, Schedule) else None
 
     def close(self) -> None:
+        """Release the optimization context, and with it the scheduler's compute buffers (the
+        activations: most of a step's memory) while it holds this fine-tune's graph."""
+        sched, loss = self.net.sched, self.opt_ctx.loss
+        graph = sched.allocated_graph
         self.opt_ctx.close()
+        if graph is not None and loss is not None and loss in graph.visited:
+            sched.release_buffers()

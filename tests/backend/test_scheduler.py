@@ -238,3 +238,35 @@ def test_a_graph_writing_read_only_memory_is_refused_at_alloc():
             sched.alloc_graph(g)
         assert y.buffer is None
     np.testing.assert_array_equal(gb.tensor_get(f), [0, 1, 2])
+
+
+def test_release_buffers_frees_the_compute_memory_and_the_next_alloc_plans_again():
+    import gc
+    import weakref
+
+    ctx, cctx = ggopt.Context(), ggopt.Context()
+    a = ctx.new_tensor_1d(ggopt.F32, 1000)
+    y = ggopt.sqr(cctx, ggopt.scale(cctx, a, 3.0))
+    ggopt.set_output(y)
+    gf = ggopt.new_graph(cctx)
+    ggopt.build_forward_expand(gf, y)
+    cpu = gb.cpu_init()
+    gb.alloc_ctx_tensors(ctx, cpu)
+    x = np.linspace(-2, 2, 1000, dtype=np.float32)
+    gb.tensor_set(a, x)
+    sched = gb.Scheduler([cpu])
+    sched.graph_compute(gf)
+    first = y.numpy().copy()
+    held = sched.held_buffer_bytes()
+    assert held >= 4000
+    buf = weakref.ref(y.buffer)
+    sched.release_buffers()
+    gc.collect()
+    assert buf() is None  # nothing else kept the compute buffer alive
+    assert sched.held_buffer_bytes() == 0 and sched.allocated_graph is None
+    assert y.buffer is None and a.buffer is not None  # the context's own memory stays
+    with pytest.raises(StateError):
+        y.numpy()
+    sched.graph_compute(gf)  # planned and allocated again
+    assert sched.held_buffer_bytes() == held
+    np.testing.assert_array_equal(y.numpy(), first)

@@ -262,3 +262,30 @@ def test_a_freed_context_takes_no_tensors_and_its_tensors_stay_usable():
     assert len(ctx) == 0 and b.src == (a,)
     with pytest.raises(ggopt.errors.StateError, match="freed"):
         ctx.new_tensor_1d(ggopt.F32, 4)
+
+
+def test_close_frees_the_compute_buffers_only_while_they_hold_its_graph():
+    """close() drops the scheduler's compute buffers (the activations) when the scheduler
+    still holds the fine-tune's graph; after another graph was allocated it leaves them."""
+    net = tiny()
+    ft = FineTuner(net, windows(6), FinetuneParams(val_split=0.0))
+    ft.microbatch(0, True, 1.0)
+    assert net.sched.held_buffer_bytes() > 0
+    ft.close()
+    assert net.sched.held_buffer_bytes() == 0
+    ft = FineTuner(net, windows(6), FinetuneParams(val_split=0.0, static=False))
+    ft.microbatch(0, True, 1.0)
+    ctx, cctx = ggopt.Context(), ggopt.Context()
+    a = ctx.new_tensor_1d(ggopt.F32, 4)
+    y = ggopt.sqr(cctx, a)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph(cctx)
+    ggopt.build_forward_expand(gf, y)
+    gb.alloc_ctx_tensors(ctx, net.sched.get_backend(0))
+    gb.tensor_set(a, np.arange(4, dtype=np.float32))
+    net.sched.reset()
+    net.sched.alloc_graph(gf)
+    ft.close()
+    assert net.sched.allocated_graph is gf and net.sched.held_buffer_bytes() > 0
+    net.sched.graph_compute(gf)
+    np.testing.assert_array_equal(y.numpy(), [0, 1, 4, 9])
