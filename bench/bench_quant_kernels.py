@@ -70,7 +70,7 @@ def test_quantized_kernel(benchmark, ratio_to, bench_threads, shape, qtype, pack
                        f"{'packed panels' if packed else 'panels per call'}")
     x = np.random.default_rng(1).standard_normal((N, K)).astype(np.float32)
     out = np.empty((N, M), np.float32)
-    rounds = {"warmup_rounds": 1, "rounds": 3 if impl == "portable" else 15}
+    rounds = {"warmup_rounds": 3, "rounds": 3 if impl == "portable" else 40}
     qt = GGType[qtype]
     raw = _weight(qt, K, M)
     if impl == "f32":
