@@ -123,17 +123,6 @@ static inline void ggopt_q8_sums16(const int8_t *q, Py_ssize_t K, int bias, int3
    on each element (max_ps keeps its second operand on NaN like ggopt_maxps, roundscale to
    nearest even like nearbyintf, cvtps_epi32's INT32_MIN, signed saturation to int8; Q8_K's
    magic-number rounding and truncation to int8), the same bits */
-/* the sums of each 16 of 64 signed codes: biased to unsigned and summed 8 at a time by
-   vpsadbw (exact integers, the same as adding the codes) */
-GGOPT_VNNI static inline __m128i ggopt_sums16x4(__m512i codes) {
-    __m512i sad = _mm512_sad_epu8(_mm512_xor_si512(codes, _mm512_set1_epi8((char)0x80)),
-                                  _mm512_setzero_si512());
-    sad = _mm512_add_epi64(sad, _mm512_shuffle_epi32(sad, _MM_PERM_BADC));
-    __m128i s4 = _mm512_castsi512_si128(_mm512_permutexvar_epi32(
-        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), sad));
-    return _mm_sub_epi32(s4, _mm_set1_epi32(16 * 128));
-}
-
 GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t K, int bias,
                                            int8_t *q, float *d, float *s, int32_t *sums) {
     if (vtype == GGOPT_VD_Q8_K) {
@@ -167,9 +156,9 @@ GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t
                 d[b] = 1.0f / iscale;
             }
         }
-        for (Py_ssize_t i = 0; i < K / 64; i++)
-            _mm_storeu_si128((__m128i *)(sums + 4 * i),
-                             ggopt_sums16x4(_mm512_loadu_si512(q + 64 * i)));
+        for (Py_ssize_t i = 0; i < K / 16; i++)
+            sums[i] = _mm512_reduce_add_epi32(
+                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i))));
         return;
     }
     for (Py_ssize_t b = 0; b < K / GGOPT_QK; b++) {
@@ -190,13 +179,8 @@ GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t
             _mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid),
             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
         __m128i c0 = _mm512_cvtsepi32_epi8(i0), c1 = _mm512_cvtsepi32_epi8(i1);
-        /* the two 16-sums: the codes biased to unsigned, summed 8 at a time by vpsadbw */
-        __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(_mm256_set_m128i(c1, c0),
-                                                       _mm256_set1_epi8((char)0x80)),
-                                      _mm256_setzero_si256());
-        sad = _mm256_add_epi64(sad, _mm256_shuffle_epi32(sad, 0x4E));
-        sums[2 * b] = _mm256_cvtsi256_si32(sad) - 16 * 128;
-        sums[2 * b + 1] = _mm256_extract_epi32(sad, 4) - 16 * 128;
+        sums[2 * b] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c0));
+        sums[2 * b + 1] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c1));
         if (bias) {
             c0 = _mm_xor_si128(c0, _mm_set1_epi8((char)0x80));
             c1 = _mm_xor_si128(c1, _mm_set1_epi8((char)0x80));
