@@ -252,6 +252,30 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
 
 
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
+@pytest.mark.parametrize("kernel", SIMD_KERNELS)
+def test_hostile_codes_on_whole_tiles_are_exact(qtype, kernel):
+    """The hostile weights and saturated activations above on 67 rows, so that the AMX kernel
+    (where the CPU has it) takes whole 16-row tiles and the rest the VNNI kernel: its Q4_K sums
+    of a chunk's sub-blocks, d_j * sc_j with sc_j = 63 and |d_j| = 32 * 127 * 15, pass through
+    float and stay exact; the bits of the NumPy port and the portable kernel."""
+    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    k = 2 * qb
+    raw = _hostile_weights(qtype, 37, k)
+    rows = np.full((6, k), -1.0, np.float32)
+    rows[1] = 1.0
+    rows[2, :] = np.where(np.arange(k) % 2, 1.0, -1.0)
+    rows[3].reshape(-1, 32)[:, :8] = np.nan
+    rows[4] = np.where(np.arange(k) % 3, -1.0, 1.0)
+    rows[5] = np.random.default_rng(4).standard_normal(k)
+    x = np.tile(rows, (12, 1))[:67]
+    want = ref.int_product(raw, int(qtype), x)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    for packed in (False, True):
+        mine = _products(kernel, raw, qtype, x, packed)
+        assert mine == _products("portable", raw, qtype, x, packed) == [want.tobytes()] * 3
+
+
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_packed_panels_give_the_same_bits(qtype, kernel):
     """Panels packed once (pack_weight) and passed to mul_mat_q8: the bits of the NumPy port
