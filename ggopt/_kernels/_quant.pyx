@@ -45,7 +45,8 @@ cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
 cdef Py_ssize_t PANEL_ROWS = 48
 cdef Py_ssize_t PANEL_BLOCKS = 3
 # out_prod_q sums over at most this many weight rows per task (a 49152-row output head: 12
-# chunks per panel, summed in order; its scratch would otherwise be M x 96 floats per thread).
+# chunks per panel, summed in order; its scratch would otherwise be M x 96 floats per thread);
+# the partial sums of only as many chunks at a time as the threads need are held.
 cdef Py_ssize_t SUM_ROWS = 4096
 # block columns per panel when the sum is chunked (wide panels: the chunks give the tasks)
 cdef Py_ssize_t CHUNKED_PANEL_BLOCKS = 9
@@ -273,7 +274,8 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
     Panels of 3 block columns (96 elements; one 256-element super-block for the K-quants) of
     ``w`` are dequantized into a per-thread scratch and multiplied on one BLAS thread each. Over
     more than 4096 weight rows (an output head), each panel's sum is cut into chunks of 4096
-    rows, computed as separate tasks and added in chunk order; panels and chunks depend on the
+    rows, computed as separate tasks (as many chunks at a time as give every thread one; only
+    their partial sums are held) and added in chunk order; panels and chunks depend on the
     shapes alone, so the result does not depend on the thread count.
 
     Parameters
@@ -308,43 +310,52 @@ def out_prod_quantized(const uint8_t[:, :] w not None, int qtype, const float[:,
             memset(ob + i * ldo, 0, K * sizeof(float))
         return
     # Tasks: (column panel, chunk of at most SUM_ROWS weight rows). One chunk: each panel
-    # writes its columns of out. Several (the output head): each task writes its partial
-    # product into its chunk's slice of `part`, which is then summed in chunk order.
-    cdef Py_ssize_t ntasks = npanels * nchunks, t, c, n, k
+    # writes its columns of out. Several (the output head): the chunks go in groups of just
+    # enough to give every thread a task; each task writes its partial product into its
+    # chunk's slice of `part` (one group's), which is then added to out in chunk order.
+    cdef Py_ssize_t group = min(nchunks, (n_threads + npanels - 1) // npanels)
+    cdef Py_ssize_t ntasks = npanels * group, t, c, c0, cg, n, k
     cdef int team = <int>min(<Py_ssize_t>n_threads, ntasks)
     cdef Py_ssize_t panel = rows * pb * qk
     cdef float *scratch = <float *>malloc(team * panel * sizeof(float))
-    cdef float *part = <float *>malloc(nchunks * N * K * sizeof(float)) if nchunks > 1 else NULL
+    cdef float *part = <float *>malloc(group * N * K * sizeof(float)) if nchunks > 1 else NULL
     cdef float *acc
     if scratch == NULL or (nchunks > 1 and part == NULL):
         free(scratch)
         free(part)
         raise MemoryError(f"{fn}: out of memory for {team} panels of {rows}x{pb * qk} "
-                          f"floats and {nchunks} partial sums of {N}x{K}")
+                          f"floats and {group} partial sums of {N}x{K}")
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
     cdef const float *gb = &g[0, 0]
     cdef int bb = ggopt_q_block_bytes(qtype)
     try:
         with nogil:
-            for t in prange(ntasks, schedule="static", chunksize=1, num_threads=team,
-                            use_threads_if=team > 1):
-                p = t // nchunks
-                c = t % nchunks
-                _out_prod_panel(qtype, bb, qk, wb + c * rows * ws, ws, min(M - c * rows, rows),
-                                p * pb, min(nb, (p + 1) * pb), N,
-                                gb + c * rows, ldg, ob if nchunks == 1 else part + c * N * K,
-                                ldo if nchunks == 1 else <int>K,
-                                scratch + omp_get_thread_num() * panel)
-            if nchunks > 1:
-                for n in prange(N, schedule="static", num_threads=<int>min(
-                        <Py_ssize_t>n_threads, N), use_threads_if=n_threads > 1 and N > 1):
-                    acc = ob + n * ldo
-                    for k in range(K):
-                        acc[k] = part[n * K + k]
-                    for c in range(1, nchunks):
-                        for k in range(K):
-                            acc[k] += part[(c * N + n) * K + k]
+            c0 = 0
+            while c0 < nchunks:
+                cg = min(group, nchunks - c0)
+                for t in prange(npanels * cg, schedule="static", chunksize=1,
+                                num_threads=team, use_threads_if=team > 1):
+                    p = t // cg
+                    c = c0 + t % cg
+                    _out_prod_panel(qtype, bb, qk, wb + c * rows * ws, ws,
+                                    min(M - c * rows, rows), p * pb, min(nb, (p + 1) * pb), N,
+                                    gb + c * rows, ldg,
+                                    ob if nchunks == 1 else part + (c - c0) * N * K,
+                                    ldo if nchunks == 1 else <int>K,
+                                    scratch + omp_get_thread_num() * panel)
+                if nchunks > 1:
+                    for n in prange(N, schedule="static", num_threads=<int>min(
+                            <Py_ssize_t>n_threads, N), use_threads_if=n_threads > 1 and N > 1):
+                        acc = ob + n * ldo
+                        for c in range(c0, c0 + cg):
+                            if c == 0:
+                                for k in range(K):
+                                    acc[k] = part[n * K + k]
+                            else:
+                                for k in range(K):
+                                    acc[k] += part[((c - c0) * N + n) * K + k]
+                c0 = c0 + cg
     finally:
         free(scratch)
         free(part)

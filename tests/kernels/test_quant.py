@@ -114,19 +114,21 @@ def test_mul_mat_is_the_dequantized_product(qtype, shape):
 @pytest.mark.parametrize("shape", [(1, 32, 1), (7, 96, 3), (70, 288, 5), (9000, 160, 3),
                                    (8200, 320, 2)])
 def test_out_prod_is_g_times_the_dequantized_weight(qtype, shape):
-    # over 4096 rows (an output head) the sums are chunked: 3 chunks, 1 or 2 wide panels
+    # over 4096 rows (an output head) the sums are chunked: 3 chunks, 1 or 2 wide panels,
+    # computed as many chunks at a time as the threads need (1, 2 or 3: a last group of 1)
     M, K, N = shape
     raw = gq.quantize(_values(M, K, seed=6), GQT(int(qtype)))
     w = gq.dequantize(raw, GQT(int(qtype)))
     g = _values(N, M, seed=7)
     outs = []
-    for n in (1, 2):
+    for n in (1, 2, 3, 5):
         out = np.full((N, K), 7.0, np.float32)
         _quant.out_prod_quantized(raw, int(qtype), g, out, n)
         outs.append(out)
     np.testing.assert_allclose(outs[0], g.astype(np.float64) @ w.astype(np.float64),
                                rtol=1e-4, atol=1e-4 * float(np.abs(g).max() * np.abs(w).max()))
-    np.testing.assert_array_equal(_bits(outs[0]), _bits(outs[1]))
+    for out in outs[1:]:
+        np.testing.assert_array_equal(_bits(outs[0]), _bits(out))
 
 
 def test_products_read_padded_row_strides():

@@ -298,6 +298,108 @@ def test_read_only_weights_keep_their_panels_and_writable_ones_never_go_stale(tm
     assert cpu_quant.panels_bytes() == before
 
 
+def test_only_few_row_products_keep_panels_and_wide_ones_use_those_kept(tmp_path):
+    """Products of PANEL_ROWS or more rows (a fine-tune's) decode a read-only weight per call
+    and keep nothing; one of fewer rows (a generated token's) keeps its panels, which later
+    wide products use: the same bits every way."""
+    import gc
+
+    from ggopt.backend.cpu.ops import quant as cpu_quant
+
+    gc.collect()
+    before = cpu_quant.panels_bytes()
+    raw, _ = _blocks(GGType.Q8_0, 40, 64, seed=14)
+    raw.tofile(tmp_path / "w.bin")
+    wide = _f32(cpu_quant.PANEL_ROWS, 64, seed=15)
+    ctx, wt, xt, y, gf, sched = _mapped_product(tmp_path / "w.bin", GGType.Q8_0, 40, 64, wide)
+    few = ggopt.Context()
+    xf = few.new_tensor(F32, (64, cpu_quant.PANEL_ROWS - 1))
+    ggopt.set_input(xf)
+    yf = ggopt.mul_mat(few, wt, xf)
+    ggopt.set_output(yf)
+    gf_few = ggopt.new_graph_custom(few, 16, False)
+    ggopt.build_forward_expand(gf_few, yf)
+    sched_few = gb.Scheduler([gb.cpu_init(2)])
+    sched_few.alloc_graph(gf_few)
+    gb.tensor_set(xt, wide)
+    gb.tensor_set(xf, wide[1:])
+    shape = _quant_dot.packed_shape(int(GGType.Q8_0), 40, 64)
+    for graph, s, kept in ((gf, sched, 0), (gf, sched, 0), (gf_few, sched_few, 1), (gf, sched, 1)):
+        s.graph_compute(graph)
+        assert cpu_quant.panels_bytes() - before == kept * shape[0] * shape[1]
+        np.testing.assert_array_equal(y.numpy().view(np.uint32),
+                                      _int(raw, GGType.Q8_0, wide).view(np.uint32))
+        if graph is gf_few:
+            np.testing.assert_array_equal(yf.numpy().view(np.uint32),
+                                          _int(raw, GGType.Q8_0, wide[1:]).view(np.uint32))
+
+
+_PEAKS = """
+import json, resource, sys
+import numpy as np
+import ggopt
+from ggopt import backend as gb
+from ggopt.quants import tensor_from_blocks
+from ggopt.types import F32, GGType
+
+rows, cols = 8192, 4096
+mapped = np.memmap(sys.argv[1], dtype=np.uint8, mode="r").reshape(rows, -1)
+ctx = ggopt.Context()
+wt = tensor_from_blocks(ctx, GGType.Q4_1, (cols, rows), mapped, "mapped")
+graphs = []
+for n in (256, 1):
+    gctx = ggopt.Context()
+    xt = gctx.new_tensor(F32, (cols, n))
+    ggopt.set_input(xt)
+    y = ggopt.mul_mat(gctx, wt, xt)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(gctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    sched = gb.Scheduler([gb.cpu_init(2)])
+    sched.alloc_graph(gf)
+    gb.tensor_set(xt, np.ones((n, cols), np.float32))
+    graphs.append((sched, gf, y))
+int(np.asarray(mapped).sum())  # the file's pages resident before the first peak
+def rss():  # (now, peak) in bytes
+    with open("/proc/self/statm") as f:
+        now = int(f.read().split()[1]) * resource.getpagesize()
+    return now, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+sizes = [rss()]
+for sched, gf, y in (graphs[0], graphs[0], graphs[1], graphs[0]):
+    sched.graph_compute(gf)
+    sizes.append(rss())
+print(json.dumps(sizes))
+"""
+
+
+def test_a_wide_product_of_a_mapped_weight_does_not_grow_the_process_by_its_panels(tmp_path):
+    """RSS of a process (its own, in a subprocess): 256-row products of an 8192 x 4096 Q4_1
+    weight mapped from its file raise its peak and what it holds by far less than the
+    weight's 46 MB of panels; the first one-row product adds them (kept), after which the
+    wide product adds nothing."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows, cols = 8192, 4096
+    blocks = np.random.default_rng(16).integers(0, 256, (rows, cols // 32, 20), np.uint8)
+    blocks[..., 0:4] = np.array([0.01, -0.05], np.float16).view(np.uint8)  # d, m
+    blocks.tofile(tmp_path / "w.bin")
+    panels = np.prod(_quant_dot.packed_shape(int(GGType.Q4_1), rows, cols))
+    out = subprocess.run([sys.executable, "-c", _PEAKS, str(tmp_path / "w.bin")],
+                         capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    (r0, p0), _, (r_wide, p_wide), (r_one, _), (r_wide3, _) = json.loads(
+        out.stdout.strip().splitlines()[-1])
+    # what the wide products add: their 256 x 8192 output and activations (17 MB)
+    assert p_wide - p0 < 0.5 * panels, f"peak: {(p_wide - p0) / 1e6:.1f} MB more"
+    assert r_wide - r0 < 0.5 * panels, f"held: {(r_wide - r0) / 1e6:.1f} MB more"
+    assert r_one - r_wide > 0.9 * panels  # the one-row product keeps the panels
+    assert r_wide3 - r_one < 0.05 * panels
+
+
 def test_tensor_from_blocks_refuses_strided_arrays_and_non_int_types():
     """A strided uint8 array was silently copied (the tensor no longer its memory), a strided
     F32 one a raw NumPy ValueError; a float or bool type id was taken as an int."""

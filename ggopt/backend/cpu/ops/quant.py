@@ -6,7 +6,9 @@ compilers (``linalg``, ``rows``, ``views``) hand such nodes here.
 Products loop over ggml's dim-2/3 broadcast in Python; each 2-D product is one kernel call on
 ``n_threads`` OpenMP threads, its panels cut from the shapes alone. The decoded panels of a
 weight in a read-only buffer (mapped from its file: it cannot change) are made at its first
-product and kept with that buffer (:func:`weight_panels`); other weights are decoded per call.
+product of fewer than :data:`PANEL_ROWS` activation rows and kept with that buffer
+(:func:`weight_panels`); other weights, and wider products of a weight not yet kept, are
+decoded per call (the same bits).
 """
 
 from __future__ import annotations
@@ -42,17 +44,28 @@ _PANELS: WeakKeyDictionary[Buffer, dict[tuple[int, tuple[int, ...], tuple[int, .
                                         np.ndarray]] = WeakKeyDictionary()
 
 
-def weight_panels(buf: Buffer, w: np.ndarray, qtype: int, cols: int,
-                  n_threads: int) -> np.ndarray | None:
+#: Products with fewer activation rows than this make and keep a read-only weight's panels
+#: (generation's one-token products, where decoding the weight would dominate); wider
+#: products (a fine-tune's or an evaluation's 256-512 tokens) decode per call unless the
+#: panels are already kept: decoding is a few % of such a product, the panels 2.2x a Q4_1
+#: weight's memory (docs/quantized-products.md, "Cached panels").
+PANEL_ROWS = 16
+
+
+def weight_panels(buf: Buffer, w: np.ndarray, qtype: int, cols: int, n_threads: int,
+                  rows: int) -> np.ndarray | None:
     """The panels :func:`_quant_dot.mul_mat_q8` multiplies for the weight ``w`` (2-D raw rows
-    of ``cols`` elements in ``buf``), packed at the first call and kept while ``buf`` lives;
-    None unless ``buf`` is read-only (only memory that cannot change may keep its panels)."""
+    of ``cols`` elements in ``buf``) in a product of ``rows`` activation rows: packed at the
+    first call with fewer than :data:`PANEL_ROWS` rows and kept while ``buf`` lives; None
+    (decode per call) unless ``buf`` is read-only (only memory that cannot change may keep
+    its panels) or while a wider product meets a weight with no panels kept."""
     if not buf.read_only:
         return None
     key = (w.__array_interface__["data"][0], w.shape, w.strides, qtype)
-    store = _PANELS.setdefault(buf, {})
-    panels = store.get(key)
-    if panels is None:
+    store = _PANELS.get(buf)
+    panels = None if store is None else store.get(key)
+    if panels is None and rows < PANEL_ROWS:
+        store = _PANELS.setdefault(buf, {})
         panels = np.empty(_quant_dot.packed_shape(qtype, w.shape[0], cols), np.uint8)
         _quant_dot.pack_weight(w, qtype, panels, n_threads)
         store[key] = panels
@@ -85,7 +98,8 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     def step() -> None:
         for w, x, out in slices:
             _quant_dot.mul_mat_q8(w, qtype, _rows_unit(x), out, be.n_threads,
-                                  packed=weight_panels(buf, w, qtype, cols, be.n_threads))
+                                  packed=weight_panels(buf, w, qtype, cols, be.n_threads,
+                                                       x.shape[0]))
 
     return step
 
