@@ -18,17 +18,13 @@ from ggopt import (
     opt,
 )
 from ggopt import backend as gb
+from tests.support.helpers import square_graph
 from tests.support.opt_fixture import get_test_opt_pars, make_ctx_data
 from tests.support.state import observable_state
 
 
 def test_alloc_graph_twice_without_reset():
-    ctx, cctx = ggopt.Context(), ggopt.Context()
-    a = ctx.new_tensor_1d(ggopt.F32, 3)
-    y = ggopt.sqr(cctx, a)
-    ggopt.set_output(y)
-    gf = ggopt.new_graph(cctx)
-    ggopt.build_forward_expand(gf, y)
+    ctx, cctx, a, y, gf = square_graph(3)
     cpu = gb.cpu_init()
     gb.alloc_ctx_tensors(ctx, cpu)
     gb.tensor_set(a, np.array([1, 2, 3], np.float32))

@@ -232,23 +232,12 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
     maximum skips), -127 and 127: where vpmaddubsw would saturate (Q8_0's signed codes against
     biased activations) or 16-bit pair sums would overflow, the integers stay exact."""
     qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
-    k = 2 * qb
-    raw = _hostile_weights(qtype, 37, k)
-    x = np.full((6, k), -1.0, np.float32)
-    x[1] = 1.0
-    x[2, :] = np.where(np.arange(k) % 2, 1.0, -1.0)
-    x[3].reshape(-1, 32)[:, :8] = np.nan  # codes -128 with a finite scale (not for Q8_K)
-    x[4].reshape(-1, 32)[:, :8] = np.nan
-    x[4, 8::2] = 1.0
-    x[5] = np.random.default_rng(3).standard_normal(k)
+    raw = _hostile_weights(qtype, 37, 2 * qb)
+    x = _saturating_rows(2 * qb, seed=3)
     q, _, _, _ = _activations(qtype, x)
     codes = q.view(np.uint8).astype(np.int32) - 128 if qtype == GGType.Q8_0 else q
     assert codes.min() == (-127 if qb == 256 else -128) and codes.max() == 127
-    want = ref.int_product(raw, int(qtype), x)
-    assert np.isfinite(want).all() and np.abs(want).max() > 0
-    for packed in (False, True):
-        mine = _products(kernel, raw, qtype, x, packed)
-        assert mine == _products("portable", raw, qtype, x, packed) == [want.tobytes()] * 3
+    _assert_kernel_gives_the_port(kernel, raw, qtype, x)
 
 
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
@@ -259,15 +248,29 @@ def test_hostile_codes_on_whole_tiles_are_exact(qtype, kernel):
     of a chunk's sub-blocks, d_j * sc_j with sc_j = 63 and |d_j| = 32 * 127 * 15, pass through
     float and stay exact; the bits of the NumPy port and the portable kernel."""
     qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
-    k = 2 * qb
-    raw = _hostile_weights(qtype, 37, k)
-    rows = np.full((6, k), -1.0, np.float32)
-    rows[1] = 1.0
-    rows[2, :] = np.where(np.arange(k) % 2, 1.0, -1.0)
-    rows[3].reshape(-1, 32)[:, :8] = np.nan
-    rows[4] = np.where(np.arange(k) % 3, -1.0, 1.0)
-    rows[5] = np.random.default_rng(4).standard_normal(k)
-    x = np.tile(rows, (12, 1))[:67]
+    raw = _hostile_weights(qtype, 37, 2 * qb)
+    x = np.tile(_saturating_rows(2 * qb, seed=4), (10, 1))[:67]
+    _assert_kernel_gives_the_port(kernel, raw, qtype, x)
+
+
+def _saturating_rows(k, seed):
+    """Activation rows at the edges of the 8-bit codes: all -1 (codes -127), all 1, alternating
+    signs, NaN heads of each 32-block (codes -128 with a finite scale; not for Q8_K), the same
+    with the rest alternating, every third element 1, and one random row."""
+    x = np.full((7, k), -1.0, np.float32)
+    x[1] = 1.0
+    x[2] = np.where(np.arange(k) % 2, 1.0, -1.0)
+    x[3].reshape(-1, 32)[:, :8] = np.nan
+    x[4].reshape(-1, 32)[:, :8] = np.nan
+    x[4, 8::2] = 1.0
+    x[5] = np.where(np.arange(k) % 3, -1.0, 1.0)
+    x[6] = np.random.default_rng(seed).standard_normal(k)
+    return x
+
+
+def _assert_kernel_gives_the_port(kernel, raw, qtype, x):
+    """The kernel's products, per call and from packed panels, on 1..3 threads: the bits of the
+    portable kernel and of the NumPy port, which must be finite and not all zero."""
     want = ref.int_product(raw, int(qtype), x)
     assert np.isfinite(want).all() and np.abs(want).max() > 0
     for packed in (False, True):

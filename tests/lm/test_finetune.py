@@ -17,6 +17,7 @@ from ggopt.lm.windows import MASKED, split_point, text_windows
 from ggopt.models import llama
 from ggopt.opt.schedule import epoch_decay, warmup_cosine
 from tests.support.finetune import CFG, loss_and_grads, tiny, windows
+from tests.support.helpers import square_graph
 
 
 def test_windows_as_llama_cpp():
@@ -275,12 +276,7 @@ def test_close_frees_the_compute_buffers_only_while_they_hold_its_graph():
     assert net.sched.held_buffer_bytes() == 0
     ft = FineTuner(net, windows(6), FinetuneParams(val_split=0.0, static=False))
     ft.microbatch(0, True, 1.0)
-    ctx, cctx = ggopt.Context(), ggopt.Context()
-    a = ctx.new_tensor_1d(ggopt.F32, 4)
-    y = ggopt.sqr(cctx, a)
-    ggopt.set_output(y)
-    gf = ggopt.new_graph(cctx)
-    ggopt.build_forward_expand(gf, y)
+    ctx, cctx, a, y, gf = square_graph(4)
     gb.alloc_ctx_tensors(ctx, net.sched.get_backend(0))
     gb.tensor_set(a, np.arange(4, dtype=np.float32))
     net.sched.reset()

@@ -20,7 +20,7 @@ from ggopt.backend.array.ops.quant import int_product
 from ggopt.errors import DTypeError, GgoptError, ShapeError
 from ggopt.quants import tensor_from_blocks
 from ggopt.types import F32, GGType
-from tests.support.helpers import run
+from tests.support.helpers import product_graph, run
 
 TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0]
 
@@ -312,15 +312,7 @@ def test_only_few_row_products_keep_panels_and_wide_ones_use_those_kept(tmp_path
     raw.tofile(tmp_path / "w.bin")
     wide = _f32(cpu_quant.PANEL_ROWS, 64, seed=15)
     ctx, wt, xt, y, gf, sched = _mapped_product(tmp_path / "w.bin", GGType.Q8_0, 40, 64, wide)
-    few = ggopt.Context()
-    xf = few.new_tensor(F32, (64, cpu_quant.PANEL_ROWS - 1))
-    ggopt.set_input(xf)
-    yf = ggopt.mul_mat(few, wt, xf)
-    ggopt.set_output(yf)
-    gf_few = ggopt.new_graph_custom(few, 16, False)
-    ggopt.build_forward_expand(gf_few, yf)
-    sched_few = gb.Scheduler([gb.cpu_init(2)])
-    sched_few.alloc_graph(gf_few)
+    xf, yf, gf_few, sched_few = product_graph(wt, cpu_quant.PANEL_ROWS - 1)
     gb.tensor_set(xt, wide)
     gb.tensor_set(xf, wide[1:])
     shape = _quant_dot.packed_shape(int(GGType.Q8_0), 40, 64)
@@ -340,7 +332,8 @@ import numpy as np
 import ggopt
 from ggopt import backend as gb
 from ggopt.quants import tensor_from_blocks
-from ggopt.types import F32, GGType
+from ggopt.types import GGType
+from tests.support.helpers import product_graph
 
 rows, cols = 8192, 4096
 mapped = np.memmap(sys.argv[1], dtype=np.uint8, mode="r").reshape(rows, -1)
@@ -348,15 +341,7 @@ ctx = ggopt.Context()
 wt = tensor_from_blocks(ctx, GGType.Q4_1, (cols, rows), mapped, "mapped")
 graphs = []
 for n in (256, 1):
-    gctx = ggopt.Context()
-    xt = gctx.new_tensor(F32, (cols, n))
-    ggopt.set_input(xt)
-    y = ggopt.mul_mat(gctx, wt, xt)
-    ggopt.set_output(y)
-    gf = ggopt.new_graph_custom(gctx, 16, False)
-    ggopt.build_forward_expand(gf, y)
-    sched = gb.Scheduler([gb.cpu_init(2)])
-    sched.alloc_graph(gf)
+    xt, y, gf, sched = product_graph(wt, n)
     gb.tensor_set(xt, np.ones((n, cols), np.float32))
     graphs.append((sched, gf, y))
 int(np.asarray(mapped).sum())  # the file's pages resident before the first peak

@@ -30,6 +30,37 @@ def new_tensor(ctx: ggopt.Context, arr: np.ndarray, name: str = "") -> ggopt.Ten
     return t
 
 
+def square_graph(n: int) -> tuple[ggopt.Context, ggopt.Context, ggopt.Tensor, ggopt.Tensor,
+                                   ggopt.Graph]:
+    """The smallest forward graph: ``y = sqr(a)`` for an F32 vector ``a`` of ``n`` elements,
+    ``a`` in a weight context and ``y`` (an output) in a compute context; nothing allocated.
+    Returns ``(ctx, cctx, a, y, gf)``."""
+    ctx, cctx = ggopt.Context(), ggopt.Context()
+    a = ctx.new_tensor_1d(ggopt.F32, n)
+    y = ggopt.sqr(cctx, a)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph(cctx)
+    ggopt.build_forward_expand(gf, y)
+    return ctx, cctx, a, y, gf
+
+
+def product_graph(w: ggopt.Tensor, n_rows: int, n_threads: int = 2
+                  ) -> tuple[ggopt.Tensor, ggopt.Tensor, ggopt.Graph, gb.Scheduler]:
+    """``y = mul_mat(w, x)`` for an F32 input ``x`` of ``n_rows`` rows, in a compute context
+    of its own, allocated on a scheduler of its own (``n_threads``). Returns
+    ``(x, y, gf, sched)``."""
+    cctx = ggopt.Context()
+    x = cctx.new_tensor(ggopt.F32, (w.ne[0], n_rows))
+    ggopt.set_input(x)
+    y = ggopt.mul_mat(cctx, w, x)
+    ggopt.set_output(y)
+    gf = ggopt.new_graph_custom(cctx, 16, False)
+    ggopt.build_forward_expand(gf, y)
+    sched = gb.Scheduler([gb.cpu_init(n_threads)])
+    sched.alloc_graph(gf)
+    return x, y, gf, sched
+
+
 def assert_close(got: np.ndarray, ref: np.ndarray, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """``got`` equals ``ref`` element for element; trailing/leading size-1 dims may differ."""
     ref = np.asarray(ref)
