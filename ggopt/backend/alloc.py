@@ -10,7 +10,7 @@ Free space is a best-fit list with merging of neighbours.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ..tensor import Op, Tensor
 from ..types import FLAG_INPUT, FLAG_OUTPUT
@@ -30,13 +30,13 @@ INPLACE_OPS = frozenset({
 _PRODUCTS = (Op.MUL_MAT, Op.OUT_PROD)
 
 
-def _inplace_candidates(node: Tensor) -> list[Tensor]:
-    """The sources whose memory ``node`` may take, in the order tried: an add takes a matrix
-    product's memory last, so that the product can be summed into the other operand's memory
-    as one step (``backend/fusion.py``)."""
+def _inplace_candidates(node: Tensor, srcs: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+    """The sources (``srcs``, what ``node`` reads) whose memory it may take, in the order
+    tried: an add takes a matrix product's memory last, so that the product can be summed into
+    the other operand's memory as one step (``backend/fusion.py``)."""
     if node.op is not Op.ADD:
-        return list(node.src)
-    return sorted(node.src, key=lambda s: s is not None and s.op in _PRODUCTS)
+        return list(srcs)
+    return sorted(srcs, key=lambda s: s is not None and s.op in _PRODUCTS)
 
 
 class FreeList:
@@ -100,6 +100,7 @@ def plan_memory(
     extra: Iterable[Tensor] = (),
     owns: Callable[[Tensor], bool] = lambda t: t.buffer is None,
     keep: Iterable[Tensor] = (),
+    sources: Mapping[Tensor, tuple[Tensor | None, ...]] | None = None,
 ) -> MemoryPlan:
     """Plan the memory of every tensor of a graph that ``owns`` accepts.
 
@@ -115,16 +116,20 @@ def plan_memory(
         Predicate: does this plan place the tensor? (Default: it has no memory yet.)
     keep:
         Tensors that must survive the whole graph (read later by another backend).
+    sources:
+        The sources a node reads where they are not its own ``src`` (readers of recomputed
+        copies).
     """
     free = FreeList()
     offsets: dict[Tensor, int] = {}
     children: dict[Tensor, int] = {}
     views: dict[Tensor, int] = {}
 
+    reads = sources or {}
     for node in nodes:
         if node.view_src is not None:
             views[node.view_src] = views.get(node.view_src, 0) + 1
-        for s in node.src:
+        for s in reads.get(node, node.src):
             if s is not None:
                 children[s] = children.get(s, 0) + 1
 
@@ -148,14 +153,15 @@ def plan_memory(
             pinned.add(t)  # freed once
 
     for node in nodes:
+        srcs = reads.get(node, node.src)
         # sources that are leafs without memory are placed when first used
-        for s in node.src:
+        for s in srcs:
             if s is not None:
                 place(s)
         if node not in offsets and node.view_src is None and owns(node):
             reused = False
             if node.op in INPLACE_OPS:
-                for s in _inplace_candidates(node):
+                for s in _inplace_candidates(node, srcs):
                     if (s is not None and s in offsets and s not in pinned and s.view_src is None
                             and not s.flags & FLAG_OUTPUT and s not in keep
                             and children.get(s, 0) == 1
@@ -167,7 +173,7 @@ def plan_memory(
             if not reused:
                 place(node)
         # the node has run: its sources lose a consumer
-        for s in node.src:
+        for s in srcs:
             if s is None:
                 continue
             children[s] -= 1

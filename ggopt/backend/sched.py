@@ -26,6 +26,7 @@ from .base import Backend, Placement, Step
 from .buffer import Buffer, buffer_of, init_view
 from .fusion import count_uses
 from .plan_cache import PlanCache, graph_signature
+from .recompute import plan_recompute
 
 __all__ = ["Scheduler"]
 
@@ -47,7 +48,7 @@ class _Compiled:
     """A graph compiled for this scheduler's backends and buffers."""
 
     __slots__ = ("version", "placed", "views", "fixed", "splits", "sizes", "buffers", "steps",
-                 "layout")
+                 "layout", "recomputed")
 
     def __init__(self) -> None:
         self.version = -1
@@ -58,6 +59,8 @@ class _Compiled:
         self.sizes: dict[Backend, int] = {}
         self.buffers: dict[Backend, Buffer] = {}
         self.steps: list[Step] = []
+        #: the scheduler's own copies of recomputed nodes (``recompute.py``), placed too
+        self.recomputed: list[Tensor] = []
         #: placed, views and fixed with positions in ``leafs + nodes`` for tensors (plans
         #: shared by signature; fixed holds the buffers the signature names by id)
         self.layout: tuple[list[tuple[int, Backend, int]], list[int],
@@ -69,7 +72,8 @@ class _Compiled:
         if any(s.copies or not s.backend.steps_bind_memory for s in self.splits):
             return False
         pos = {t: i for i, t in enumerate(g.leafs + g.nodes)}
-        placed = [(pos.get(t, -1), b, off) for t, b, off in self.placed]
+        own = set(self.recomputed)
+        placed = [(pos.get(t, -1), b, off) for t, b, off in self.placed if t not in own]
         views = [pos.get(t, -1) for t in self.views]
         fixed = [(pos.get(t, -1), buf, off) for t, buf, off in self.fixed]
         if any(i < 0 for i, _, _ in placed + fixed) or any(i < 0 for i in views):
@@ -86,6 +90,8 @@ class _Compiled:
         out = _Compiled()
         out.version = g.version
         out.placed = [(tensors[i], b, off) for i, b, off in placed]
+        out.recomputed = self.recomputed
+        out.placed += [p for p in self.placed if p[0] in set(self.recomputed)]
         out.views = [tensors[i] for i in views]
         out.fixed = [(tensors[i], buf, off) for i, buf, off in fixed]
         out.splits, out.sizes, out.buffers = self.splits, self.sizes, self.buffers
@@ -354,13 +360,21 @@ class Scheduler:
         comp = _Compiled()
         comp.version = g.version
         where = self._assign(g)
+        # One backend: cheap activations read again far later are recomputed there instead
+        # of held (recompute.py); the readers of a copy take their sources from ``reads``.
+        redo = plan_recompute(g.nodes, g.leafs, self._ctx) if len(self.backends) == 1 else None
+        nodes, reads = (redo.nodes, redo.sources) if redo is not None else (g.nodes, {})
+        if redo is not None:
+            comp.recomputed = redo.copies
+            for c in redo.copies:
+                where[c] = self.backends[0]
 
         # Splits: runs of computing nodes on one backend, with copies of foreign inputs.
         splits: list[_Split] = []
         srcs_of: dict[Tensor, tuple[Tensor, ...]] = {}
         keep: dict[Backend, set[Tensor]] = {b: set() for b in self.backends}
         copies: dict[Backend, list[Tensor]] = {b: [] for b in self.backends}
-        for node in g.nodes:
+        for node in nodes:
             if node.op in VIEW_OPS:
                 continue
             b = where[node]
@@ -369,7 +383,7 @@ class Scheduler:
             split = splits[-1]
             split.nodes.append(node)
             srcs = []
-            for j, s in enumerate(node.src):
+            for j, s in enumerate(reads.get(node, node.src)):
                 if s is None:
                     srcs.append(s)
                     continue
@@ -399,12 +413,13 @@ class Scheduler:
             if t.buffer is not None:
                 fixed[t] = (buffer_of(t), t.offset)
         for b in self.backends:
-            nodes_b = [n for n in g.nodes if where.get(n) is b]
+            nodes_b = [n for n in nodes if where.get(n) is b]
             leafs_b = [t for t in g.leafs if where.get(t) is b]
             def owns(t: Tensor, b: Backend = b) -> bool:
                 return t.buffer is None and where.get(t, b) is b
 
-            plan = plan_memory(nodes_b, leafs_b, copies[b], owns=owns, keep=keep[b])
+            plan = plan_memory(nodes_b, leafs_b, copies[b], owns=owns, keep=keep[b],
+                               sources=reads)
             comp.sizes[b] = plan.size
             buf = self._buffers.get(b)
             if plan.offsets and (buf is None or buf.size < plan.size):
@@ -427,7 +442,7 @@ class Scheduler:
                 if not mem.has_memory(t.view_src):
                     raise StateError(f"ggml_backend_sched_alloc_graph: '{t.name}' views "
                                      f"'{t.view_src.name}', which has no memory")
-        uses = count_uses(g.nodes)
+        uses = count_uses(nodes)
         for split in splits:
             for src, cp in split.copies:
                 split.steps.append(split.backend.copy_step(src, cp, mem))
