@@ -30,7 +30,7 @@ INPLACE_OPS = frozenset({
 _PRODUCTS = (Op.MUL_MAT, Op.OUT_PROD)
 
 
-def _inplace_candidates(node: Tensor, srcs: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+def _inplace_candidates(node: Tensor, srcs: tuple[Tensor, ...]) -> list[Tensor]:
     """The sources (``srcs``, what ``node`` reads) whose memory it may take, in the order
     tried: an add takes a matrix product's memory last, so that the product can be summed into
     the other operand's memory as one step (``backend/fusion.py``)."""
@@ -100,7 +100,7 @@ def plan_memory(
     extra: Iterable[Tensor] = (),
     owns: Callable[[Tensor], bool] = lambda t: t.buffer is None,
     keep: Iterable[Tensor] = (),
-    sources: Mapping[Tensor, tuple[Tensor | None, ...]] | None = None,
+    sources: Mapping[Tensor, tuple[Tensor, ...]] | None = None,
 ) -> MemoryPlan:
     """Plan the memory of every tensor of a graph that ``owns`` accepts.
 

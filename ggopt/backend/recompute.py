@@ -44,7 +44,7 @@ class Recompute:
 
     __slots__ = ("nodes", "sources", "copies")
 
-    def __init__(self, nodes: list[Tensor], sources: dict[Tensor, tuple[Tensor | None, ...]],
+    def __init__(self, nodes: list[Tensor], sources: dict[Tensor, tuple[Tensor, ...]],
                  copies: list[Tensor]) -> None:
         self.nodes = nodes
         self.sources = sources
@@ -112,7 +112,7 @@ def plan_recompute(nodes: Sequence[Tensor], leafs: Iterable[Tensor], ctx: Contex
         before.setdefault(late, []).append(copy)
         swap[node] = copy
         copies.append(copy)
-    sources: dict[Tensor, tuple[Tensor | None, ...]] = {}
+    sources: dict[Tensor, tuple[Tensor, ...]] = {}
     out: list[Tensor] = []
     for i, node in enumerate(nodes):
         out.extend(before.get(i, ()))

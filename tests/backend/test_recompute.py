@@ -12,10 +12,10 @@ import ggopt
 from ggopt import backend as gb
 from ggopt.backend import sched as sched_module
 from ggopt.backend.recompute import recomputable
-from ggopt.tensor import Op
-from ggopt.types import F32
 from ggopt.lm import lora
 from ggopt.lm.finetune import FinetuneParams, FineTuner
+from ggopt.tensor import Op
+from ggopt.types import F32
 from tests.support.finetune import CFG, tiny, windows
 
 CFG4 = dataclasses.replace(CFG, n_layer=4, n_ff=256)  # GLUs of 16 KB: most of the memory
