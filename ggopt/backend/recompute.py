@@ -10,14 +10,16 @@ readers at the copy; the original dies after its early readers, the copy after t
 The kernel, its inputs and their bits are the same, so the results are too (ggml's allocator
 has no such step; nothing a caller can read changes but the memory needed).
 
-A node qualifies when its op is cheap and elementwise (:data:`RECOMPUTED_OPS`), it is not a
-view, has no views, is not a graph input or output, has no memory of its own yet and is not
-written in place later, it has
-readers after a gap of at least :data:`MIN_GAP` nodes, and every source is held anyway at the
-copy's place: a tensor with memory of its own (a weight) or one read at or after that place,
-which no node writes in place (an optimizer step, an in-place add) and which is not itself
-recomputed. The copies are made only when the memory plan with them is smaller than without
-(a small graph's peak may lie elsewhere, and a copy can fragment the free space).
+A node qualifies when its op is cheap (:data:`RECOMPUTED_OPS`), it is not a view, has no
+views, is not a graph input or output, has no memory of its own yet and is not written in place,
+it has readers after a gap of at least :data:`MIN_GAP` nodes, and each source is either held
+anyway at the copy's place (a tensor with memory of its own, a weight, or one read at or after
+that place, which no node writes in place) or can itself be recomputed there from held
+sources, up to :data:`MAX_CHAIN` nodes in all: a normalized and scaled input
+``mul(rms_norm(x), w)``, read again by the gradients of the LoRA factors that multiply it, is
+recomputed from the residual ``x`` its norm's backward holds. The copies are made only when the
+memory plan with them is smaller than without (a small graph's peak may lie elsewhere, and a
+copy can fragment the free space).
 """
 
 from __future__ import annotations
@@ -31,11 +33,12 @@ from .alloc import plan_memory
 
 __all__ = ["RECOMPUTED_OPS", "MIN_GAP", "Recompute", "recomputable", "plan_recompute"]
 
-#: Ops cheap enough to run twice: elementwise activations, whose sources their own backward
-#: keeps alive.
-RECOMPUTED_OPS = frozenset({Op.GLU, Op.UNARY})
+#: Ops cheap enough to run twice: elementwise activations and products, row norms.
+RECOMPUTED_OPS = frozenset({Op.GLU, Op.UNARY, Op.MUL, Op.RMS_NORM})
 #: Nodes between two reads of a tensor from which the later reads take a recomputed copy.
 MIN_GAP = 64
+#: The most nodes recomputed for one late read (the node and the sources it needs again).
+MAX_CHAIN = 3
 
 
 class Recompute:
@@ -63,9 +66,11 @@ def _written(nodes: Sequence[Tensor]) -> set[Tensor]:
     return out
 
 
-def recomputable(nodes: Sequence[Tensor], min_gap: int = MIN_GAP) -> dict[Tensor, int]:
+def recomputable(nodes: Sequence[Tensor], min_gap: int = MIN_GAP
+                 ) -> dict[Tensor, tuple[int, list[Tensor]]]:
     """The nodes that qualify (module docstring), each with the position in ``nodes`` of its
-    first reader after a gap of ``min_gap`` nodes."""
+    first reader after a gap of ``min_gap`` nodes and the nodes to run again there, in order
+    (the sources it needs recomputed, then itself)."""
     pos = {n: i for i, n in enumerate(nodes)}
     readers: dict[Tensor, list[int]] = {}
     viewed: set[Tensor] = set()
@@ -76,11 +81,30 @@ def recomputable(nodes: Sequence[Tensor], min_gap: int = MIN_GAP) -> dict[Tensor
             if s is not None:
                 readers.setdefault(s, []).append(i)
     written = _written(nodes)
-    chosen: dict[Tensor, int] = {}  # node -> index of its first late reader
+    chosen: dict[Tensor, tuple[int, list[Tensor]]] = {}
+
+    def cheap(t: Tensor) -> bool:
+        return (t.op in RECOMPUTED_OPS and t.view_src is None and t not in viewed
+                and not t.flags & (FLAG_INPUT | FLAG_OUTPUT) and t.buffer is None
+                and t not in written and t not in chosen)
+
+    def chain(t: Tensor, late: int, budget: int) -> list[Tensor] | None:
+        """``t``'s sources recomputed at ``late`` where not held there, then ``t``."""
+        run: list[Tensor] = []
+        for s in t.src:
+            if s is None or s in run:
+                continue
+            if s not in chosen and s.data_owner() not in written and (
+                    s.buffer is not None or readers[s][-1] >= late):
+                continue  # held anyway
+            sub = chain(s, late, budget - len(run) - 1) if cheap(s) else None
+            if sub is None:
+                return None
+            run += [x for x in sub if x not in run]
+        return run + [t] if len(run) < budget else None
+
     for node in nodes:
-        if (node.op not in RECOMPUTED_OPS or node.view_src is not None or node in viewed
-                or node.flags & (FLAG_INPUT | FLAG_OUTPUT) or node.buffer is not None
-                or node in written):
+        if not cheap(node):
             continue
         prev, late = pos[node], None
         for r in readers.get(node, ()):
@@ -90,34 +114,38 @@ def recomputable(nodes: Sequence[Tensor], min_gap: int = MIN_GAP) -> dict[Tensor
             prev = r
         if late is None:
             continue
-        if all(s is None or (s not in chosen and s.data_owner() not in written and (
-                s.buffer is not None or readers[s][-1] >= late)) for s in node.src):
-            chosen[node] = late
+        run = chain(node, late, MAX_CHAIN)
+        if run is not None:
+            chosen[node] = (late, run)
     return chosen
 
 
-def plan_recompute(nodes: Sequence[Tensor], leafs: Iterable[Tensor], ctx: Context
-                   ) -> Recompute | None:
+def plan_recompute(nodes: Sequence[Tensor], leafs: Iterable[Tensor], ctx: Context,
+                   min_gap: int = MIN_GAP) -> Recompute | None:
     """The copies worth making in a graph of one backend (``nodes`` in execution order), created
     in ``ctx``; None when there are none or they would not make its memory plan smaller."""
-    chosen = recomputable(nodes)
+    chosen = recomputable(nodes, min_gap)
     if not chosen:
         return None
-    before: dict[int, list[Tensor]] = {}
-    swap: dict[Tensor, Tensor] = {}
+    before: dict[int, list[Tensor]] = {}  # position -> the copies run just before it
+    swap: dict[Tensor, Tensor] = {}  # a chosen node -> its copy, for its late readers
     copies = []
-    for node, late in chosen.items():
-        copy = Tensor(ctx, node.type, node.ne, node.nb, node.op, node.src, node.op_params)
-        copy.name = f"{node.name}#recomputed"
-        before.setdefault(late, []).append(copy)
-        swap[node] = copy
-        copies.append(copy)
+    for node, (late, run) in chosen.items():
+        made: dict[Tensor, Tensor] = {}  # the chain's nodes -> their copies
+        for t in run:
+            copy = Tensor(ctx, t.type, t.ne, t.nb, t.op,
+                          tuple(made.get(s, s) for s in t.src), t.op_params)
+            copy.name = f"{t.name}#recomputed"
+            made[t] = copy
+            before.setdefault(late, []).append(copy)
+            copies.append(copy)
+        swap[node] = made[node]
     sources: dict[Tensor, tuple[Tensor, ...]] = {}
     out: list[Tensor] = []
     for i, node in enumerate(nodes):
         out.extend(before.get(i, ()))
-        if any(s in swap and i >= chosen[s] for s in node.src if s is not None):
-            sources[node] = tuple(swap[s] if s in swap and i >= chosen[s] else s
+        if any(s in swap and i >= chosen[s][0] for s in node.src if s is not None):
+            sources[node] = tuple(swap[s] if s in swap and i >= chosen[s][0] else s
                                   for s in node.src)
         out.append(node)
     leafs = list(leafs)
