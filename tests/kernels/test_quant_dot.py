@@ -237,7 +237,7 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
     q, _, _, _ = _activations(qtype, x)
     codes = q.view(np.uint8).astype(np.int32) - 128 if qtype == GGType.Q8_0 else q
     assert codes.min() == (-127 if qb == 256 else -128) and codes.max() == 127
-    _assert_kernel_gives_the_port(kernel, raw, qtype, x)
+    assert_kernel_gives_the_port(kernel, raw, qtype, x)
 
 
 @pytest.mark.parametrize("qtype", TYPES, **IDS)
@@ -250,7 +250,7 @@ def test_hostile_codes_on_whole_tiles_are_exact(qtype, kernel):
     qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
     raw = _hostile_weights(qtype, 37, 2 * qb)
     x = np.tile(_saturating_rows(2 * qb, seed=4), (9, 1))[:67]
-    _assert_kernel_gives_the_port(kernel, raw, qtype, x)
+    assert_kernel_gives_the_port(kernel, raw, qtype, x)
 
 
 def _saturating_rows(k, seed):
@@ -272,7 +272,7 @@ def _saturating_rows(k, seed):
     return x
 
 
-def _assert_kernel_gives_the_port(kernel, raw, qtype, x):
+def assert_kernel_gives_the_port(kernel, raw, qtype, x):
     """The kernel's products, per call and from packed panels, on 1..3 threads: the bits of the
     portable kernel and of the NumPy port, which must be finite and not all zero."""
     want = ref.int_product(raw, int(qtype), x)
