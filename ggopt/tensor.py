@@ -106,6 +106,9 @@ class UnaryOp(enum.Enum):
 
 #: Ops whose result shares its source's memory and that compute nothing.
 VIEW_OPS = frozenset({Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE})
+#: Positions of the sources an op writes in place besides its own result (itself a view of
+#: the source it updates): AdamW's moments.
+WRITTEN_SOURCES = {Op.OPT_STEP_ADAMW: (2, 3)}
 
 
 class _Named(Protocol):

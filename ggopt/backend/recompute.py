@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ..context import Context
-from ..tensor import VIEW_OPS, Op, Tensor
+from ..tensor import VIEW_OPS, WRITTEN_SOURCES, Op, Tensor
 from ..types import FLAG_INPUT, FLAG_OUTPUT
 from .alloc import plan_memory
 
@@ -55,14 +55,13 @@ class Recompute:
 
 
 def _written(nodes: Sequence[Tensor]) -> set[Tensor]:
-    """Tensors some node writes besides creating them: in-place results (views) and the
-    optimizer's parameters and moments."""
+    """Tensors some node writes besides creating them: in-place results (views: in-place ops,
+    ``cpy``, the optimizer's parameters) and the sources an op updates (AdamW's moments)."""
     out: set[Tensor] = set()
     for node in nodes:
         if node.view_src is not None and node.op not in VIEW_OPS:
             out.add(node.data_owner())
-        if node.op is Op.OPT_STEP_ADAMW:
-            out.update(s.data_owner() for s in node.src if s is not None)
+        out.update(node.src[j].data_owner() for j in WRITTEN_SOURCES.get(node.op, ()))
     return out
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..context import Context
 from ..errors import DTypeError, InvalidValueError, ShapeError, StateError
 from ..graph import Graph
-from ..tensor import VIEW_OPS, Op, Tensor
+from ..tensor import VIEW_OPS, WRITTEN_SOURCES, Op, Tensor
 from ..types import FLAG_INPUT
 from .alloc import plan_memory
 from .base import Backend, Placement, Step
@@ -29,10 +29,6 @@ from .plan_cache import PlanCache, graph_signature
 from .recompute import plan_recompute
 
 __all__ = ["Scheduler"]
-
-#: Sources an op writes in place besides its own result: they must live on the node's backend.
-_WRITTEN_SOURCES = {Op.OPT_STEP_ADAMW: (2, 3)}
-
 
 class _Split:
     __slots__ = ("backend", "nodes", "copies", "steps")
@@ -59,8 +55,9 @@ class _Compiled:
         self.sizes: dict[Backend, int] = {}
         self.buffers: dict[Backend, Buffer] = {}
         self.steps: list[Step] = []
-        #: the scheduler's own copies of recomputed nodes (``recompute.py``), placed too
-        self.recomputed: list[Tensor] = []
+        #: the placements of the scheduler's own copies of recomputed nodes (``recompute.py``),
+        #: in ``placed`` too; a graph that takes this plan places the same copies
+        self.recomputed: list[tuple[Tensor, Backend, int]] = []
         #: placed, views and fixed with positions in ``leafs + nodes`` for tensors (plans
         #: shared by signature; fixed holds the buffers the signature names by id)
         self.layout: tuple[list[tuple[int, Backend, int]], list[int],
@@ -72,7 +69,7 @@ class _Compiled:
         if any(s.copies or not s.backend.steps_bind_memory for s in self.splits):
             return False
         pos = {t: i for i, t in enumerate(g.leafs + g.nodes)}
-        own = set(self.recomputed)
+        own = {t for t, _, _ in self.recomputed}
         placed = [(pos.get(t, -1), b, off) for t, b, off in self.placed if t not in own]
         views = [pos.get(t, -1) for t in self.views]
         fixed = [(pos.get(t, -1), buf, off) for t, buf, off in self.fixed]
@@ -91,7 +88,7 @@ class _Compiled:
         out.version = g.version
         out.placed = [(tensors[i], b, off) for i, b, off in placed]
         out.recomputed = self.recomputed
-        out.placed += [p for p in self.placed if p[0] in set(self.recomputed)]
+        out.placed += self.recomputed
         out.views = [tensors[i] for i in views]
         out.fixed = [(tensors[i], buf, off) for i, buf, off in fixed]
         out.splits, out.sizes, out.buffers = self.splits, self.sizes, self.buffers
@@ -364,10 +361,8 @@ class Scheduler:
         # of held (recompute.py); the readers of a copy take their sources from ``reads``.
         redo = plan_recompute(g.nodes, g.leafs, self._ctx) if len(self.backends) == 1 else None
         nodes, reads = (redo.nodes, redo.sources) if redo is not None else (g.nodes, {})
-        if redo is not None:
-            comp.recomputed = redo.copies
-            for c in redo.copies:
-                where[c] = self.backends[0]
+        for c in redo.copies if redo is not None else ():
+            where[c] = self.backends[0]
 
         # Splits: runs of computing nodes on one backend, with copies of foreign inputs.
         splits: list[_Split] = []
@@ -391,7 +386,7 @@ class Scheduler:
                 if home is None or home is b or (home.is_host and b.is_host):
                     srcs.append(s)
                     continue
-                if j in _WRITTEN_SOURCES.get(node.op, ()):
+                if j in WRITTEN_SOURCES.get(node.op, ()):  # must live on the node's backend
                     raise StateError(
                         f"ggml_backend_sched_alloc_graph: {node.op.name} '{node.name}' runs on "
                         f"{b.name} but updates '{s.name}' in place, which lives on {home.name}; "
@@ -432,6 +427,9 @@ class Scheduler:
                 comp.buffers[b] = buf
             for t, off in plan.offsets.items():
                 comp.placed.append((t, b, off))
+        if redo is not None:
+            made = set(redo.copies)
+            comp.recomputed = [p for p in comp.placed if p[0] in made]
         comp.fixed = [(t, buf, off) for t, (buf, off) in fixed.items()]
 
         # The placement map: the steps bind their arrays through it; alloc_graph applies it.
@@ -458,7 +456,7 @@ def _check_no_writes_to_read_only(g: Graph) -> None:
     for node in g.nodes:
         if node.op in VIEW_OPS:
             continue
-        written = [node.data_owner()] + [node.src[j] for j in _WRITTEN_SOURCES.get(node.op, ())
+        written = [node.data_owner()] + [node.src[j] for j in WRITTEN_SOURCES.get(node.op, ())
                                          if node.src[j] is not None]
         for t in written:
             owner = t.data_owner()

@@ -39,7 +39,7 @@ def _fine_tune(static: bool, rank: int, enabled: bool, monkeypatch
         ft = FineTuner(net, windows(8), FinetuneParams(val_split=0.25, static=static))
         for i in range(4):
             ft.microbatch(i % ft.n_train_mb, True, 1.0)
-        copies = Counter(c.op.name for c in net.sched._current.recomputed)
+        copies = Counter(c.op.name for c, _, _ in net.sched._current.recomputed)
         size = net.sched.get_buffer_size(net.sched.backends[0])
         loss = ft.validate().loss
         params = [t.numpy().tobytes() for t in ft.trainable()]
