@@ -411,9 +411,10 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
         if (packed) {
             g0 = packed + p * 2 * gbytes;
         } else {
-            ggopt_pack_group(wtype, w + 32 * p * ws, ws, ml < 16 ? ml : 16, nb, own);
+            int vec = kern != GGOPT_KERN_PORTABLE;
+            ggopt_pack_group(wtype, w + 32 * p * ws, ws, ml < 16 ? ml : 16, nb, own, vec);
             ggopt_pack_group(wtype, w + (32 * p + 16) * ws, ws, ml > 16 ? ml - 16 : 0, nb,
-                             own + gbytes);
+                             own + gbytes, vec);
             g0 = own;
         }
         g1 = g0 + gbytes;

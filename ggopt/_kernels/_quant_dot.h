@@ -306,20 +306,43 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
     }
 }
 
-static inline int ggopt_cpu_has_vnni(void);
+static inline int ggopt_cpu_has_avx2(void);
 
 #if GGOPT_HAVE_VNNI
-/* ggopt_pack_block32 with AVX-512 (the same codes and scales): the block's 32 codes decoded
-   at once, stored as 8 words of 4 at their lane */
-GGOPT_VNNI static inline void ggopt_pack_block32_avx512(int wtype, const uint8_t *b, int lane,
-                                                        uint8_t *codes, ggopt_meta32 *meta) {
+#define GGOPT_AVX2_PACK __attribute__((target("avx2")))
+
+/* 32 codes (element j in byte j) to words k0 .. k0 + 7 of a block's packed codes at their lane */
+GGOPT_AVX2_PACK static inline void ggopt_put_words32(uint8_t *codes, int lane, int k0,
+                                                     __m256i q) {
+    uint32_t word[8];
+    _mm256_storeu_si256((__m256i *)word, q);
+    uint8_t *dst = codes + k0 * (4 * GGOPT_LANES) + lane * 4;
+    for (int k = 0; k < 8; k++) memcpy(dst + k * (4 * GGOPT_LANES), &word[k], 4);
+}
+
+/* 0x10 in byte j where bit j of h is set (a 5-bit type's fifth bits) */
+GGOPT_AVX2_PACK static inline __m256i ggopt_fifth_bits(uint32_t h) {
+    const __m256i byte_of = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), byte_of), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+/* ggopt_pack_block32 with AVX2 (the same codes and scales): the block's 32 codes decoded at
+   once, stored as 8 words of 4 at their lane */
+GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint8_t *b, int lane,
+                                                           uint8_t *codes, ggopt_meta32 *meta) {
     __m256i q;
     float m = 0.0f;
     int32_t wsum = 0;
     if (wtype == GGOPT_Q8_0) {
         q = _mm256_loadu_si256((const __m256i *)(b + 2));
-        wsum = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))
-               + _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+        __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                                      _mm256_set1_epi16(1));  /* 8 sums of 4 signed codes */
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        wsum = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
     } else {
         int off = wtype == GGOPT_Q4_0 ? 2 : (wtype == GGOPT_Q4_1 ? 4 : (wtype == GGOPT_Q5_0 ? 6 : 8));
         __m128i nib = _mm_loadu_si128((const __m128i *)(b + off)), lo4 = _mm_set1_epi8(0x0f);
@@ -327,37 +350,82 @@ GGOPT_VNNI static inline void ggopt_pack_block32_avx512(int wtype, const uint8_t
         if (wtype == GGOPT_Q5_0 || wtype == GGOPT_Q5_1) {  /* element j's fifth bit: bit j of qh */
             uint32_t h;
             memcpy(&h, b + (wtype == GGOPT_Q5_0 ? 2 : 4), 4);
-            q = _mm256_or_si256(q, _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10)));
+            q = _mm256_or_si256(q, ggopt_fifth_bits(h));
         }
         if (wtype == GGOPT_Q4_1 || wtype == GGOPT_Q5_1) m = ggopt_load_f16(b + 2);
     }
-    uint32_t word[8];
-    _mm256_storeu_si256((__m256i *)word, q);
-    for (int k = 0; k < 8; k++) memcpy(codes + k * (4 * GGOPT_LANES) + lane * 4, &word[k], 4);
+    ggopt_put_words32(codes, lane, 0, q);
     meta->d[lane] = ggopt_load_f16(b);
     meta->m[lane] = m;
     meta->wsum[lane] = wsum;
 }
+
+/* ggopt_pack_blockk with AVX2 (the same codes and scales): 32 codes decoded at once */
+GGOPT_AVX2_PACK static inline void ggopt_pack_blockk_avx2(int wtype, const uint8_t *b, int lane,
+                                                          uint8_t *codes, ggopt_metak *meta) {
+    const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(0x03);
+    if (wtype == GGOPT_Q4_K) {
+        meta->d[lane] = ggopt_load_f16(b);
+        meta->m[lane] = ggopt_load_f16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            ggopt_q4_k_scale_min(j, b + 4, &sc, &mn);
+            meta->sc[j][lane] = sc;
+            meta->mn[j][lane] = mn;
+        }
+        for (int g = 0; g < 4; g++) {  /* 64 codes: 32 low nibbles, then the 32 high ones */
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
+            ggopt_put_words32(codes, lane, 16 * g, _mm256_and_si256(q, lo4));
+            ggopt_put_words32(codes, lane, 16 * g + 8,
+                              _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4));
+        }
+        return;
+    }
+    /* Q6_K: ql[128] | qh[64] | scales[16] | d; per 128 codes, quarter k takes the low (k < 2)
+       or high nibbles of ql's first (k even) or second 32 bytes and bits 2k, 2k+1 of qh */
+    meta->d[lane] = ggopt_load_f16(b + 208);
+    meta->m[lane] = 0.0f;
+    for (int j = 0; j < 16; j++) meta->sc[j][lane] = (int8_t)b[192 + j];
+    for (int h = 0; h < 2; h++) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        for (int k = 0; k < 4; k++) {
+            __m256i lo = _mm256_and_si256(_mm256_srli_epi16(k & 1 ? l1 : l0, k < 2 ? 0 : 4), lo4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), lo2);
+            ggopt_put_words32(codes, lane, 32 * h + 8 * k,
+                              _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
+        }
+    }
+}
 #endif
 
 /* pack rows [0, nrows) (nrows <= 16) of nb blocks each into one group (missing lanes and the
-   scales a type does not use zero) */
+   scales a type does not use zero); vec: with AVX2 where the CPU has it (the same bytes) */
 static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows,
-                                    Py_ssize_t nb, uint8_t *dst) {
+                                    Py_ssize_t nb, uint8_t *dst, int vec) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype);
     int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     memset(dst, 0, (size_t)(pbb * nb));
 #if GGOPT_HAVE_VNNI
-    if (!kq && ggopt_cpu_has_vnni()) {
+    if (vec && ggopt_cpu_has_avx2()) {
         for (int r = 0; r < nrows; r++) {
             const uint8_t *row = (const uint8_t *)(w + r * ws);
-            for (Py_ssize_t b = 0; b < nb; b++)
-                ggopt_pack_block32_avx512(wtype, row + b * bb, r, dst + b * pbb,
-                                          (ggopt_meta32 *)(dst + b * pbb + ncode));
+            for (Py_ssize_t b = 0; b < nb; b++) {
+                uint8_t *blk = dst + b * pbb;
+                if (kq)
+                    ggopt_pack_blockk_avx2(wtype, row + b * bb, r, blk,
+                                           (ggopt_metak *)(blk + ncode));
+                else
+                    ggopt_pack_block32_avx2(wtype, row + b * bb, r, blk,
+                                            (ggopt_meta32 *)(blk + ncode));
+            }
         }
         return;
     }
+#else
+    (void)vec;
 #endif
     for (int r = 0; r < nrows; r++) {
         const uint8_t *row = (const uint8_t *)(w + r * ws);

@@ -39,7 +39,7 @@ cdef extern from "_quant_dot.h" nogil:
                       float *s, int32_t *sums, int vec)
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
     void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows, Py_ssize_t nb,
-                          uint8_t *dst)
+                          uint8_t *dst, int vec)
 
 cdef extern from "_quant_amx.h" nogil:
     int ggopt_amx_init()
@@ -206,14 +206,15 @@ def pack_weight(const uint8_t[:, :] w not None, int qtype, uint8_t[:, ::1] panel
         return
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
-    cdef int ml
+    cdef int ml, vec = _kern != 0  # AVX2 decoding, except for the portable kernel
     with nogil:
         for p in prange(panels.shape[0], schedule="static", num_threads=n_threads,
                         use_threads_if=n_threads > 1 and M * nb >= 64):
             ml = <int>min(Q8_PANEL, M - p * Q8_PANEL)
-            ggopt_pack_group(qtype, wb + p * Q8_PANEL * ws, ws, min(ml, 16), nb, &panels[p, 0])
+            ggopt_pack_group(qtype, wb + p * Q8_PANEL * ws, ws, min(ml, 16), nb, &panels[p, 0],
+                             vec)
             ggopt_pack_group(qtype, wb + (p * Q8_PANEL + 16) * ws, ws, max(ml - 16, 0), nb,
-                             &panels[p, gbytes])
+                             &panels[p, gbytes], vec)
 
 
 def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,

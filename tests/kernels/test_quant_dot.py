@@ -338,6 +338,35 @@ def test_row_strips_chunks_and_tails_give_the_same_bits(qtype, kernel):
         _quant_dot.set_kernel("auto")
 
 
+@pytest.mark.skipif(KERNELS == ["portable"], reason="no AVX2 on this CPU")
+@pytest.mark.parametrize("qtype", TYPES, **IDS)
+def test_avx2_packing_gives_the_portable_panels(qtype):
+    """The AVX2 decoding of the blocks into panels (every kernel but the portable one) against
+    the portable C's, byte for byte: random bytes as blocks (every code, scale and minimum
+    pattern, NaN and infinite F16 scales), 45 rows (a partial panel), packed once and per call
+    (the products of each packing agree too)."""
+    k = 1024
+    shape = _weights(qtype, 45, k, seed=3).shape  # the rows' bytes
+    raw = np.random.default_rng(4).integers(0, 256, shape, dtype=np.uint8)
+    x = np.random.default_rng(5).standard_normal((20, k)).astype(np.float32)
+    panels, outs = {}, {}
+    try:
+        for kernel in KERNELS:
+            _quant_dot.set_kernel(kernel)
+            panels[kernel] = np.empty(_quant_dot.packed_shape(int(qtype), 45, k), np.uint8)
+            _quant_dot.pack_weight(raw, int(qtype), panels[kernel], 2)
+            outs[kernel] = np.empty((20, 45), np.float32)
+            _quant_dot.mul_mat_q8(raw, int(qtype), x, outs[kernel], 2)
+    finally:
+        _quant_dot.set_kernel("auto")
+    finite = np.isfinite(outs["portable"])
+    for kernel in KERNELS:
+        np.testing.assert_array_equal(panels[kernel], panels["portable"], err_msg=kernel)
+        np.testing.assert_array_equal(np.isfinite(outs[kernel]), finite, err_msg=kernel)
+        np.testing.assert_array_equal(_bits(outs[kernel][finite]),
+                                      _bits(outs["portable"][finite]), err_msg=kernel)
+
+
 def test_packed_panels_of_the_wrong_shape_are_refused():
     raw = quants.quantize(np.ones((40, 64), np.float32), GGType.Q4_1)
     x, out = np.ones((1, 64), np.float32), np.full((1, 40), 7.0, np.float32)
