@@ -31,13 +31,16 @@ cdef extern from "_quant_blocks.h" nogil:
     int ggopt_q_block_bytes(int type)
     int ggopt_q_block_elems(int type)
     int ggopt_q_can_quantize(int type)
-    void ggopt_dequant_row(int type, const uint8_t *src, float *dst, Py_ssize_t n)
+    void ggopt_dequant_row(int type, const uint8_t *src, float *dst, Py_ssize_t n, int vec)
+    int ggopt_blocks_avx2()
     void ggopt_quant_row(int type, const float *src, uint8_t *dst, Py_ssize_t n)
     float ggopt_f16_to_f32(unsigned short h)
     unsigned short ggopt_f32_to_f16(float f)
 
 cdef enum:
     QK = 32
+# Q5_0 / Q5_1 blocks dequantized with AVX2 where the CPU has it (set_vectorized).
+cdef int _vec = ggopt_blocks_avx2()
 # Below this many elements a conversion runs on the calling thread only.
 cdef Py_ssize_t MIN_PARALLEL_WORK = min_parallel_work(1 << 14)
 # Weight rows per panel of mul_mat_q, block columns per panel of out_prod_q (sizes that cut
@@ -50,6 +53,15 @@ cdef Py_ssize_t PANEL_BLOCKS = 3
 cdef Py_ssize_t SUM_ROWS = 4096
 # block columns per panel when the sum is chunked (wide panels: the chunks give the tasks)
 cdef Py_ssize_t CHUNKED_PANEL_BLOCKS = 9
+
+
+def set_vectorized(bint on) -> bool:
+    """Dequantize Q5_0 / Q5_1 blocks with AVX2 (True, the default where the CPU has it) or
+    the portable C (False; the same values, for tests and measurements). Returns whether AVX2
+    is now used (False on a CPU without it)."""
+    global _vec
+    _vec = on and ggopt_blocks_avx2()
+    return bool(_vec)
 
 
 cdef int _block_bytes(str fn, int qtype) except -1:
@@ -122,7 +134,7 @@ def dequantize_rows(const uint8_t[:, :, :, :] src not None, int qtype,
         for r in prange(nrows, schedule="static", num_threads=n_threads,
                         use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
             ggopt_dequant_row(qtype, _row_at(sb, r // (n2 * n1) * s3 + r // n1 % n2 * s2
-                                             + r % n1 * s1), db + r * ne0, nb)
+                                             + r % n1 * s1), db + r * ne0, nb, _vec)
 
 
 def quantize_rows(const float[:, :, :, ::1] src not None, int qtype,
@@ -190,7 +202,7 @@ def get_quantized_rows(const uint8_t[:, :, :, :] a not None, int qtype,
         for r in prange(nrows, schedule="static", num_threads=n_threads,
                         use_threads_if=nrows * ne0 >= MIN_PARALLEL_WORK):
             ggopt_dequant_row(qtype, _row_at(ab, r // (I1 * I0) * s3 + r // I0 % I1 * s2
-                                             + ib[r] * s1), db + r * ne0, nb)
+                                             + ib[r] * s1), db + r * ne0, nb, _vec)
 
 
 cdef int _check_ld(str fn, str name, Py_ssize_t rows, Py_ssize_t stride,
@@ -261,7 +273,8 @@ cdef void _mul_mat_panel(int qtype, const char *wb, Py_ssize_t ws, Py_ssize_t nb
     copy, 'T') @ x^T ('N')."""
     cdef Py_ssize_t r
     for r in range(r0, r1):
-        ggopt_dequant_row(qtype, <const uint8_t *>(wb + r * ws), scratch + (r - r0) * K, nb)
+        ggopt_dequant_row(qtype, <const uint8_t *>(wb + r * ws), scratch + (r - r0) * K, nb,
+                          _vec)
     sgemm_colmajor(b'T', b'N', <int>(r1 - r0), <int>N, <int>K, scratch, <int>K, x, ldx,
                    out + r0, ldo)
 
@@ -370,6 +383,6 @@ cdef void _out_prod_panel(int qtype, int bb, Py_ssize_t qk, const char *wb, Py_s
     cdef Py_ssize_t r, kp = (b1 - b0) * qk
     for r in range(M):
         ggopt_dequant_row(qtype, <const uint8_t *>(wb + r * ws + b0 * bb), scratch + r * kp,
-                          b1 - b0)
+                          b1 - b0, _vec)
     sgemm_colmajor(b'N', b'N', <int>kp, <int>N, <int>M, scratch, <int>kp, g, ldg,
                    out + b0 * qk, ldo)

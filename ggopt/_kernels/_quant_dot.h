@@ -320,15 +320,6 @@ GGOPT_AVX2_PACK static inline void ggopt_put_words32(uint8_t *codes, int lane, i
     for (int k = 0; k < 8; k++) memcpy(dst + k * (4 * GGOPT_LANES), &word[k], 4);
 }
 
-/* 0x10 in byte j where bit j of h is set (a 5-bit type's fifth bits) */
-GGOPT_AVX2_PACK static inline __m256i ggopt_fifth_bits(uint32_t h) {
-    const __m256i byte_of = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), byte_of), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
-}
-
 /* ggopt_pack_block32 with AVX2 (the same codes and scales): the block's 32 codes decoded at
    once, stored as 8 words of 4 at their lane */
 GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint8_t *b, int lane,
@@ -345,13 +336,8 @@ GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint
         wsum = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
     } else {
         int off = wtype == GGOPT_Q4_0 ? 2 : (wtype == GGOPT_Q4_1 ? 4 : (wtype == GGOPT_Q5_0 ? 6 : 8));
-        __m128i nib = _mm_loadu_si128((const __m128i *)(b + off)), lo4 = _mm_set1_epi8(0x0f);
-        q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(nib, 4), lo4), _mm_and_si128(nib, lo4));
-        if (wtype == GGOPT_Q5_0 || wtype == GGOPT_Q5_1) {  /* element j's fifth bit: bit j of qh */
-            uint32_t h;
-            memcpy(&h, b + (wtype == GGOPT_Q5_0 ? 2 : 4), 4);
-            q = _mm256_or_si256(q, ggopt_fifth_bits(h));
-        }
+        const uint8_t *qh = wtype == GGOPT_Q5_0 ? b + 2 : (wtype == GGOPT_Q5_1 ? b + 4 : NULL);
+        q = ggopt_codes_avx2(b + off, qh);
         if (wtype == GGOPT_Q4_1 || wtype == GGOPT_Q5_1) m = ggopt_load_f16(b + 2);
     }
     ggopt_put_words32(codes, lane, 0, q);

@@ -435,10 +435,10 @@ def test_every_public_kernel_is_covered():
     public = {name for mod in modules for name in dir(mod)
               if not name.startswith("_") and callable(getattr(mod, name))
               and getattr(getattr(mod, name), "__module__", None) == mod.__name__}
-    # the kernel choices of _lowp and _quant_dot (switches) and the sizes of their packed
-    # panels: no work of their own
+    # the kernel choices of _lowp, _quant_dot and _quant (switches) and the sizes of their
+    # packed panels: no work of their own
     switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel",
-                "packed_shape", "packed_words"}
+                "set_vectorized", "packed_shape", "packed_words"}
     assert public - switches == set(KERNELS)
 
 

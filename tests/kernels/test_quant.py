@@ -77,6 +77,38 @@ def test_dequantize_strided_rows_of_a_4d_view(qtype):
     np.testing.assert_array_equal(_bits(out), _bits(ref))
 
 
+@pytest.mark.parametrize("qtype", [GGType.Q5_0, GGType.Q5_1], ids=lambda t: t.name)
+def test_avx2_dequantization_gives_the_portable_values(qtype):
+    """Q5_0 / Q5_1 blocks dequantized with AVX2 (the default where the CPU has it) and with
+    the portable C (``set_vectorized(False)``): the same bits, on random bytes as blocks (every
+    code and fifth-bit pattern, NaN and infinite F16 scales) and on quantized values, through
+    dequantize_rows and the gradient product's dequantized panels."""
+    if not _quant.set_vectorized(True):
+        pytest.skip("no AVX2 on this CPU")
+    bb = 22 if qtype == GGType.Q5_0 else 24
+    rng = np.random.default_rng(6)
+    noise = rng.integers(0, 256, (37, 5 * bb), dtype=np.uint8)
+    fair = gq.quantize(_values(37, 160, seed=3), GQT(int(qtype)))
+    g = rng.standard_normal((9, 37)).astype(np.float32)
+    got = {}
+    try:
+        for vec in (True, False):
+            assert _quant.set_vectorized(vec) == vec
+            for name, raw in (("noise", noise), ("fair", fair)):
+                out = np.empty((1, 1, 37, 160), np.float32)
+                _quant.dequantize_rows(raw[None, None], int(qtype), out, 2)
+                got[vec, name] = out
+            prod = np.empty((9, 160), np.float32)
+            _quant.out_prod_quantized(fair, int(qtype), g, prod, 2)
+            got[vec, "product"] = prod
+    finally:
+        _quant.set_vectorized(True)
+    for name in ("noise", "fair", "product"):
+        np.testing.assert_array_equal(_bits(got[True, name]), _bits(got[False, name]),
+                                      err_msg=name)
+    assert np.isnan(got[True, "noise"]).any()  # the random scales include NaN
+
+
 def test_f16_scale_conversion_is_round_to_nearest_even_everywhere():
     halves = np.arange(1 << 16, dtype=np.uint16)
     finite = halves[~np.isnan(halves.view(np.float16))]
