@@ -276,8 +276,8 @@ static inline void ggopt_pack_block32(int wtype, const uint8_t *b, int lane, uin
     meta->wsum[lane] = wsum;
 }
 
-static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint8_t *codes,
-                                     ggopt_metak *meta) {
+/* a K-quant block's scales (Q4_K: d, dmin, 8 scales and minimums; Q6_K: d, 16 scales) */
+static inline void ggopt_pack_metak(int wtype, const uint8_t *b, int lane, ggopt_metak *meta) {
     if (wtype == GGOPT_Q4_K) {
         meta->d[lane] = ggopt_load_f16(b);
         meta->m[lane] = ggopt_load_f16(b + 2);
@@ -287,6 +287,17 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
             meta->sc[j][lane] = sc;
             meta->mn[j][lane] = mn;
         }
+        return;
+    }
+    meta->d[lane] = ggopt_load_f16(b + 208);
+    meta->m[lane] = 0.0f;
+    for (int j = 0; j < 16; j++) meta->sc[j][lane] = (int8_t)b[192 + j];
+}
+
+static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint8_t *codes,
+                                     ggopt_metak *meta) {
+    ggopt_pack_metak(wtype, b, lane, meta);
+    if (wtype == GGOPT_Q4_K) {
         for (int e = 0; e < GGOPT_QK_K; e++) {
             int g = e >> 6, l = e & 63;
             uint8_t byte = b[16 + 32 * g + (l & 31)];
@@ -295,9 +306,6 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
         return;
     }
     /* Q6_K: ql[128] | qh[64] | scales[16] | d */
-    meta->d[lane] = ggopt_load_f16(b + 208);
-    meta->m[lane] = 0.0f;
-    for (int j = 0; j < 16; j++) meta->sc[j][lane] = (int8_t)b[192 + j];
     for (int e = 0; e < GGOPT_QK_K; e++) {
         int h = e >> 7, qq = (e & 127) >> 5, l = e & 31;
         int lo = (b[64 * h + (qq & 1) * 32 + l] >> ((qq >> 1) * 4)) & 0x0f;
@@ -350,15 +358,8 @@ GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint
 GGOPT_AVX2_PACK static inline void ggopt_pack_blockk_avx2(int wtype, const uint8_t *b, int lane,
                                                           uint8_t *codes, ggopt_metak *meta) {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(0x03);
+    ggopt_pack_metak(wtype, b, lane, meta);
     if (wtype == GGOPT_Q4_K) {
-        meta->d[lane] = ggopt_load_f16(b);
-        meta->m[lane] = ggopt_load_f16(b + 2);
-        for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            ggopt_q4_k_scale_min(j, b + 4, &sc, &mn);
-            meta->sc[j][lane] = sc;
-            meta->mn[j][lane] = mn;
-        }
         for (int g = 0; g < 4; g++) {  /* 64 codes: 32 low nibbles, then the 32 high ones */
             __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
             ggopt_put_words32(codes, lane, 16 * g, _mm256_and_si256(q, lo4));
@@ -369,9 +370,6 @@ GGOPT_AVX2_PACK static inline void ggopt_pack_blockk_avx2(int wtype, const uint8
     }
     /* Q6_K: ql[128] | qh[64] | scales[16] | d; per 128 codes, quarter k takes the low (k < 2)
        or high nibbles of ql's first (k even) or second 32 bytes and bits 2k, 2k+1 of qh */
-    meta->d[lane] = ggopt_load_f16(b + 208);
-    meta->m[lane] = 0.0f;
-    for (int j = 0; j < 16; j++) meta->sc[j][lane] = (int8_t)b[192 + j];
     for (int h = 0; h < 2; h++) {
         __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
         __m256i l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
