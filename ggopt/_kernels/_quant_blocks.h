@@ -198,6 +198,7 @@ static inline void ggopt_quant_block(int type, const float *x, uint8_t *b) {
 #include <immintrin.h>
 #define GGOPT_AVX2_BLOCKS __attribute__((target("avx2")))
 
+/* whether this CPU runs the AVX2 block decoding (here and in _quant_dot.h's panels) */
 static inline int ggopt_blocks_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2");
@@ -233,7 +234,8 @@ GGOPT_AVX2_BLOCKS static void ggopt_dequant_q5_avx2(int type, const uint8_t *src
     int one = type == GGOPT_Q5_1, bb = one ? 24 : 22;
     for (Py_ssize_t i = 0; i < n; i++) {
         const uint8_t *b = src + i * bb;
-        __m256 d = _mm256_set1_ps(ggopt_load_f16(b)), m = _mm256_set1_ps(one ? ggopt_load_f16(b + 2) : 0.0f);
+        __m256 d = _mm256_set1_ps(ggopt_load_f16(b));
+        __m256 m = _mm256_set1_ps(one ? ggopt_load_f16(b + 2) : 0.0f);
         __m256i q = ggopt_codes_avx2(b + (one ? 8 : 6), b + (one ? 4 : 2));
         uint8_t c[GGOPT_QK];
         _mm256_storeu_si256((__m256i *)c, q);

@@ -314,13 +314,10 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
     }
 }
 
-static inline int ggopt_cpu_has_avx2(void);
-
-#if GGOPT_HAVE_VNNI
-#define GGOPT_AVX2_PACK __attribute__((target("avx2")))
+#if GGOPT_HAVE_BLOCKS_AVX2
 
 /* 32 codes (element j in byte j) to words k0 .. k0 + 7 of a block's packed codes at their lane */
-GGOPT_AVX2_PACK static inline void ggopt_put_words32(uint8_t *codes, int lane, int k0,
+GGOPT_AVX2_BLOCKS static inline void ggopt_put_words32(uint8_t *codes, int lane, int k0,
                                                      __m256i q) {
     uint32_t word[8];
     _mm256_storeu_si256((__m256i *)word, q);
@@ -330,7 +327,7 @@ GGOPT_AVX2_PACK static inline void ggopt_put_words32(uint8_t *codes, int lane, i
 
 /* ggopt_pack_block32 with AVX2 (the same codes and scales): the block's 32 codes decoded at
    once, stored as 8 words of 4 at their lane */
-GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint8_t *b, int lane,
+GGOPT_AVX2_BLOCKS static inline void ggopt_pack_block32_avx2(int wtype, const uint8_t *b, int lane,
                                                            uint8_t *codes, ggopt_meta32 *meta) {
     __m256i q;
     float m = 0.0f;
@@ -355,7 +352,7 @@ GGOPT_AVX2_PACK static inline void ggopt_pack_block32_avx2(int wtype, const uint
 }
 
 /* ggopt_pack_blockk with AVX2 (the same codes and scales): 32 codes decoded at once */
-GGOPT_AVX2_PACK static inline void ggopt_pack_blockk_avx2(int wtype, const uint8_t *b, int lane,
+GGOPT_AVX2_BLOCKS static inline void ggopt_pack_blockk_avx2(int wtype, const uint8_t *b, int lane,
                                                           uint8_t *codes, ggopt_metak *meta) {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(0x03);
     ggopt_pack_metak(wtype, b, lane, meta);
@@ -392,8 +389,8 @@ static inline void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int
     int bb = ggopt_q_block_bytes(wtype), kq = ggopt_k_block_bytes(wtype) != 0;
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     memset(dst, 0, (size_t)(pbb * nb));
-#if GGOPT_HAVE_VNNI
-    if (vec && ggopt_cpu_has_avx2()) {
+#if GGOPT_HAVE_BLOCKS_AVX2
+    if (vec && ggopt_blocks_avx2()) {
         for (int r = 0; r < nrows; r++) {
             const uint8_t *row = (const uint8_t *)(w + r * ws);
             for (Py_ssize_t b = 0; b < nb; b++) {
