@@ -1,7 +1,7 @@
 """Products of a quantized weight (``_kernels/_quant.pyx``) beside the F32 product, at
 SmolLM2's FFN shapes with 256 tokens (a LoRA batch of 1 x 256): ffn_up (576 -> 1536) for the
 32-element block types Q8_0 and Q4_1, ffn_down (1536 -> 576, rows of whole 256-element
-super-blocks) for those and the K-quants Q4_K and Q6_K. The forward is ggml's integer product
+super-blocks) for those and the K-quants Q2_K ... Q6_K. The forward is ggml's integer product
 (activations rounded to 8 bits, ``mul_mat_q8``; checked against the NumPy port), the gradient
 ``grad_x`` the dequantized F32 product.
 
@@ -12,7 +12,8 @@ speed relative to F32 (``ratio_vs_f32``, above 1 is faster) and their GFLOP/s in
 ``--base-type keep`` maps it from its file, whose decoded panels a one-row product (a generated
 token's) made and kept first (``backend/cpu/ops/quant.py:weight_panels``; 256-row products
 alone decode per call, as the plain rows do), so they time the kernel alone; their target is
-the issue's 3x the F32 product (``target_vs_f32`` / ``met_vs_f32``). Run with
+the issue's 3x the F32 product for Q8_0, Q4_1 and Q4_K (``target_vs_f32`` / ``met_vs_f32``).
+Run with
 ``pytest bench/bench_quant.py`` (see bench/README.md).
 """
 
@@ -36,13 +37,17 @@ N = 256
 ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
 #: (input size K, output size M) and the types of each group
 SHAPES = {"ffn_up": ((576, 1536), ["f32", "q8_0", "q4_1"]),
-          "ffn_down": ((1536, 576), ["f32", "q8_0", "q4_1", "q4_k", "q6_k"])}
+          "ffn_down": ((1536, 576), ["f32", "q8_0", "q4_1", "q2_k", "q3_k", "q4_k", "q5_k",
+                                     "q6_k"])}
 ROWS = [(shape, impl) for shape, (_, impls) in SHAPES.items() for impl in impls]
 #: the weights kept in read-only memory (cached panels), per shape
-KEPT = {"ffn_up": ["q8_0", "q4_1"], "ffn_down": ["q8_0", "q4_1", "q4_k"]}
+KEPT = {"ffn_up": ["q8_0", "q4_1"],
+        "ffn_down": ["q8_0", "q4_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]}
 KEPT_ROWS = [(shape, impl) for shape, impls in KEPT.items() for impl in impls]
-#: the issue's target for the integer products of a kept weight: 3x the F32 product
+#: the issue's target for the integer products of a kept weight: 3x the F32 product (for the
+#: types it names)
 KEPT_TARGET = 3.0
+KEPT_TARGET_TYPES = ("q8_0", "q4_1", "q4_k")
 
 
 def _weight(impl: str, K: int, M: int) -> tuple[GGType, np.ndarray, np.ndarray]:
@@ -139,4 +144,4 @@ def test_kept_weight_product(benchmark, ratio_to, shape, impl):
     if benchmark.stats is not None:
         benchmark.extra_info["gflops"] = round(2 * K * M * N / benchmark.stats.stats.median
                                                / 1e9, 2)
-    ratio_to(f"{impl}-kept", f32=KEPT_TARGET)
+    ratio_to(f"{impl}-kept", f32=KEPT_TARGET if impl in KEPT_TARGET_TYPES else None)

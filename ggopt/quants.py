@@ -5,8 +5,8 @@ Raw quantized data is a ``uint8`` array of shape ``(..., row bytes)``: each row 
 ``ne0 / blck_size`` blocks of one row of ``ne0`` elements (as ``gguf``'s ``GGUFReader`` gives
 it, and as :meth:`ggopt.Tensor.numpy` shows a quantized tensor). The kernels are
 ``_kernels/_quant.pyx`` (OpenMP; the same bits for any thread count). The K-quants (Q4_K,
-Q6_K) are dequantized and computed with, never quantized: the gguf package, ggopt's reference,
-has no quantizer for them.
+Q5_K, Q6_K) are dequantized and computed with, never quantized: the gguf package, ggopt's
+reference, has no quantizer for them.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def quantize(values: npt.ArrayLike, qtype: GGType | int,
              n_threads: int | None = None) -> np.ndarray:
     """The blocks of float32 ``values`` (ggml's reference ``quantize_row_*_ref``, bit for bit),
     uint8 of shape ``values.shape[:-1] + (row bytes,)``; the last axis must be whole blocks.
-    The K-quants (Q4_K, Q6_K) are refused (DTypeError): ggopt reads them, never writes them."""
+    The K-quants (Q4_K, Q5_K, Q6_K) are refused (DTypeError): ggopt reads them, never writes
+    them."""
     t = _quant_type("quantize", qtype)
     if not t.can_quantize:
         raise DTypeError(f"quantize: {t.name} can be loaded, dequantized and computed with, "

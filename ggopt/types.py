@@ -12,7 +12,7 @@ from .errors import DTypeError, ShapeError
 
 __all__ = [
     "GGType", "TensorFlag", "F32", "F16", "I32", "I64", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-    "Q4_K", "Q6_K", "BF16",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16",
     "type_size", "blck_size", "row_size", "np_dtype", "GGML_MAX_DIMS", "FLAG_INPUT",
     "FLAG_OUTPUT", "FLAG_PARAM", "FLAG_LOSS", "FLAG_COMPUTE",
 ]
@@ -36,7 +36,10 @@ class GGType(enum.IntEnum):
     Q5_0 = 6
     Q5_1 = 7
     Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
     Q4_K = 12
+    Q5_K = 13
     Q6_K = 14
     I32 = 26
     I64 = 27
@@ -90,14 +93,17 @@ Q4_1 = GGType.Q4_1
 Q5_0 = GGType.Q5_0
 Q5_1 = GGType.Q5_1
 Q8_0 = GGType.Q8_0
+Q2_K = GGType.Q2_K
+Q3_K = GGType.Q3_K
 Q4_K = GGType.Q4_K
+Q5_K = GGType.Q5_K
 Q6_K = GGType.Q6_K
 BF16 = GGType.BF16
 
 _QUANTIZABLE = frozenset({Q4_0, Q4_1, Q5_0, Q5_1, Q8_0})
 #: elements per block of the quantized types (ggml's QK4_0 ... QK8_0, and QK_K)
 _BLCK_SIZES: dict[GGType, int] = {t: 32 for t in _QUANTIZABLE}
-_BLCK_SIZES.update({Q4_K: 256, Q6_K: 256})
+_BLCK_SIZES.update({t: 256 for t in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)})
 _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
     GGType.F32: np.dtype(np.float32),
     GGType.F16: np.dtype(np.float16),
@@ -107,11 +113,15 @@ _NP_DTYPES: dict[GGType, np.dtype[Any]] = {
 _FROM_NP = {v: k for k, v in _NP_DTYPES.items()}
 _NP_DTYPES[GGType.BF16] = np.dtype(np.uint16)  # raw bits; uint16 arrays stay no tensor type
 # block types: an F16 scale d (and an F16 minimum m for the _1 types), for Q5 4 bytes of high
-# bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0). K-quants: Q4_K is d, dmin, 12
-# bytes of packed 6-bit scales and minimums, 128 bytes of nibbles; Q6_K is 128 bytes of low
-# nibbles, 64 of high 2-bit pairs, 16 int8 scales, d
+# bits qh, then 16 bytes of nibbles (Q4, Q5) or 32 int8 (Q8_0). K-quants: Q2_K is 16 bytes of
+# 4-bit scale and minimum pairs, 64 bytes of 2-bit codes, d, dmin; Q3_K is 32 bytes of third
+# bits, 64 of 2-bit codes, 12 of packed 6-bit scales, d; Q4_K is d, dmin, 12 bytes of packed
+# 6-bit scales and minimums, 128 bytes of nibbles; Q5_K is Q4_K with 32 bytes of fifth bits
+# before the nibbles; Q6_K is 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
+# scales, d
 _QUANT_BYTES = {Q4_0: 2 + 16, Q4_1: 4 + 16, Q5_0: 2 + 4 + 16, Q5_1: 4 + 4 + 16, Q8_0: 2 + 32,
-                Q4_K: 2 + 2 + 12 + 128, Q6_K: 128 + 64 + 16 + 2}
+                Q2_K: 16 + 64 + 2 + 2, Q3_K: 32 + 64 + 12 + 2, Q4_K: 2 + 2 + 12 + 128,
+                Q5_K: 2 + 2 + 12 + 32 + 128, Q6_K: 128 + 64 + 16 + 2}
 _NP_DTYPES.update({t: np.dtype(np.uint8) for t in _QUANT_BYTES})
 _TYPE_SIZES: dict[GGType, int] = {t: int(_NP_DTYPES[t].itemsize) for t in _FROM_NP.values()}
 _TYPE_SIZES.update(_QUANT_BYTES)

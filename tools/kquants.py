@@ -1,6 +1,7 @@
-"""Raw K-quant super-blocks (Q4_K, Q6_K) for tests and benches: ggopt (like the gguf package)
-has no quantizer for them, so they build valid blocks from random bytes with finite, moderate
-F16 scales (``d``, and Q4_K's ``dmin``), and compare with ``gguf.quants.dequantize``."""
+"""Raw K-quant super-blocks (Q2_K ... Q6_K) for tests and benches: ggopt (like the gguf
+package) has no quantizer for them, so they build valid blocks from random bytes with finite,
+moderate F16 scales (``d``, and ``dmin`` where the type has one), and compare with
+``gguf.quants.dequantize``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from gguf.constants import GGMLQuantizationType as GQT
 
 from ggopt.types import GGType
 
-K_TYPES = [GGType.Q4_K, GGType.Q6_K]
+K_TYPES = [GGType.Q2_K, GGType.Q3_K, GGType.Q4_K, GGType.Q5_K, GGType.Q6_K]
 #: byte offsets of the F16 super-block scales in each type's block
-_SCALE_AT = {GGType.Q4_K: (0, 2), GGType.Q6_K: (208,)}
+SCALE_AT = {GGType.Q2_K: (80, 82), GGType.Q3_K: (108,), GGType.Q4_K: (0, 2),
+            GGType.Q5_K: (0, 2), GGType.Q6_K: (208,)}
 
 
 def k_blocks(qtype: GGType, rows: int, cols: int, seed: int = 0,
@@ -22,7 +24,7 @@ def k_blocks(qtype: GGType, rows: int, cols: int, seed: int = 0,
     rng = np.random.default_rng(seed)
     nb = cols // 256
     raw = rng.integers(0, 256, (rows, nb, qtype.size), dtype=np.uint8)
-    for off in _SCALE_AT[qtype]:
+    for off in SCALE_AT[qtype]:
         d = rng.uniform(scale / 2, scale, (rows, nb)).astype(np.float16)
         raw[..., off:off + 2] = d.view(np.uint8).reshape(rows, nb, 2)
     return raw.reshape(rows, nb * qtype.size)

@@ -105,7 +105,7 @@ def llama_cpp_perplexity(llm, ids: list[int], n_ctx: int, bos: int | None = None
 
 
 #: llama.cpp's file types (``llama_ftype``) that ``quantized_path`` makes
-LLAMA_FTYPES = {"Q8_0": 7, "Q4_K_M": 15}
+LLAMA_FTYPES = {"Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17}
 
 
 def quantized_path(ftype: str) -> Path:
@@ -124,3 +124,56 @@ def quantized_path(ftype: str) -> Path:
             raise RuntimeError(f"llama_model_quantize failed for {ftype}")
         tmp.replace(dst)
     return dst
+
+
+def ggml_quantized_path(qtype: str) -> Path:
+    """SmolLM2's F32 copy with every matrix whose rows are whole 256-element super-blocks (the
+    30 ffn_down) quantized to the K-quant ``qtype`` by ggml's own ``ggml_quantize_chunk`` (the
+    ``libggml-base`` of llama-cpp-python), the rest F32: a file holding ``qtype`` matrices
+    where llama.cpp's quantizer puts none in SmolLM2 (Q2_K without an importance matrix, and
+    Q3_K), made once, cached."""
+    import ctypes
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFValueType, LlamaFileType
+
+    from ggopt.io.atomic import atomic_path
+    from ggopt.models.llama.convert import ModelWriter, copy_keys
+    from ggopt.models.llama.weights import open_reader
+    from ggopt.types import GGType
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    src = f32_path()
+    dst = cache_dir() / F32_NAME.replace("F32", f"{qtype}-ffn_down")
+    if dst.is_file() and dst.stat().st_mtime >= src.stat().st_mtime:
+        return dst
+    base = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / "libggml-base.so"))
+    base.ggml_quantize_chunk.restype = ctypes.c_size_t
+    base.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_void_p]
+    gtype = GGMLQuantizationType[qtype]
+    reader = open_reader(str(src), "ggml_quantized_path")
+    with atomic_path(os.fspath(dst)) as tmp:
+        writer = ModelWriter(tmp, "llama")
+        try:
+            copy_keys(reader, writer)
+            writer.add_key_value("general.file_type", int(LlamaFileType.GUESSED),
+                                 GGUFValueType.UINT32)
+            for t in reader.tensors:
+                data = np.ascontiguousarray(t.data, dtype=np.float32)
+                if data.ndim == 2 and data.shape[1] % 256 == 0:
+                    rows, cols = data.shape
+                    out = np.zeros((rows, cols // 256 * GGType[qtype].size), np.uint8)
+                    base.ggml_quantize_chunk(int(gtype), data.ctypes.data, out.ctypes.data, 0,
+                                             rows, cols, None)
+                    writer.add_tensor(t.name, out, raw_dtype=gtype)
+                else:
+                    writer.add_tensor(t.name, data)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+    return dst
+

@@ -1,5 +1,5 @@
-"""Quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants Q4_K and Q6_K, whose
-256-element super-blocks are read, never written): conversion to and from float32, row
+"""Quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; the K-quants Q2_K ... Q6_K, whose 256-element
+super-blocks are read, never written): conversion to and from float32, row
 gathers, and the products of a quantized weight with float32 activations (``*_quantized``;
 ggml's integer products, which mul_mat computes, are ``_quant_dot.pyx``).
 
@@ -68,7 +68,8 @@ cdef int _block_bytes(str fn, int qtype) except -1:
     cdef int bb = ggopt_q_block_bytes(qtype)
     if bb == 0:
         raise DTypeError(f"{fn}: type {qtype} is not a quantized type this kernel knows "
-                         "(Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q6_K=14)")
+                         "(Q4_0=2, Q4_1=3, Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, "
+                         "Q5_K=13, Q6_K=14)")
     return bb
 
 

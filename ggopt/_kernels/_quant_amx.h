@@ -1,8 +1,8 @@
 /* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h) for the 32-element block types
-   and Q4_K (Q6_K stays on the VNNI kernel, ggopt_amx_rows): a thread's range of weight panels
+   and Q4_K / Q5_K (Q2_K, Q3_K and Q6_K stay on the VNNI kernel, ggopt_amx_rows): a thread's range of weight panels
    (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16 activation
    rows (the rows past the last whole 16 go to the VNNI / portable kernel). The tiles are
-   configured once per thread and product. A step is one block (Q4_K: one 32-element
+   configured once per thread and product. A step is one block (Q4_K/Q5_K: one 32-element
    sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
    products (tdpbssd: signed activations x the codes, which fit int8; a Q8_0 weight's
    activations are stored signed for these rows), stored as 16 x 16 exact int32 sums;
@@ -227,7 +227,7 @@ GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, 
         ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
 }
 
-/* Q4_K: the integer part of sub-blocks [j0, j0 + cj) of block b for rows [r0, r1) of a strip
+/* Q4_K / Q5_K: the integer part of sub-blocks [j0, j0 + cj) of block b for rows [r0, r1) of a strip
    (isum[r][lane] += sum_j dp_j * sc_j, the chunk's sum exact in float; zero at j0 == 0); after the block's last sub-block the float
    combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, acc -= (dmin * da) * msum (msum =
    sum_j mn_j * (bsum_2j + bsum_2j+1), by vpdpwssd on 16-bit pairs) */
@@ -251,10 +251,12 @@ GGOPT_AMX static void ggopt_amx_combinek(
     /* The chunk's sum_j dp_j * sc_j in float, then added to the int32 sums: exact, as every
        partial sum is an integer of magnitude at most 2^24. |dp_j| <= 32 * 128 * 15 = 61440
        (any int8 activation code, Q4_K's codes 0..15), sc_j <= 63, so |dp_j * sc_j| <= 3870720
-       and a chunk of at most 4 sub-blocks sums to at most 15482880 < 2^24 = 16777216: the
-       conversions, products, sums and the conversion back are exact, whatever the rounding
-       mode (measured 7-13 % faster on Q4_K than vpmulld, 2 uops on port 0 each). */
-    _Static_assert(GGOPT_AMX_CHUNK <= 4, "Q4_K's float partial sums need chunks of <= 4");
+       and a chunk of at most 4 sub-blocks sums to at most 15482880 < 2^24 = 16777216; Q5_K's
+       codes 0..31 give |dp_j| <= 126976, |dp_j * sc_j| <= 7999488 and at most 15998976 for
+       2 sub-blocks. So the conversions, products, sums and the conversion back are exact,
+       whatever the rounding mode (measured 7-13 % faster on Q4_K than vpmulld, 2 uops on
+       port 0 each). */
+    _Static_assert(GGOPT_AMX_CHUNK <= 2, "Q5_K's float partial sums need chunks of <= 2");
     __m512 scf[GGOPT_AMX_CHUNK][2];
     for (int jj = 0; jj < cj; jj++)
         for (int g = 0; g < 2; g++)
@@ -320,7 +322,7 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
                                       const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
                                       Py_ssize_t ldo, const ggopt_amx_ws *ws) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = wtype == GGOPT_Q4_K, R = 16 * nt, nsub = kq ? 8 : 1;
+    int kq = ggopt_k_has_min(wtype), R = 16 * nt, nsub = kq ? 8 : 1;
     int32_t off = ggopt_code_offset(wtype);
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     const int32_t *sums = x->sums + n0 * (K / 16);
@@ -378,11 +380,12 @@ static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int 
 }
 
 /* the activation rows [0, ggopt_amx_rows) that the AMX kernel takes (whole 16s; 0 without
-   use_amx or AMX, and for Q6_K: its 16-element sub-blocks would make quarter-width tile
-   products and the VNNI kernel measured faster). For a Q8_0 weight these rows hold signed codes (the AMX products are
+   use_amx or AMX, and for Q2_K, Q3_K, Q6_K: their 16-element sub-blocks would make
+   quarter-width tile products and the VNNI kernel measured faster for Q6_K). For a Q8_0 weight these rows hold signed codes (the AMX products are
    signed x signed) and the rest biased ones (the VNNI kernel's u8 x s8). */
 static inline Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx) {
-    return GGOPT_HAVE_AMX && use_amx && wtype != GGOPT_Q6_K ? N / 16 * 16 : 0;
+    int sub16 = ggopt_k_block_bytes(wtype) && !ggopt_k_sub32(wtype);
+    return GGOPT_HAVE_AMX && use_amx && !sub16 ? N / 16 * 16 : 0;
 }
 
 /* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).

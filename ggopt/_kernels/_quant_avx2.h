@@ -5,9 +5,10 @@
 
    Each call computes up to 4 activation rows x one group of 16 weight rows (two registers of
    8 lanes). The integer sums are exact:
-   - unsigned codes (Q4_0/Q4_1/Q4_K <= 15, Q5_0/Q5_1 <= 31, Q6_K <= 63) x signed activations:
+   - unsigned codes (Q2_K <= 3, Q3_K <= 7, Q4_0/Q4_1/Q4_K <= 15, Q5_0/Q5_1/Q5_K <= 31,
+     Q6_K <= 63) x signed activations:
      vpmaddubsw's 16-bit pair sums are at most 2 * 128 * top, so S of them (8, 4, 2: at most
-     32256) are added in 16 bits before vpmaddwd widens them (times 1, or the K-quant
+     32256; 4 for the 16-element sub-blocks of Q2_K and Q3_K) are added in 16 bits before vpmaddwd widens them (times 1, or the K-quant
      sub-block's scale, which fits 16 bits);
    - Q8_0's signed codes (-128 in a hostile file) would saturate vpmaddubsw: the even and odd
      codes of each lane are sign-extended to 16 bits and multiplied with vpmaddwd against the
@@ -46,8 +47,10 @@ static inline int32_t ggopt_load_i32(const int8_t *p) {
 }
 
 /* the kernel's code paths (compile-time constants, so that its loops unroll): Q8_0, the
-   32-blocks of 4-bit and 5-bit codes, Q4_K, Q6_K */
-enum { GGOPT_XK_Q8 = 0, GGOPT_XK_U4 = 1, GGOPT_XK_U5 = 2, GGOPT_XK_Q4K = 3, GGOPT_XK_Q6K = 4 };
+   32-blocks of 4-bit and 5-bit codes, Q4_K, Q5_K (Q4_K's with 5-bit codes), then the K-quants
+   of 16-element sub-blocks Q2_K, Q3_K, Q6_K */
+enum { GGOPT_XK_Q8 = 0, GGOPT_XK_U4 = 1, GGOPT_XK_U5 = 2, GGOPT_XK_Q4K = 3, GGOPT_XK_Q5K = 4,
+       GGOPT_XK_Q2K = 5, GGOPT_XK_Q3K = 6, GGOPT_XK_Q6K = 7 };
 
 static inline int ggopt_avx2_kind(int wtype) {
     switch (wtype) {
@@ -55,13 +58,20 @@ static inline int ggopt_avx2_kind(int wtype) {
     case GGOPT_Q4_0: case GGOPT_Q4_1: return GGOPT_XK_U4;
     case GGOPT_Q5_0: case GGOPT_Q5_1: return GGOPT_XK_U5;
     case GGOPT_Q4_K: return GGOPT_XK_Q4K;
+    case GGOPT_Q5_K: return GGOPT_XK_Q5K;
+    case GGOPT_Q2_K: return GGOPT_XK_Q2K;
+    case GGOPT_Q3_K: return GGOPT_XK_Q3K;
     default: return GGOPT_XK_Q6K;
     }
 }
 
 /* S: the 16-bit pair sums of a kind's codes (at most 15, 31, 63) that may be added before
-   they could overflow */
-#define GGOPT_XK_CHUNK(kind) ((kind) == GGOPT_XK_U5 ? 4 : ((kind) == GGOPT_XK_Q6K ? 2 : 8))
+   they could overflow (and that divide the 4 steps of a 16-element sub-block) */
+#define GGOPT_XK_CHUNK(kind)                                                                 \
+    ((kind) == GGOPT_XK_U5 || (kind) == GGOPT_XK_Q5K || (kind) == GGOPT_XK_Q2K             \
+             || (kind) == GGOPT_XK_Q3K                                                     \
+         ? 4                                                                               \
+         : ((kind) == GGOPT_XK_Q6K ? 2 : 8))
 
 /* two values that fit 16 bits as one 32-bit word: lo in the low half, hi in the high half */
 static inline int32_t ggopt_pair32(int32_t lo, int32_t hi) {
@@ -227,7 +237,9 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
         int wtype, const int kind, const uint8_t *grp, const ggopt_q8_rows *x, Py_ssize_t n0,
         const int nr, int nl, float *out, Py_ssize_t ldo) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    const int kq = kind >= GGOPT_XK_Q4K, q8 = kind == GGOPT_XK_Q8, q4k = kind == GGOPT_XK_Q4K;
+    const int kq = kind >= GGOPT_XK_Q4K, q8 = kind == GGOPT_XK_Q8;
+    const int q4k = kind == GGOPT_XK_Q4K || kind == GGOPT_XK_Q5K;  /* 32-element sub-blocks */
+    const int q2k = kind == GGOPT_XK_Q2K;  /* 16-element ones with minimums */
     const int S = GGOPT_XK_CHUNK(kind);
     int32_t off = ggopt_code_offset(wtype);
     Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
@@ -275,15 +287,16 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
                 for (int r = 0; r < nr; r++) a[r] = xq[r] + b * GGOPT_QK_K + 32 * j;
                 GGOPT_X(ggopt_xdot_u)(c + 64 * 8 * j, a, nr, 8, S, sc, is);
             }
-        } else {  /* Q6_K: sum_j sc_j * (dp_j - 32 * bsum_j) */
+        } else {  /* Q2_K, Q3_K, Q6_K: sum_j sc_j * (dp_j - off * bsum_j) */
             for (int j = 0; j < 16; j++) {
                 __m256i sc[2] = {_mm256_loadu_si256((const __m256i *)m->sc[j]),
                                  _mm256_loadu_si256((const __m256i *)(m->sc[j] + 8))};
                 for (int r = 0; r < nr; r++) a[r] = xq[r] + b * GGOPT_QK_K + 16 * j;
                 GGOPT_X(ggopt_xdot_u)(c + 64 * 4 * j, a, nr, 4, S, sc, is);
             }
-            /* sum_j sc_j * bsum_j by pairs of j (|sc| <= 128, |bsum| <= 2032: 16 bits) */
-            for (int h = 0; h < 2; h++) {
+            /* off * sum_j sc_j * bsum_j by pairs of j (|sc| <= 128, |bsum| <= 2032: 16 bits);
+               off = 32 (Q6_K) or 4 (Q3_K) as a shift */
+            for (int h = 0; h < 2 && !q2k; h++) {
                 __m256i sp[8];
                 for (int k = 0; k < 8; k++)
                     sp[k] = GGOPT_X(ggopt_pair16)(m->sc[2 * k] + 8 * h, m->sc[2 * k + 1] + 8 * h);
@@ -293,31 +306,32 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
                     for (int k = 0; k < 8; k++)
                         corr = _mm256_add_epi32(corr, _mm256_madd_epi16(
                             sp[k], _mm256_set1_epi32(ggopt_pair32(bs[2 * k], bs[2 * k + 1]))));
-                    is[r][h] = _mm256_sub_epi32(is[r][h], _mm256_slli_epi32(corr, 5));
+                    is[r][h] = _mm256_sub_epi32(is[r][h], _mm256_slli_epi32(
+                        corr, kind == GGOPT_XK_Q6K ? 5 : 2));
                 }
             }
         }
-        __m256i mp[2][4];  /* Q4_K's minimums by pairs of 32-element sub-blocks */
-        if (q4k)
-            for (int h = 0; h < 2; h++)
-                for (int k = 0; k < 4; k++)
-                    mp[h][k] = GGOPT_X(ggopt_pair16)(m->mn[2 * k] + 8 * h,
-                                                     m->mn[2 * k + 1] + 8 * h);
+        /* the minimums by pairs of sub-blocks: Q4_K/Q5_K's 8 (of 32), Q2_K's 16 (of 16) */
+        const int np = q4k ? 4 : (q2k ? 8 : 0);
+        __m256i mp[2][8];
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < np; k++)
+                mp[h][k] = GGOPT_X(ggopt_pair16)(m->mn[2 * k] + 8 * h, m->mn[2 * k + 1] + 8 * h);
         for (int r = 0; r < nr; r++) {
             Py_ssize_t n = n0 + r;
             const int32_t *bs = x->sums + n * (K / 16) + b * 16;
             __m256 da = _mm256_set1_ps(x->d[n * nb + b]);
-            __m256i bp[4];  /* the activations' sums of each 32 (|sum| <= 4064), by pairs */
-            if (q4k)
-                for (int k = 0; k < 4; k++)
-                    bp[k] = _mm256_set1_epi32(ggopt_pair32(bs[4 * k] + bs[4 * k + 1],
-                                                           bs[4 * k + 2] + bs[4 * k + 3]));
+            __m256i bp[8];  /* the activations' sub-block sums (|sum| <= 4064), by pairs */
+            for (int k = 0; k < np; k++)
+                bp[k] = _mm256_set1_epi32(
+                    q4k ? ggopt_pair32(bs[4 * k] + bs[4 * k + 1], bs[4 * k + 2] + bs[4 * k + 3])
+                        : ggopt_pair32(bs[2 * k], bs[2 * k + 1]));
             for (int h = 0; h < 2; h++) {
                 __m256 t = _mm256_mul_ps(_mm256_loadu_ps(m->d + 8 * h), da);
                 acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(t, _mm256_cvtepi32_ps(is[r][h])));
-                if (q4k) {
+                if (np) {
                     __m256i msum = _mm256_setzero_si256();
-                    for (int k = 0; k < 4; k++)
+                    for (int k = 0; k < np; k++)
                         msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[h][k], bp[k]));
                     __m256 tm = _mm256_mul_ps(_mm256_loadu_ps(m->m + 8 * h), da);
                     acc[r][h] = _mm256_sub_ps(acc[r][h], _mm256_mul_ps(tm, _mm256_cvtepi32_ps(msum)));
@@ -352,6 +366,9 @@ GGOPT_X_TARGET static void GGOPT_X(ggopt_qdot_group)(int wtype, const uint8_t *g
     case GGOPT_XK_U4: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_U4, grp, x, n0, nr, nl, out, ldo); break;
     case GGOPT_XK_U5: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_U5, grp, x, n0, nr, nl, out, ldo); break;
     case GGOPT_XK_Q4K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q4K, grp, x, n0, nr, nl, out, ldo); break;
+    case GGOPT_XK_Q5K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q5K, grp, x, n0, nr, nl, out, ldo); break;
+    case GGOPT_XK_Q2K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q2K, grp, x, n0, nr, nl, out, ldo); break;
+    case GGOPT_XK_Q3K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q3K, grp, x, n0, nr, nl, out, ldo); break;
     default: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q6K, grp, x, n0, nr, nl, out, ldo); break;
     }
 }

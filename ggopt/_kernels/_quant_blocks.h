@@ -7,7 +7,7 @@
      Q5_1: d f16 | m f16 | qh u32 | nibbles
      Q8_0: d f16 | 32 int8
    Only integer code converts half floats, so the flush-to-zero mode changes nothing.
-   The K-quants Q4_K and Q6_K (dequantize only): _quant_kblocks.h. */
+   The K-quants Q4_K, Q5_K and Q6_K (dequantize only): _quant_kblocks.h. */
 #ifndef GGOPT_QUANT_BLOCKS_H
 #define GGOPT_QUANT_BLOCKS_H
 #include <math.h>

@@ -1,6 +1,6 @@
 /* ggml's integer products of a quantized weight (its mul_mat on the CPU backend): the
    activations are rounded to the weight type's vec_dot_type (Q4_0, Q5_0, Q8_0 -> Q8_0;
-   Q4_1, Q5_1 -> Q8_1; Q4_K, Q6_K -> Q8_K) as ggml's x86 quantize_row_q8_* computes them,
+   Q4_1, Q5_1 -> Q8_1; Q2_K ... Q6_K -> Q8_K) as ggml's x86 quantize_row_q8_* computes them,
    then each block's integer sum is scaled and the blocks are added in order.
 
    Activations (ggopt_q8_rows): per row the int8 codes (biased to u8 by 128 for a Q8_0
@@ -16,6 +16,7 @@
 #ifndef GGOPT_QUANT_DOT_H
 #define GGOPT_QUANT_DOT_H
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include "_quant_blocks.h"
@@ -36,7 +37,8 @@ static inline int ggopt_vec_dot_type(int wtype) {
     switch (wtype) {
     case GGOPT_Q4_0: case GGOPT_Q5_0: case GGOPT_Q8_0: return GGOPT_VD_Q8_0;
     case GGOPT_Q4_1: case GGOPT_Q5_1: return GGOPT_VD_Q8_1;
-    case GGOPT_Q4_K: case GGOPT_Q6_K: return GGOPT_VD_Q8_K;
+    case GGOPT_Q2_K: case GGOPT_Q3_K: case GGOPT_Q4_K: case GGOPT_Q5_K: case GGOPT_Q6_K:
+        return GGOPT_VD_Q8_K;
     default: return 0;
     }
 }
@@ -233,8 +235,9 @@ static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bia
 /* ---------------------------------------------------------------- weight packing */
 
 /* per-lane scales of one packed block: 32-blocks use d, m (Q4_1/Q5_1's min) and wsum (Q8_0's
-   code sums, for the 128 bias of the activations); the K-quants d, m (Q4_K's dmin), sc (one
-   scale per 32 elements for Q4_K, per 16 for Q6_K) and mn (Q4_K's 8 minimums) */
+   code sums, for the 128 bias of the activations); the K-quants d, m (dmin), sc (one scale per
+   sub-block: 8 of 32 elements for Q4_K/Q5_K, 16 of 16 for the others; Q3_K's minus 32) and mn
+   (the sub-blocks' minimums: Q4_K/Q5_K's 8, Q2_K's 16; a packed block stores only those) */
 typedef struct {
     float d[GGOPT_LANES], m[GGOPT_LANES];
     int32_t wsum[GGOPT_LANES];
@@ -242,13 +245,20 @@ typedef struct {
 
 typedef struct {
     float d[GGOPT_LANES], m[GGOPT_LANES];
-    int32_t sc[16][GGOPT_LANES], mn[8][GGOPT_LANES];
+    int32_t sc[16][GGOPT_LANES], mn[16][GGOPT_LANES];
 } ggopt_metak;
 
-/* bytes of one packed block of a group of 16 rows */
+/* the minimums a K-quant block has (0, 8 or 16) */
+static inline int ggopt_k_mins(int wtype) {
+    return ggopt_k_sub32(wtype) ? 8 : (ggopt_k_has_min(wtype) ? 16 : 0);
+}
+
+/* bytes of one packed block of a group of 16 rows (a multiple of 64) */
 static inline Py_ssize_t ggopt_packed_block_bytes(int wtype) {
-    return ggopt_k_block_bytes(wtype) ? GGOPT_QK_K * GGOPT_LANES + (Py_ssize_t)sizeof(ggopt_metak)
-                                      : GGOPT_QK * GGOPT_LANES + (Py_ssize_t)sizeof(ggopt_meta32);
+    return ggopt_k_block_bytes(wtype)
+        ? GGOPT_QK_K * GGOPT_LANES + (Py_ssize_t)offsetof(ggopt_metak, mn)
+              + ggopt_k_mins(wtype) * GGOPT_LANES * (Py_ssize_t)sizeof(int32_t)
+        : GGOPT_QK * GGOPT_LANES + (Py_ssize_t)sizeof(ggopt_meta32);
 }
 
 /* element e's code in the packed [e/4][lane][e%4] order */
@@ -276,9 +286,20 @@ static inline void ggopt_pack_block32(int wtype, const uint8_t *b, int lane, uin
     meta->wsum[lane] = wsum;
 }
 
-/* a K-quant block's scales (Q4_K: d, dmin, 8 scales and minimums; Q6_K: d, 16 scales) */
+/* a K-quant block's scales (Q4_K/Q5_K: d, dmin, 8 scales and minimums; Q2_K: d, dmin, 16
+   scales and minimums; Q3_K (minus 32) and Q6_K: d, 16 scales) */
 static inline void ggopt_pack_metak(int wtype, const uint8_t *b, int lane, ggopt_metak *meta) {
-    if (wtype == GGOPT_Q4_K) {
+    if (wtype == GGOPT_Q2_K || wtype == GGOPT_Q3_K) {
+        int q2 = wtype == GGOPT_Q2_K;
+        meta->d[lane] = ggopt_load_f16(b + (q2 ? 80 : 108));
+        meta->m[lane] = q2 ? ggopt_load_f16(b + 82) : 0.0f;
+        for (int j = 0; j < 16; j++) {
+            meta->sc[j][lane] = q2 ? b[j] & 0x0f : ggopt_q3_k_scale(j, b + 96) - 32;
+            if (q2) meta->mn[j][lane] = b[j] >> 4;
+        }
+        return;
+    }
+    if (ggopt_k_has_min(wtype)) {
         meta->d[lane] = ggopt_load_f16(b);
         meta->m[lane] = ggopt_load_f16(b + 2);
         for (int j = 0; j < 8; j++) {
@@ -297,11 +318,20 @@ static inline void ggopt_pack_metak(int wtype, const uint8_t *b, int lane, ggopt
 static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint8_t *codes,
                                      ggopt_metak *meta) {
     ggopt_pack_metak(wtype, b, lane, meta);
-    if (wtype == GGOPT_Q4_K) {
+    if (wtype == GGOPT_Q2_K || wtype == GGOPT_Q3_K) {  /* Q3_K: + 4 where hmask's bit is set */
+        int q3 = wtype == GGOPT_Q3_K;
+        for (int e = 0; e < GGOPT_QK_K; e++)
+            ggopt_put_code(codes, lane, e, ggopt_k_code2(b + (q3 ? 32 : 16), e)
+                                               | (q3 ? ((b[e & 31] >> (e >> 5)) & 1) << 2 : 0));
+        return;
+    }
+    if (ggopt_k_has_min(wtype)) {  /* Q5_K: qh[32] before the nibbles; bit e / 32 of qh[e % 32] */
+        int q5 = wtype == GGOPT_Q5_K;
         for (int e = 0; e < GGOPT_QK_K; e++) {
             int g = e >> 6, l = e & 63;
-            uint8_t byte = b[16 + 32 * g + (l & 31)];
-            ggopt_put_code(codes, lane, e, l < 32 ? byte & 0x0f : byte >> 4);
+            uint8_t byte = b[(q5 ? 48 : 16) + 32 * g + (l & 31)];
+            int hi = q5 ? ((b[16 + (l & 31)] >> (e >> 5)) & 1) << 4 : 0;
+            ggopt_put_code(codes, lane, e, (l < 32 ? byte & 0x0f : byte >> 4) | hi);
         }
         return;
     }
@@ -356,12 +386,34 @@ GGOPT_AVX2_BLOCKS static inline void ggopt_pack_blockk_avx2(int wtype, const uin
                                                           uint8_t *codes, ggopt_metak *meta) {
     const __m256i lo4 = _mm256_set1_epi8(0x0f), lo2 = _mm256_set1_epi8(0x03);
     ggopt_pack_metak(wtype, b, lane, meta);
-    if (wtype == GGOPT_Q4_K) {
-        for (int g = 0; g < 4; g++) {  /* 64 codes: 32 low nibbles, then the 32 high ones */
-            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
-            ggopt_put_words32(codes, lane, 16 * g, _mm256_and_si256(q, lo4));
+    if (wtype == GGOPT_Q2_K || wtype == GGOPT_Q3_K) {
+        /* codes 32k .. 32k + 31: bits 2 (k % 4) of qs[32 (k / 4) + l]; Q3_K's bit k of hmask[l]
+           as 4 (bytes kept apart as in the Q5_K case) */
+        int q3 = wtype == GGOPT_Q3_K;
+        __m256i hm = q3 ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + (q3 ? 32 : 16) + 32 * (k >> 2)));
+            __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (k & 3)), lo2);
+            __m256i h = _mm256_slli_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(hm, k), _mm256_set1_epi8(1)), 2);
+            ggopt_put_words32(codes, lane, 8 * k, _mm256_or_si256(c, h));
+        }
+        return;
+    }
+    if (ggopt_k_has_min(wtype)) {
+        /* 64 codes: 32 low nibbles, then the 32 high ones; Q5_K's fifth bits: bit j of each
+           qh byte for sub-block j (per byte: shifting 16-bit lanes then masking keeps bytes) */
+        int q5 = wtype == GGOPT_Q5_K;
+        const __m256i one = _mm256_set1_epi8(1);
+        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + (q5 ? 48 : 16) + 32 * g));
+            __m256i h0 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), one), 4);
+            __m256i h1 = _mm256_slli_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), one), 4);
+            ggopt_put_words32(codes, lane, 16 * g, _mm256_or_si256(_mm256_and_si256(q, lo4), h0));
             ggopt_put_words32(codes, lane, 16 * g + 8,
-                              _mm256_and_si256(_mm256_srli_epi16(q, 4), lo4));
+                              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), lo4), h1));
         }
         return;
     }
@@ -489,24 +541,21 @@ static void ggopt_qdot_group_scalar(int wtype, const uint8_t *grp, const ggopt_q
             const ggopt_metak *meta = (const ggopt_metak *)(codes + ncode);
             const int8_t *a = xq + b * GGOPT_QK_K;
             const int32_t *bs = xsum + b * 16;
-            int q4k = wtype == GGOPT_Q4_K, sub = q4k ? 32 : 16;
+            int sub = ggopt_k_sub32(wtype) ? 32 : 16, mins = ggopt_k_has_min(wtype);
+            int32_t koff = ggopt_k_offset(wtype);
             for (int j = 0; j < GGOPT_QK_K / sub; j++) {
                 int32_t dp[GGOPT_LANES] = {0};
                 ggopt_dp_lanes(codes, a, sub * j, sub * j + sub, 0, dp);
-                int32_t pair = q4k ? bs[2 * j] + bs[2 * j + 1] : 32 * bs[j];
+                int32_t bsum = sub == 32 ? bs[2 * j] + bs[2 * j + 1] : bs[j];
                 for (int l = 0; l < GGOPT_LANES; l++) {
-                    if (q4k) {
-                        isum[l] += dp[l] * meta->sc[j][l];
-                        msum[l] += meta->mn[j][l] * pair;
-                    } else {
-                        isum[l] += (dp[l] - pair) * meta->sc[j][l];
-                    }
+                    isum[l] += (dp[l] - koff * bsum) * meta->sc[j][l];
+                    if (mins) msum[l] += meta->mn[j][l] * bsum;
                 }
             }
             for (int l = 0; l < GGOPT_LANES; l++) {
                 float t = meta->d[l] * xd[b];
                 acc[l] = acc[l] + t * (float)isum[l];
-                if (q4k) acc[l] = acc[l] - (meta->m[l] * xd[b]) * (float)msum[l];
+                if (mins) acc[l] = acc[l] - (meta->m[l] * xd[b]) * (float)msum[l];
             }
         }
         for (int l = 0; l < nl; l++) out[r * ldo + l] = acc[l];
@@ -572,7 +621,9 @@ GGOPT_VNNI static inline __attribute__((always_inline)) void ggopt_qdot_vnni_nr(
                                         (const ggopt_metak *)(c1 + ncode)};
             __m512i is[4][2];
             for (int r = 0; r < nr; r++) is[r][0] = is[r][1] = _mm512_setzero_si512();
-            int q4k = wtype == GGOPT_Q4_K, nsub = q4k ? 8 : 16, steps = q4k ? 8 : 4;
+            int sub32 = ggopt_k_sub32(wtype), nsub = sub32 ? 8 : 16, steps = sub32 ? 8 : 4;
+            int mins = ggopt_k_mins(wtype);
+            int32_t koff = ggopt_k_offset(wtype);
             for (int j = 0; j < nsub; j++) {
                 __m512i ia[4][2];
                 for (int r = 0; r < nr; r++) ia[r][0] = ia[r][1] = _mm512_setzero_si512();
@@ -591,9 +642,9 @@ GGOPT_VNNI static inline __attribute__((always_inline)) void ggopt_qdot_vnni_nr(
                     __m512i sc = _mm512_loadu_si512(ms[g]->sc[j]);
                     for (int r = 0; r < nr; r++) {
                         __m512i dp = ia[r][g];
-                        if (!q4k)
+                        if (koff)
                             dp = _mm512_sub_epi32(dp, _mm512_set1_epi32(
-                                32 * x->sums[(n0 + r) * (K / 16) + b * 16 + j]));
+                                koff * x->sums[(n0 + r) * (K / 16) + b * 16 + j]));
                         is[r][g] = _mm512_add_epi32(is[r][g], _mm512_mullo_epi32(dp, sc));
                     }
                 }
@@ -606,12 +657,12 @@ GGOPT_VNNI static inline __attribute__((always_inline)) void ggopt_qdot_vnni_nr(
                     __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
                     acc[r][g] = _mm512_add_ps(acc[r][g],
                                               _mm512_mul_ps(t, _mm512_cvtepi32_ps(is[r][g])));
-                    if (q4k) {
+                    if (mins) {  /* sum_j mn_j * (the activations' sum over sub-block j) */
                         __m512i msum = _mm512_setzero_si512();
-                        for (int j = 0; j < 8; j++)
+                        for (int j = 0; j < mins; j++)
                             msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
                                 _mm512_loadu_si512(ms[g]->mn[j]),
-                                _mm512_set1_epi32(bs[2 * j] + bs[2 * j + 1])));
+                                _mm512_set1_epi32(sub32 ? bs[2 * j] + bs[2 * j + 1] : bs[j])));
                         __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
                         acc[r][g] = _mm512_sub_ps(acc[r][g],
                                                   _mm512_mul_ps(tm, _mm512_cvtepi32_ps(msum)));

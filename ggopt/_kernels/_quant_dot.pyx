@@ -77,8 +77,8 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and AVX-512
-# VNNI for the rest when the CPU (and the OS) have them, else AVX-VNNI or AVX2
+# The integer products: AMX-INT8 for each whole 16 activation rows (not Q2_K, Q3_K, Q6_K) and
+# AVX-512 VNNI for the rest when the CPU (and the OS) have them, else AVX-VNNI or AVX2
 # (_quant_avx2.h), unless a slower kernel is chosen (the same bits; for tests and
 # measurements). _kern: the kernel of the rows AMX does not take (GGOPT_KERN_*).
 cdef int _HAS_VNNI = ggopt_cpu_has_vnni()
@@ -138,7 +138,7 @@ cdef int _vec_dot_type(str fn, int qtype) except -1:
     cdef int vt = ggopt_vec_dot_type(qtype)
     if vt == 0:
         raise DTypeError(f"{fn}: type {qtype} has no integer product (expected Q4_0=2, Q4_1=3, "
-                         "Q5_0=6, Q5_1=7, Q8_0=8, Q4_K=12, Q6_K=14)")
+                         "Q5_0=6, Q5_1=7, Q8_0=8, Q2_K=10, Q3_K=11, Q4_K=12, Q5_K=13, Q6_K=14)")
     return vt
 
 

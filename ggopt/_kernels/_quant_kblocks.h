@@ -1,10 +1,18 @@
-/* ggml's K-quant super-blocks Q4_K and Q6_K (256 elements per block): one block's dequantize,
-   as ggml's reference C computes it (dequantize_row_q4_K / dequantize_row_q6_K). The gguf
-   package implements no quantizer for them, so ggopt reads and computes with these types but
-   never writes them. Byte layouts (little-endian):
+/* ggml's K-quant super-blocks Q2_K ... Q6_K (256 elements per block): one block's dequantize,
+   as ggml's reference C computes it (dequantize_row_q2_K ... _q6_K). The gguf package
+   implements no quantizer for them, so ggopt reads and computes with these types but never
+   writes them. Byte layouts (little-endian):
+     Q2_K (84 bytes): scales[16] (per 16 elements: low nibble the scale, high the minimum) |
+       qs[64] | d f16 | dmin f16; element e = 128 h + 32 s + l (l < 32) is bits 2s, 2s+1 of
+       qs[32 h + l]; element = d*scale*code - dmin*min
+     Q3_K (110 bytes): hmask[32] | qs[64] (2-bit codes as Q2_K's) | scales[12] (sixteen 6-bit
+       scales, packed) | d f16; element e's code is its 2 bits minus 4 unless bit e / 32 of
+       hmask[e % 32] is set; element = d*(scale - 32)*code
      Q4_K (144 bytes): d f16 | dmin f16 | scales[12] (eight 6-bit scales and eight 6-bit
        minimums, packed) | qs[128]: for each 64 elements, 32 bytes whose low nibbles are the
        first 32 codes and high nibbles the next 32; element = d*scale*code - dmin*min
+     Q5_K (176 bytes): Q4_K's d, dmin and scales | qh[32] | qs[128] as Q4_K's; code e (of
+       32-element sub-block j = e / 32) adds 16 * bit j of qh[e % 32] to its nibble
      Q6_K (210 bytes): ql[128] (low 4 bits) | qh[64] (high 2 bits) | scales[16] int8 (one per
        16 elements) | d f16; element = d*scale*(code - 32)
    Needs ggopt_load_f16 (from _quant_blocks.h, which includes this file). */
@@ -12,13 +20,16 @@
 #define GGOPT_QUANT_KBLOCKS_H
 #include <stdint.h>
 
-enum { GGOPT_Q4_K = 12, GGOPT_Q6_K = 14 };
+enum { GGOPT_Q2_K = 10, GGOPT_Q3_K = 11, GGOPT_Q4_K = 12, GGOPT_Q5_K = 13, GGOPT_Q6_K = 14 };
 #define GGOPT_QK_K 256
 
 /* bytes per super-block, 0 for a type that is not a K-quant this file knows */
 static inline int ggopt_k_block_bytes(int type) {
     switch (type) {
+    case GGOPT_Q2_K: return 84;
+    case GGOPT_Q3_K: return 110;
     case GGOPT_Q4_K: return 144;
+    case GGOPT_Q5_K: return 176;
     case GGOPT_Q6_K: return 210;
     default: return 0;
     }
@@ -37,9 +48,50 @@ static inline void ggopt_q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m
     }
 }
 
-static inline void ggopt_dequant_q4_k(const uint8_t *b, float *y) {
+/* the K-quants' sub-blocks: 32 elements with a scale and a minimum each (Q4_K, Q5_K), or 16
+   with a scale (Q3_K, Q6_K: codes offset by 4 / 32) or a scale and a minimum (Q2_K) */
+static inline int ggopt_k_sub32(int type) { return type == GGOPT_Q4_K || type == GGOPT_Q5_K; }
+static inline int ggopt_k_has_min(int type) { return ggopt_k_sub32(type) || type == GGOPT_Q2_K; }
+static inline int ggopt_k_offset(int type) {
+    return type == GGOPT_Q3_K ? 4 : (type == GGOPT_Q6_K ? 32 : 0);
+}
+
+/* Q3_K's sixteen 6-bit scales (0..63; the value is scale - 32) from its 12 packed bytes: the low
+   4 bits of scale j from byte j % 8 (low nibble for j < 8, high for j >= 8), the top 2 from
+   bits 2 (j / 4) of byte 8 + j % 4 */
+static inline int ggopt_q3_k_scale(int j, const uint8_t *q) {
+    return ((q[j & 7] >> (j < 8 ? 0 : 4)) & 0x0f) | (((q[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4);
+}
+
+/* element e's 2-bit code of Q2_K / Q3_K's qs[64] */
+static inline int ggopt_k_code2(const uint8_t *qs, int e) {
+    return (qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
+}
+
+static inline void ggopt_dequant_q2_k(const uint8_t *b, float *y) {
+    float d = ggopt_load_f16(b + 80), dmin = ggopt_load_f16(b + 82);
+    for (int j = 0; j < 16; j++) {
+        float dl = d * (float)(b[j] & 0x0f), ml = dmin * (float)(b[j] >> 4);
+        for (int l = 0; l < 16; l++) y[16 * j + l] = dl * (float)ggopt_k_code2(b + 16, 16 * j + l) - ml;
+    }
+}
+
+static inline void ggopt_dequant_q3_k(const uint8_t *b, float *y) {
+    float d = ggopt_load_f16(b + 108);
+    for (int j = 0; j < 16; j++) {
+        float dl = d * (float)(ggopt_q3_k_scale(j, b + 96) - 32);
+        for (int l = 0; l < 16; l++) {
+            int e = 16 * j + l;
+            int q = ggopt_k_code2(b + 32, e) - ((b[e & 31] >> (e >> 5)) & 1 ? 0 : 4);
+            y[e] = dl * (float)q;
+        }
+    }
+}
+
+/* Q4_K (qh NULL) or Q5_K: element = d*scale*code - dmin*min per 32-element sub-block */
+static inline void ggopt_dequant_q45_k(const uint8_t *b, const uint8_t *qh, float *y) {
     float d = ggopt_load_f16(b), dmin = ggopt_load_f16(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
+    const uint8_t *scales = b + 4, *qs = qh ? b + 48 : b + 16;
     for (int g = 0; g < 4; g++) {  /* 64 elements from 32 bytes */
         int s0, m0, s1, m1;
         ggopt_q4_k_scale_min(2 * g, scales, &s0, &m0);
@@ -48,8 +100,16 @@ static inline void ggopt_dequant_q4_k(const uint8_t *b, float *y) {
         float d1 = d * (float)s1, min1 = dmin * (float)m1;
         const uint8_t *q = qs + 32 * g;
         float *out = y + 64 * g;
-        for (int l = 0; l < 32; l++) out[l] = d0 * (float)(q[l] & 0x0f) - min0;
-        for (int l = 0; l < 32; l++) out[32 + l] = d1 * (float)(q[l] >> 4) - min1;
+        if (qh) {
+            for (int l = 0; l < 32; l++)
+                out[l] = d0 * (float)((q[l] & 0x0f) | (((qh[l] >> (2 * g)) & 1) << 4)) - min0;
+            for (int l = 0; l < 32; l++)
+                out[32 + l] = d1 * (float)((q[l] >> 4) | (((qh[l] >> (2 * g + 1)) & 1) << 4))
+                              - min1;
+        } else {
+            for (int l = 0; l < 32; l++) out[l] = d0 * (float)(q[l] & 0x0f) - min0;
+            for (int l = 0; l < 32; l++) out[32 + l] = d1 * (float)(q[l] >> 4) - min1;
+        }
     }
 }
 
@@ -81,7 +141,10 @@ static inline void ggopt_dequant_q6_k(const uint8_t *b, float *y) {
 }
 
 static inline void ggopt_k_dequant_block(int type, const uint8_t *b, float *y) {
-    if (type == GGOPT_Q4_K) ggopt_dequant_q4_k(b, y);
+    if (type == GGOPT_Q2_K) ggopt_dequant_q2_k(b, y);
+    else if (type == GGOPT_Q3_K) ggopt_dequant_q3_k(b, y);
+    else if (type == GGOPT_Q4_K) ggopt_dequant_q45_k(b, NULL, y);
+    else if (type == GGOPT_Q5_K) ggopt_dequant_q45_k(b, b + 16, y);
     else if (type == GGOPT_Q6_K) ggopt_dequant_q6_k(b, y);
 }
 #endif

@@ -17,8 +17,9 @@ optimizer step per --batch windows, computed --ubatch windows at a time. --check
 continue bit for bit, the learning-rate schedule included; Ctrl-C stops with one line.
 
 --base-type keep trains the LoRA adapter on the model's weights as the file stores them
-(Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and F32 matrices mapped from the file); a full fine-tune (no --lora)
-trains every weight and so needs --base-type f32 (the weights dequantized at load).
+(Q4_0 ... Q8_0, Q2_K ... Q6_K, F16, BF16 and F32 matrices mapped from the file); a full
+fine-tune (no --lora) trains every weight and so needs --base-type f32 (the weights dequantized
+at load).
 
 --compute-type bf16 runs the weights' products in BF16 (F32 sums): with LoRA the frozen base
 is stored in BF16 (converted once at load); a full fine-tune keeps F32 weights and AdamW state

@@ -21,6 +21,7 @@ from hypothesis.extra import numpy as hnp  # noqa: E402
 from ggopt import quants  # noqa: E402
 from ggopt.io import gguf as ggio  # noqa: E402
 from ggopt.types import GGType  # noqa: E402
+from tools.kquants import K_TYPES, SCALE_AT  # noqa: E402
 
 # gguf's NumPy quantizer warns on the blocks whose scale's reciprocal overflows (tiny values);
 # ggml's C computes the same codes silently, and so does ggopt
@@ -61,12 +62,12 @@ def test_dequantize_any_block_bytes_as_gguf(qtype, data):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-@given(qtype=st.sampled_from([GGType.Q4_K, GGType.Q6_K]), data=st.data())
+@given(qtype=st.sampled_from(K_TYPES), data=st.data())
 def test_dequantize_any_k_quant_bytes_as_gguf(qtype, data):
     n = data.draw(st.integers(1, 4))
     raw = data.draw(hnp.arrays(np.uint8, (n, qtype.size)))
-    for hi in (1, 3) if qtype is GGType.Q4_K else (209,):
-        raw[:, hi] &= 0xFB  # finite F16 super-block scales
+    for at in SCALE_AT[qtype]:
+        raw[:, at + 1] &= 0xFB  # finite F16 super-block scales
     got = quants.dequantize(raw, qtype, n_threads=2)
     want = gq.dequantize(raw, GQT(int(qtype)))
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

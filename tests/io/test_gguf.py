@@ -314,10 +314,11 @@ def test_gguf_deeply_nested_arrays_are_refused(tmp_path):
 
 
 def test_k_quant_blocks_load_as_written_and_save_byte_for_byte(tmp_path: Path) -> None:
-    """Q4_K / Q6_K tensors written by the gguf package's writer come back as their raw
+    """Q4_K / Q5_K / Q6_K tensors written by the gguf package's writer come back as their raw
     super-blocks, and ggopt's save writes the same file again; any cut in their data is a
     ShapeError."""
     raws = {"q4k": (GGType.Q4_K, k_blocks(GGType.Q4_K, 3, 512, seed=1)),
+            "q5k": (GGType.Q5_K, k_blocks(GGType.Q5_K, 2, 768, seed=3)),
             "q6k": (GGType.Q6_K, k_blocks(GGType.Q6_K, 2, 256, seed=2))}
     path = tmp_path / "k.gguf"
     writer = gguf.GGUFWriter(path, "test")

@@ -15,10 +15,9 @@ from ggopt._kernels import _quant_dot
 from ggopt.backend.array.ops import quant as ref
 from ggopt.errors import DTypeError, InvalidValueError, ShapeError
 from ggopt.types import GGType
-from tools.kquants import k_blocks
+from tools.kquants import K_TYPES, k_blocks
 
-TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0, GGType.Q4_K,
-         GGType.Q6_K]
+TYPES = [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1, GGType.Q8_0, *K_TYPES]
 IDS = {"ids": lambda t: t.name}
 
 
@@ -179,7 +178,7 @@ def test_every_kernel_gives_the_portable_kernels_bytes(qtype, kernel):
     """One block (K = 32 or 256) and three; odd activation rows (1, 5, 7: the 4-row tails);
     weight rows that are no multiple of 16 or 32 (13, 17, 45); the weight, activations and
     outputs strided views; cached panels and per-call ones; 1, 2 and 3 threads."""
-    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    qb = qtype.blck_size
     for k in (qb, 3 * qb):
         raw = _weights(qtype, 45, k, seed=11 + int(qtype))
         wide = np.zeros((45, raw.shape[1] + 6), np.uint8)
@@ -205,8 +204,8 @@ def test_every_kernel_gives_the_portable_kernels_bytes(qtype, kernel):
 
 def _hostile_weights(qtype: GGType, rows: int, cols: int) -> np.ndarray:
     """Blocks of the largest codes a file can hold, with finite scales: every unsigned code at
-    its top (15, 31, 63), Q8_0's codes -128 and 127 (rows of each, and mixed), Q4_K's 6-bit
-    scales and minimums 63, Q6_K's scales -128 and 127."""
+    its top (3, 7, 15, 31, 63), Q8_0's codes -128 and 127 (rows of each, and mixed), the
+    K-quants' largest scales and minimums (Q3_K's 31 and -32, Q6_K's -128 and 127)."""
     raw = _weights(qtype, rows, cols, seed=9).copy()
     blocks = raw.reshape(rows, -1, qtype.size)
     if qtype == GGType.Q8_0:
@@ -214,8 +213,13 @@ def _hostile_weights(qtype: GGType, rows: int, cols: int) -> np.ndarray:
                                                 (rows, blocks.shape[1], 32))
         codes[0], codes[1] = -128, 127
         blocks[..., 2:] = codes.view(np.uint8)
-    elif qtype == GGType.Q4_K:
+    elif qtype in (GGType.Q4_K, GGType.Q5_K):
         blocks[..., 4:] = 0xFF
+    elif qtype == GGType.Q2_K:
+        blocks[..., :80] = 0xFF
+    elif qtype == GGType.Q3_K:  # codes 7 (value 3); scales 63 and 0 (31 and -32)
+        blocks[..., :96] = 0xFF
+        blocks[..., 96:108] = np.array([0x0F] * 8 + [0x33] * 4, np.uint8)
     elif qtype == GGType.Q6_K:
         blocks[..., :192] = 0xFF
         blocks[..., 192:208] = np.array([0x80, 0x7F] * 8, np.uint8)
@@ -231,7 +235,7 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
     """The largest codes against activations at -128 (Q8_0/Q8_1: NaN elements that the block's
     maximum skips), -127 and 127: where vpmaddubsw would saturate (Q8_0's signed codes against
     biased activations) or 16-bit pair sums would overflow, the integers stay exact."""
-    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    qb = qtype.blck_size
     raw = _hostile_weights(qtype, 37, 2 * qb)
     x = _saturating_rows(2 * qb, seed=3)
     q, _, _, _ = _activations(qtype, x)
@@ -244,10 +248,11 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
 @pytest.mark.parametrize("kernel", SIMD_KERNELS)
 def test_hostile_codes_on_whole_tiles_are_exact(qtype, kernel):
     """The hostile weights and saturated activations above on 67 rows, so that the AMX kernel
-    (where the CPU has it) takes whole 16-row tiles and the rest the VNNI kernel: its Q4_K sums
-    of a chunk's sub-blocks, d_j * sc_j with sc_j = 63 and |d_j| = 32 * 127 * 15, pass through
-    float and stay exact; the bits of the NumPy port and the portable kernel."""
-    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    (where the CPU has it) takes whole 16-row tiles and the rest the VNNI kernel: its Q4_K /
+    Q5_K sums of a chunk's sub-blocks, d_j * sc_j with sc_j = 63 and |d_j| = 32 * 127 * 15
+    (Q5_K: * 31), pass through float and stay exact; the bits of the NumPy port and the
+    portable kernel."""
+    qb = qtype.blck_size
     raw = _hostile_weights(qtype, 37, 2 * qb)
     x = np.tile(_saturating_rows(2 * qb, seed=4), (9, 1))[:67]
     assert_kernel_gives_the_port(kernel, raw, qtype, x)
@@ -257,8 +262,8 @@ def _saturating_rows(k, seed):
     """Activation rows at the edges of the 8-bit codes: all -1 (codes -127), all 1, alternating
     signs, NaN heads of each 32-block (codes -128 with a finite scale; not for Q8_K), the same
     with the rest alternating, every third element 1, one random row, and codes 127 but one 126
-    per 32 (odd sums of the top codes: a float partial sum of Q4_K's sub-blocks beyond 2^24
-    would round them)."""
+    per 32 (odd sums of the top codes: a float partial sum of Q4_K's or Q5_K's sub-blocks beyond
+    2^24 would round them)."""
     x = np.full((8, k), -1.0, np.float32)
     x[1] = 1.0
     x[2] = np.where(np.arange(k) % 2, 1.0, -1.0)
@@ -318,7 +323,7 @@ def test_row_strips_chunks_and_tails_give_the_same_bits(qtype, kernel):
     """The AMX kernel's blocking: 16, 48, 65 and 100 activation rows (whole and partial strips
     of 64 rows, tails below 16), K of one block and of three (a last chunk of one step), 37
     weight rows (a partial panel), packed panels and per-call packing, 1, 2 and 3 threads."""
-    qb = 256 if qtype in (GGType.Q4_K, GGType.Q6_K) else 32
+    qb = qtype.blck_size
     x = np.random.default_rng(9).standard_normal((100, 3 * qb)).astype(np.float32)
     try:
         _quant_dot.set_kernel(kernel)

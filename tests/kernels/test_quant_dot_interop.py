@@ -31,7 +31,10 @@ GGML = {GGType.Q4_0: ("quantize_row_q8_0", 34, 32, "ggml_vec_dot_q4_0_q8_0"),
         GGType.Q8_0: ("quantize_row_q8_0", 34, 32, "ggml_vec_dot_q8_0_q8_0"),
         GGType.Q4_1: ("quantize_row_q8_1", 36, 32, "ggml_vec_dot_q4_1_q8_1"),
         GGType.Q5_1: ("quantize_row_q8_1", 36, 32, "ggml_vec_dot_q5_1_q8_1"),
+        GGType.Q2_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q2_K_q8_K"),
+        GGType.Q3_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q3_K_q8_K"),
         GGType.Q4_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q4_K_q8_K"),
+        GGType.Q5_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q5_K_q8_K"),
         GGType.Q6_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q6_K_q8_K")}
 
 

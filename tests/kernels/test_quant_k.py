@@ -1,4 +1,4 @@
-"""The K-quant super-blocks (Q4_K, Q6_K) through the ``_kernels/_quant.pyx`` kernels against
+"""The K-quant super-blocks (Q4_K, Q5_K, Q6_K) through the ``_kernels/_quant.pyx`` kernels against
 ``gguf.quants.dequantize``: dequantize bit for bit (contiguous and strided rows), get_rows,
 mul_mat and out_prod on odd shapes, identical bits on 1 and 2 threads; quantizing to them is
 refused."""
@@ -12,7 +12,7 @@ from ggopt import quants
 from ggopt._kernels import _quant
 from ggopt.backend.cpu.blas import SerialBlas, products_blas
 from ggopt.errors import DTypeError, ShapeError
-from tools.kquants import K_TYPES, gguf_values, k_blocks
+from tools.kquants import K_TYPES, SCALE_AT, gguf_values, k_blocks
 
 IDS = {"ids": lambda t: t.name}
 
@@ -48,9 +48,8 @@ def test_dequantize_any_bytes_with_finite_scales(qtype):
     scales (only NaN / infinite ones are left out)."""
     rng = np.random.default_rng(2)
     raw = rng.integers(0, 256, (64, qtype.size), dtype=np.uint8)
-    offs = (1, 3) if qtype.name == "Q4_K" else (209,)
-    for off in offs:
-        raw[:, off] &= 0xFB  # exponent below 31: a finite F16
+    for at in SCALE_AT[qtype]:
+        raw[:, at + 1] &= 0xFB  # exponent below 31: a finite F16
     np.testing.assert_array_equal(_bits(quants.dequantize(raw, qtype, n_threads=2)),
                                   _bits(gguf_values(raw, qtype)))
 

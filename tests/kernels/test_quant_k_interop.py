@@ -1,5 +1,5 @@
-"""ggopt's Q4_K / Q6_K dequantize against ggml's own C (``dequantize_row_q4_K`` /
-``dequantize_row_q6_K`` of the ``libggml-base`` that llama-cpp-python ships), bit for bit:
+"""ggopt's Q4_K / Q5_K / Q6_K dequantize against ggml's own C (``dequantize_row_q4_K``,
+``_q5_K``, ``_q6_K`` of the ``libggml-base`` that llama-cpp-python ships), bit for bit:
 the gguf package, the other tests' reference, is itself a port of that C. Marker ``interop``,
 skipped unless ``GGOPT_INTEROP=1``:
 ``GGOPT_INTEROP=1 python -m pytest -m interop tests/kernels/test_quant_k_interop.py``."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ggopt import quants
-from tools.kquants import K_TYPES, k_blocks
+from tools.kquants import K_TYPES, SCALE_AT, k_blocks
 
 pytestmark = [
     pytest.mark.interop,
@@ -33,15 +33,14 @@ def _ggml_base() -> ctypes.CDLL:
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
 def test_dequantize_is_ggml_c_bit_for_bit(qtype):
-    fn = getattr(_ggml_base(), {"Q4_K": "dequantize_row_q4_K",
-                                "Q6_K": "dequantize_row_q6_K"}[qtype.name])
+    fn = getattr(_ggml_base(), f"dequantize_row_{qtype.name[:2].lower()}{qtype.name[2:]}")
     fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     fn.restype = None
     raw = np.ascontiguousarray(k_blocks(qtype, 9, 1024, seed=11))
     rng = np.random.default_rng(12)  # and blocks of any bytes with finite scales
     wild = rng.integers(0, 256, (4, 4 * qtype.size), dtype=np.uint8).reshape(4, 4, qtype.size)
-    for hi in (1, 3) if qtype.name == "Q4_K" else (209,):
-        wild[..., hi] &= 0xFB
+    for at in SCALE_AT[qtype]:
+        wild[..., at + 1] &= 0xFB
     raw = np.concatenate([raw, wild.reshape(4, -1)])
     want = np.empty((raw.shape[0], 1024), np.float32)
     fn(raw.ctypes.data, want.ctypes.data, want.size)

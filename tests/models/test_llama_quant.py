@@ -71,21 +71,19 @@ def test_keep_maps_the_matrices_and_rounds_like_ggml(tmp_path, qtype):
         np.testing.assert_array_equal(arr, llama.get_weights(f32.net)[name])
 
 
-def test_keep_dequantizes_types_without_kernels(tmp_path):
+def test_keep_maps_every_block_type(tmp_path):
     cfg = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256)
     names = _matrices(cfg)  # K-quant rows are 256-element blocks
     # (F16 and BF16 are kept too, computing in their own type: tests/models/test_llama_bf16.py)
-    types = dict(zip(names, [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0] * 4, strict=False))
+    types = dict(zip(names, [Q.Q4_K, Q.Q3_K, Q.Q5_K, Q.Q6_K, Q.Q2_K, Q.Q4_1, Q.Q8_0] * 4,
+                     strict=False))
     path = tmp_path / "mixed.gguf"
     write(path, cfg, types=types)
     kept = llama.load(path, progress=False, base_type="keep")
     for name, qtype in types.items():
         w = kept.net.params[name]
-        if int(qtype) in {int(t) for t in MAPPABLE_TYPES}:  # Q4_1, Q8_0 (and K-quants ggopt
-            # computes with, once it has them)
-            assert int(w.type) == int(qtype) and is_read_only(w)
-        else:
-            assert w.type is ggopt.F32 and not is_read_only(w)
+        assert int(qtype) in {int(t) for t in MAPPABLE_TYPES}
+        assert int(w.type) == int(qtype) and is_read_only(w)
     f32 = llama.load(path, progress=False)
     # random K-quant blocks make logits of a few hundred; the 8-bit rounding of the activations
     # moves the largest by 20-40 % (the kernels' exactness: tests/kernels/test_quant_dot.py)
@@ -93,10 +91,11 @@ def test_keep_dequantizes_types_without_kernels(tmp_path):
 
 
 def test_keep_gives_the_same_logits_on_every_integer_kernel(tmp_path):
-    """Kept Q4_K, Q6_K, Q4_1 and Q8_0 matrices: the logits' bytes do not depend on the kernel
+    """Kept K-quant, Q4_1 and Q8_0 matrices: the logits' bytes do not depend on the kernel
     (AMX, AVX-512 VNNI, AVX-VNNI, AVX2, portable: those this CPU has)."""
     cfg = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256)
-    types = dict(zip(_matrices(cfg), [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0] * 4, strict=False))
+    types = dict(zip(_matrices(cfg), [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q4_1, Q.Q8_0],
+                     strict=False))
     path = tmp_path / "mixed.gguf"
     write(path, cfg, types=types)
     kept = llama.load(path, progress=False, base_type="keep")

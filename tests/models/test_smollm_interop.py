@@ -25,6 +25,7 @@ from ggopt.models import llama
 from tools.smollm import (
     GPL3,
     f32_path,
+    ggml_quantized_path,
     llama_cpp_greedy,
     llama_cpp_logits,
     llama_cpp_model,
@@ -88,21 +89,37 @@ def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     assert abs(ours.ppl / theirs - 1) < 0.005
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_K_M"])
-def test_files_of_llama_cpp_s_quantizer_kept(setup, ftype):
-    """Q8_0 and Q4_K_M files (Q4_K, Q6_K, Q5_0, Q8_0 matrices) made by llama.cpp, kept:
-    logits near llama.cpp's and GPL-3's perplexity at ctx 256 within 0.5 % of it."""
-    _, _, ids = setup
-    path = quantized_path(ftype)
+def assert_kept_near_llama_cpp(path, label, ids):
+    """The file kept: logits near llama.cpp's and GPL-3's perplexity at ctx 256 within 0.5 %
+    of it. The largest logit difference is the 8-bit activations' chaos
+    (docs/quantized-products.md, "Why the gap remains"), larger the coarser the weights (Q2_K:
+    4.2 of a 74 span, as with F32 activations); the mean is the measure."""
     cpp = llama_cpp_model(path, 256)
     kept = llama.load(path, progress=False, base_type="keep")
     ours, theirs = llama.logits(kept, ids[:128]), llama_cpp_logits(cpp, ids[:128])
     diff = np.abs(ours - theirs)
     agree = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
     ppl, want = perplexity(kept, ids, 256).ppl, llama_cpp_perplexity(cpp, ids, 256)
-    print(f"\n{ftype} kept: logits max {diff.max():.3g} mean {diff.mean():.3g}, top-1 "
+    print(f"\n{label} kept: logits max {diff.max():.3g} mean {diff.mean():.3g}, top-1 "
           f"{100 * agree:.1f} %; GPL-3 ctx 256 ggopt {ppl:.4f}, llama.cpp {want:.4f} "
           f"({100 * (ppl / want - 1):+.3f} %)")
-    assert diff.max() < 0.05 * np.ptp(theirs) and agree > 0.9
+    assert diff.max() < 0.08 * np.ptp(theirs) and diff.mean() < 0.01 * np.ptp(theirs)
+    assert agree > 0.9
     assert abs(ppl / want - 1) < 0.005
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M"])
+def test_files_of_llama_cpp_s_quantizer_kept(setup, ftype):
+    """Files made by llama.cpp's quantizer (Q8_0; the K-quant mixes, where SmolLM2's 576-wide
+    rows fall back to Q4_0/Q5_0/Q5_1/Q8_0, so Q2_K's file holds Q3_K and Q4_0 matrices)."""
+    assert_kept_near_llama_cpp(quantized_path(ftype), ftype, setup[2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K"])
+def test_k_quant_matrices_of_ggml_s_quantizer_kept(setup, qtype):
+    """The F32 copy with its 30 ffn_down matrices quantized by ggml's own quantize_chunk (the
+    only SmolLM2 matrices of whole super-blocks; llama.cpp's Q2_K file type puts no Q2_K
+    matrix there)."""
+    assert_kept_near_llama_cpp(ggml_quantized_path(qtype), f"{qtype} ffn_down", setup[2])

@@ -18,7 +18,7 @@ from tests.support.llama_files import Q, write
 
 CFG = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=2, n_head_kv=2, n_ff=256)
 NAME = "blk.0.ffn_up.weight"
-_SCALE_AT = {Q.Q4_K: 0, Q.Q6_K: 208, Q.Q8_0: 0}  # byte offset of the block's f16 scale d
+_SCALE_AT = {Q.Q4_K: 0, Q.Q5_K: 0, Q.Q6_K: 208, Q.Q8_0: 0}  # byte offset of the block's f16 scale d
 
 
 def _poisoned(path, qtype, value: float) -> None:
@@ -38,7 +38,8 @@ def _poisoned(path, qtype, value: float) -> None:
 @pytest.mark.parametrize("mode", [{}, {"base_type": "keep"}, {"compute_type": "bf16"}],
                          ids=["f32", "keep", "bf16"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q8_0, Q.BF16], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q8_0, Q.BF16],
+                         ids=lambda q: q.name)
 def test_non_finite_scales_are_refused_at_load(tmp_path, qtype, value, mode):
     """llama.cpp computes with such blocks and every logit comes out NaN; ggopt refuses the
     file at load, as it refuses a NaN F32 weight (a K-quant's dequantization once also

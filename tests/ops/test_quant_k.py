@@ -1,6 +1,6 @@
-"""Graphs with K-quant weights (Q4_K, Q6_K): mul_mat / get_rows / cpy to F32 on the CPU backend
-(1 and 2 threads, identical bits) and the NumPy array backend (the reference: gguf.quants'
-dequantize, then F32); finite-difference gradients through x; views that keep whole
+"""Graphs with K-quant weights (``tools.kquants.K_TYPES``): mul_mat / get_rows / cpy to F32 on
+the CPU backend (1 and 2 threads, identical bits) and the NumPy array backend (the reference:
+gguf.quants' dequantize, then F32); finite-difference gradients through x; views that keep whole
 256-element super-blocks; and the refusals (a PARAM, quantizing to a K-quant, partial
 super-blocks) before anything runs."""
 

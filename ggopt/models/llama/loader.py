@@ -105,8 +105,8 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     ``general.architecture`` (any tensor type of :data:`weights.SUPPORTED_TYPES`).
 
     ``base_type``: ``"f32"`` (default) dequantizes every weight into F32 PARAM tensors;
-    ``"keep"`` maps the F32 and Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 matrices from the file as they are
-    (no copy, read-only, never PARAMs: for inference and LoRA) and dequantizes the rest
+    ``"keep"`` maps the matrices from the file as they are (F32, F16, BF16 and every block type;
+    no copy, read-only, never PARAMs: for inference and LoRA) and dequantizes the norms
     (:mod:`.mapped`). ``compute_type="bf16"`` (:mod:`.compute`): the matrices that would be
     F32 are stored in BF16 (rounded once, here), frozen, and every product with a weight runs
     in BF16; a full fine-tune in BF16 loads F32 weights instead and rounds them per step

@@ -3,8 +3,9 @@ converted to BF16 at load (``compute_type="bf16"``).
 
 Kept, each matrix whose type ggopt computes with (F32, F16, BF16 and the block types of
 :data:`ggopt.quants.QUANTIZED_TYPES`) becomes a tensor over the file's read-only memory map
-(:func:`ggopt.quants.tensor_from_blocks`: no copy); other types (K-quants ggopt has no kernels
-for) and the 1-D tensors (norms, ``rope_freqs``) are dequantized into F32 memory of their own.
+(:func:`ggopt.quants.tensor_from_blocks`: no copy): every matrix type of
+:data:`.weights.SUPPORTED_TYPES`. The 1-D tensors (norms, ``rope_freqs``) are dequantized into
+F32 memory of their own.
 With ``compute_type="bf16"`` the matrices that would be F32 (all of them unless kept; kept, the
 file's F32 ones and those dequantized) are stored in BF16 instead, rounded once as ggml rounds
 F32 to BF16. Nothing is a PARAM: the base is frozen, for inference or for LoRA (a quantized or

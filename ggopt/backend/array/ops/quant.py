@@ -44,7 +44,7 @@ def quantized(be: ArrayBackend, t: Tensor, values: Any) -> Any:
 _F = np.float32
 #: weight type code -> (vec_dot_type name, elements per block)
 VEC_DOT_TYPES = {2: ("Q8_0", 32), 6: ("Q8_0", 32), 8: ("Q8_0", 32), 3: ("Q8_1", 32),
-                 7: ("Q8_1", 32), 12: ("Q8_K", 256), 14: ("Q8_K", 256)}
+                 7: ("Q8_1", 32), **{t: ("Q8_K", 256) for t in (10, 11, 12, 13, 14)}}
 
 
 def _maxps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -125,7 +125,8 @@ def _fifth_bits(qh: np.ndarray) -> np.ndarray:
 
 def weight_codes(raw: np.ndarray, qtype: int) -> dict[str, np.ndarray]:
     """The integer codes (M, blocks, block; offsets removed: code - 8 for Q4_0, - 16 for
-    Q5_0, - 32 for Q6_K) and the scales of the raw weight rows (M, row bytes)."""
+    Q5_0, - 4 for Q3_K, - 32 for Q6_K) and the scales of the raw weight rows (M, row bytes) of
+    a type of :data:`VEC_DOT_TYPES`."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     qb, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
@@ -140,10 +141,27 @@ def weight_codes(raw: np.ndarray, qtype: int) -> dict[str, np.ndarray]:
         lo = 2 if qtype == 6 else 4
         q = _nibbles(b[..., lo + 4:]) | _fifth_bits(b[..., lo:lo + 4])
         out = {"q": q - 16 if qtype == 6 else q, "d": _f16_at(b, 0)}
-    elif qtype == 12:
+    elif qtype in (12, 13):  # Q4_K; Q5_K: bit j of qh[l] is code 32 * j + l's fifth bit
         sc, mn = _q4_k_scales(b[..., 4:16])
-        q = np.concatenate([_nibbles(b[..., 16 + 32 * g:48 + 32 * g]) for g in range(4)], -1)
+        at = 16 if qtype == 12 else 48
+        q = np.concatenate([_nibbles(b[..., at + 32 * g:at + 32 + 32 * g]) for g in range(4)], -1)
+        if qtype == 13:
+            qh = b[..., 16:48].astype(np.int64)
+            q = q | (((qh[..., None, :] >> np.arange(8)[:, None]) & 1) << 4).reshape(q.shape)
         out = {"q": q, "d": _f16_at(b, 0), "dmin": _f16_at(b, 2), "sc": sc, "mn": mn}
+    elif qtype in (10, 11):  # Q2_K; Q3_K: minus 4 unless hmask's bit e / 32 of byte e % 32
+        qs = b[..., 16:80] if qtype == 10 else b[..., 32:96]
+        pairs = qs.astype(np.int64).reshape(*qs.shape[:-1], 2, 1, 32)
+        q = ((pairs >> (2 * np.arange(4))[:, None]) & 3).reshape(*qs.shape[:-1], 256)
+        if qtype == 10:
+            s = b[..., :16].astype(np.int64)
+            out = {"q": q, "d": _f16_at(b, 80), "dmin": _f16_at(b, 82), "sc": s & 15,
+                   "mn": s >> 4}
+        else:
+            hm = b[..., :32].astype(np.int64)
+            hbit = ((hm[..., None, :] >> np.arange(8)[:, None]) & 1).reshape(q.shape)
+            out = {"q": q - 4 * (1 - hbit), "d": _f16_at(b, 108),
+                   "sc": _q3_k_scales(b[..., 96:108])}
     elif qtype == 14:
         ql, qh = b[..., :128].astype(np.int64), b[..., 128:192].astype(np.int64)
         parts = []
@@ -164,6 +182,15 @@ def _q4_k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | (s[..., 0:4] >> 6) << 4], -1)
     mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | (s[..., 4:8] >> 6) << 4], -1)
     return sc, mn
+
+
+def _q3_k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K's sixteen 6-bit scales minus 32 from its 12 packed bytes."""
+    s = s.astype(np.int64)
+    lo = np.concatenate([s[..., 0:8] & 15, s[..., 0:8] >> 4], -1)
+    hi = np.concatenate([(s[..., 8:12] >> (2 * k)) & 3 for k in range(4)], -1)
+    out: np.ndarray = (lo | hi << 4) - 32
+    return out
 
 
 def _isums(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -192,17 +219,21 @@ def _combine(acc: np.ndarray, qa: np.ndarray, da: np.ndarray, sa: np.ndarray | N
     for blk in range(qa.shape[1]):
         a, q = qa[:, blk].astype(np.int64), w["q"][:, blk]
         t = w["d"][None, :, blk] * da[:, blk, None]
-        if qtype == 12:  # Q4_K: 8 scaled sums of 32, minus the minimums' term
+        if qtype in (12, 13):  # Q4_K, Q5_K: 8 scaled sums of 32, minus the minimums' term
             isum = sum(_isums(a[:, 32 * j:32 * j + 32], q[:, 32 * j:32 * j + 32])
                        * w["sc"][None, :, blk, j] for j in range(8))
             bs = a.reshape(n, 8, 32).sum(-1)
             msum = bs @ w["mn"][:, blk].T
             acc = acc + t * isum.astype(_F)
             acc = acc - (w["dmin"][None, :, blk] * da[:, blk, None]) * msum.astype(_F)
-        elif qtype == 14:  # Q6_K: 16 scaled sums of 16
+        elif qtype in (10, 11, 14):  # Q2_K, Q3_K, Q6_K: 16 scaled sums of 16 (Q2_K: minus
+            # the minimums' term)
             isum = sum(_isums(a[:, 16 * j:16 * j + 16], q[:, 16 * j:16 * j + 16])
                        * w["sc"][None, :, blk, j] for j in range(16))
             acc = acc + t * isum.astype(_F)
+            if qtype == 10:
+                msum = a.reshape(n, 16, 16).sum(-1) @ w["mn"][:, blk].T
+                acc = acc - (w["dmin"][None, :, blk] * da[:, blk, None]) * msum.astype(_F)
         else:
             acc = acc + t * _isums(a, q).astype(_F)
             if sa is not None:
