@@ -1,20 +1,21 @@
 /* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h) for the 32-element block types
-   and Q4_K / Q5_K (Q2_K, Q3_K and Q6_K stay on the VNNI kernel, ggopt_amx_rows): a thread's range of weight panels
-   (32 rows: two packed groups of 16) against strips of up to GGOPT_AMX_TILES x 16 activation
-   rows (the rows past the last whole 16 go to the VNNI / portable kernel). The tiles are
-   configured once per thread and product. A step is one block (Q4_K/Q5_K: one 32-element
-   sub-block): the two groups' B tiles loaded once, then per 16 activation rows two tile
-   products (tdpbssd: signed activations x the codes, which fit int8; a Q8_0 weight's
-   activations are stored signed for these rows), stored as 16 x 16 exact int32 sums;
-   consecutive row tiles use alternate A and C tiles so their products do not wait on each
-   other. Steps are taken in chunks of GGOPT_AMX_CHUNK into two buffers: the tile products of
-   chunk c+1 are issued (together: interleaving them with the vector code measured slower)
+   and Q4_K / Q5_K (Q2_K, Q3_K and Q6_K stay on the VNNI kernel, ggopt_amx_rows): a thread's
+   range of weight panels (32 rows: two packed groups of 16) against strips of up to
+   GGOPT_AMX_TILES x 16 activation rows (the rows past the last whole 16 go to the VNNI /
+   portable kernel). The tiles are configured once per thread and product.
+   32-element blocks: a step is one block: the two groups' B tiles loaded once, then per 16
+   activation rows two tile products (tdpbssd: signed activations x the codes, which fit int8;
+   a Q8_0 weight's activations are stored signed for these rows), stored as 16 x 16 exact int32
+   sums; consecutive row tiles use alternate A and C tiles so their products do not wait on
+   each other. Steps are taken in chunks of GGOPT_AMX_CHUNK into two buffers: the tile products
+   of chunk c+1 are issued (together: interleaving them with the vector code measured slower)
    before the float combine of chunk c reads chunk c's sums. The combine keeps 8 rows x 32
-   outputs in registers over a chunk (a thread's running sums in between) and makes the float
-   operations of ggopt_qdot_vnni_nr in the same order, so the AMX, VNNI and portable kernels
-   give the same bits; only the order of the exact integer sums differs (Q4_K's minimum sums
-   by vpdpwssd on 16-bit pairs, its sub-block scales applied in float within a chunk, exact:
-   ggopt_amx_combinek).
+   outputs in registers over a chunk (a thread's running sums in between).
+   Q4_K / Q5_K: a panel's codes times their sub-block scales as two byte planes, each summed
+   over a whole super-block in the C tiles (below, "by planes").
+   Either way the float operations are those of ggopt_qdot_vnni_nr in the same order, so the
+   AMX, VNNI and portable kernels give the same bits; only the order of the exact integer sums
+   differs.
 
    The packed group's codes [k/4][lane][4] are a B tile as AMX reads it (k/4 rows of 16 lanes x
    4 bytes); the activation codes are an A tile (16 rows of the block's bytes, row stride K).
@@ -24,8 +25,8 @@
 #define GGOPT_QUANT_AMX_H
 #include "_quant_dot.h"
 
-/* tile steps per chunk (a step: up to 8 tiles of 16 x 16 int32, 8 KiB); divides 8, so a Q4_K
-   chunk never spans two super-blocks */
+/* tile steps per chunk of the 32-element blocks (a step: up to 8 tiles of 16 x 16 int32,
+   8 KiB) */
 #define GGOPT_AMX_CHUNK 2
 /* tiles of 16 activation rows per strip (the B tiles are loaded once per step for them) */
 #define GGOPT_AMX_TILES 4
@@ -59,16 +60,16 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) ggopt_tilecfg;
 
-/* tiles: 0/1 = A (16 activation rows x 32 bytes) of even / odd row tiles, 2/3 = B of the two
-   groups (8 rows x 64 bytes), 4 + 2 * (t & 1) + g = C of row tile t and group g (16 x 16
-   int32): two
-   steps' tile products are in flight, none waits for the tile store of the step before */
-GGOPT_AMX static inline void ggopt_amx_config(void) {
+/* tiles: 0/1 = A (16 activation rows x kb bytes) of even / odd row tiles, 2/3 = B of the two
+   groups (kb / 4 rows x 64 bytes), 4 + 2 * (t & 1) + g = C of row tile t and group g (16 x 16
+   int32). kb: 32 (a 32-element block a step: two steps' tile products are in flight, none
+   waits for the tile store of the step before) or 64 (the K-quants' planes) */
+GGOPT_AMX static inline void ggopt_amx_config(int kb) {
     ggopt_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = GGOPT_QK; cfg.rows[t] = 16; }
-    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = GGOPT_QK / 4; }
+    for (int t = 0; t <= 1; t++) { cfg.colsb[t] = (uint16_t)kb; cfg.rows[t] = 16; }
+    for (int t = 2; t <= 3; t++) { cfg.colsb[t] = 64; cfg.rows[t] = (uint8_t)(kb / 4); }
     for (int t = 4; t <= 7; t++) { cfg.colsb[t] = 64; cfg.rows[t] = 16; }
     /* gcc 12 does not see that ldtilecfg reads cfg and drops the stores: a barrier keeps them */
     __asm__ volatile("" : : "r"(&cfg) : "memory");
@@ -106,50 +107,47 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
     __asm__ volatile("" : : "r"(dst) : "memory");
 }
 
-/* the work space of one thread (ggopt_amx_ws_ints int32s, 64-byte aligned): two chunk buffers,
-   the K-quants' integer sums of a strip and per-strip / per-panel terms */
+/* the work space of one thread (ggopt_amx_ws_ints int32s, 64-byte aligned): two buffers of
+   tile sums, per-strip / per-panel terms and a panel's planes */
 typedef struct {
-    int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each */
-    int32_t *isum;    /* [rows][32 lanes], a K-quant block's integer sums between chunks */
+    int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each, or one super-block's plane sums */
     int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K's 16-bit pairs */
     float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
+    uint8_t *planes;  /* Q4_K / Q5_K: one panel's planes [block][group][plane][4096] */
 } ggopt_amx_ws;
 
 #define GGOPT_AMX_ROWS_MAX (16 * GGOPT_AMX_TILES)
+/* planes of a super-block (Q4_K, Q5_K) and the ints of a buffer of tile sums */
+#define GGOPT_AMX_PLANES_MAX 2
+#define GGOPT_AMX_BUF_INTS                                                                  \
+    (GGOPT_AMX_PLANES_MAX * GGOPT_AMX_STEP_INTS > GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS      \
+         ? GGOPT_AMX_PLANES_MAX * GGOPT_AMX_STEP_INTS                                       \
+         : GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS)
 
-/* int32s of the work space for nb blocks per row */
-static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) {
-    return 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS + 2 * GGOPT_AMX_ROWS_MAX * 32
-           + GGOPT_AMX_ROWS_MAX * 4 * nb;
+/* int32s of the work space for nb blocks per row of type wtype */
+static inline Py_ssize_t ggopt_amx_ws_ints(int wtype, Py_ssize_t nb) {
+    Py_ssize_t planes = ggopt_k_sub32(wtype) ? nb * 2 * GGOPT_AMX_PLANES_MAX * 1024 : 0;
+    return 2 * GGOPT_AMX_BUF_INTS + GGOPT_AMX_ROWS_MAX * 32 + GGOPT_AMX_ROWS_MAX * 4 * nb
+           + planes;
 }
 
 static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb) {
     ws->buf[0] = p;
-    ws->buf[1] = p + GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
-    ws->isum = p + 2 * GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS;
-    ws->acc = (float *)(ws->isum + GGOPT_AMX_ROWS_MAX * 32);
-    ws->rowt = ws->isum + 2 * GGOPT_AMX_ROWS_MAX * 32;  /* then ROWS_MAX * 4 * nb */
+    ws->buf[1] = p + GGOPT_AMX_BUF_INTS;
+    ws->acc = (float *)(p + 2 * GGOPT_AMX_BUF_INTS);
+    ws->rowt = p + 2 * GGOPT_AMX_BUF_INTS + GGOPT_AMX_ROWS_MAX * 32;
+    ws->planes = (uint8_t *)(ws->rowt + GGOPT_AMX_ROWS_MAX * 4 * nb);
 }
 
 /* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
-   u % nt of step s0 + u / nt; step s: block s, or Q4_K's 32-element sub-block s % 8 of block
-   s / 8) into dst (steps GGOPT_AMX_STEP_INTS apart) */
+   u % nt of step s0 + u / nt; step s: block s) into dst (steps GGOPT_AMX_STEP_INTS apart) */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_units(
         const int8_t *xq, Py_ssize_t K, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
-        int kq, int nt, Py_ssize_t s0, int u0, int u1,
-        int32_t *dst) {
+        int nt, Py_ssize_t s0, int u0, int u1, int32_t *dst) {
     for (int u = u0; u < u1; u++) {
         Py_ssize_t s = s0 + u / nt;
-        int t = u % nt;
-        int32_t *d = dst + (u / nt) * GGOPT_AMX_STEP_INTS;
-        if (!kq) {
-            ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, t, d);
-        } else {
-            Py_ssize_t b = s / 8, j = s % 8;
-            ggopt_amx_unit(xq + b * GGOPT_QK_K + j * GGOPT_QK, K,
-                           g0 + b * pbb + 16 * j * GGOPT_QK, g1 + b * pbb + 16 * j * GGOPT_QK,
-                           t, d);
-        }
+        ggopt_amx_unit(xq + s * GGOPT_QK, K, g0 + s * pbb, g1 + s * pbb, u % nt,
+                       dst + (u / nt) * GGOPT_AMX_STEP_INTS);
     }
 }
 
@@ -227,88 +225,127 @@ GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, 
         ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
 }
 
-/* Q4_K / Q5_K: the integer part of sub-blocks [j0, j0 + cj) of block b for rows [r0, r1) of a strip
-   (isum[r][lane] += sum_j dp_j * sc_j, the chunk's sum exact in float; zero at j0 == 0); after the block's last sub-block the float
-   combine of ggopt_qdot_vnni_nr: acc += (d * da) * is, acc -= (dmin * da) * msum (msum =
-   sum_j mn_j * (bsum_2j + bsum_2j+1), by vpdpwssd on 16-bit pairs) */
-GGOPT_AMX static void ggopt_amx_combinek(
-        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, Py_ssize_t ncode,
-        const ggopt_q8_rows *x, Py_ssize_t n0, int r0, int r1, const int32_t *rowt, Py_ssize_t b,
-        int j0, int cj, const int32_t *ib, int32_t *isum, float *accb, float *out,
-        Py_ssize_t ldo, int ml) {
-    Py_ssize_t nb = x->nb;
+/* ---------------------------------------------------------------- Q4_K / Q5_K by planes
+
+   A K-quant's integer part sum_j sc_j * isum_j (32-element sub-blocks j, 6-bit scales) is one
+   integer sum over the super-block once each code is multiplied by its sub-block's scale, but
+   code * scale (up to 15 * 63, Q5_K 31 * 63) does not fit a byte. So the panel's codes are
+   multiplied out into two unsigned byte "planes", code * (sc >> 3) (weight 8) and
+   code * (sc & 7) (weight 1), at most 31 * 7 = 217, whose weighted sum is code * scale. Each
+   plane is a full super-block B tile operand (4 tile steps of K = 64, tdpbsud: signed
+   activations x unsigned planes), summed in the C tiles over the whole super-block: per 16 x 32
+   outputs and super-block 2 tile stores and one combine, instead of 8 of each. The integers
+   are exact (|plane sum| <= 256 * 217 * 127, 8 s0 + s1 < 2^31) and equal the sub-block form,
+   so the outputs keep their bits. */
+
+/* one packed group's super-block blk (codes [k/4][lane][4], then its ggopt_metak) as planes
+   dst[2][4096], the same layout as the codes. Byte products by 16-bit multiplies: every
+   product fits its byte, so none carries into the next. */
+GGOPT_AMX static void ggopt_amx_planes(const uint8_t *blk, uint8_t *dst) {
+    const ggopt_metak *m = (const ggopt_metak *)(blk + GGOPT_QK_K * GGOPT_LANES);
+    for (int j = 0; j < 8; j++) {
+        __m512i sc = _mm512_loadu_si512(m->sc[j]);
+        __m512i sh = _mm512_srli_epi32(sc, 3), sl = _mm512_and_si512(sc, _mm512_set1_epi32(7));
+        __m512i mh = _mm512_or_si512(sh, _mm512_slli_epi32(sh, 16));
+        __m512i ml = _mm512_or_si512(sl, _mm512_slli_epi32(sl, 16));
+        for (int k = 8 * j; k < 8 * j + 8; k++) {
+            __m512i c = _mm512_loadu_si512(blk + 64 * k);
+            _mm512_storeu_si512(dst + 64 * k, _mm512_mullo_epi16(c, mh));
+            _mm512_storeu_si512(dst + 4096 + 64 * k, _mm512_mullo_epi16(c, ml));
+        }
+    }
+}
+
+/* one plane's sums over super-block b for one or two row tiles (16 rows each at xq, xq + 16 K)
+   against the two groups' plane p0 / p1: d[t][g][16][16] */
+GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums(
+        const int8_t *xq, Py_ssize_t K, const uint8_t *p0, const uint8_t *p1, int two,
+        int32_t *d) {
+    __asm__ volatile("" : : "r"(xq), "r"(p0), "r"(p1), "r"(d) : "memory");
+    _tile_zero(4);
+    _tile_zero(5);
+    if (two) {
+        _tile_zero(6);
+        _tile_zero(7);
+    }
+    for (int ks = 0; ks < 4; ks++) {
+        _tile_loadd(2, p0 + 1024 * ks, 64);
+        _tile_loadd(3, p1 + 1024 * ks, 64);
+        _tile_loadd(0, xq + 64 * ks, K);
+        _tile_dpbsud(4, 0, 2);
+        _tile_dpbsud(5, 0, 3);
+        if (two) {
+            _tile_loadd(1, xq + 16 * K + 64 * ks, K);
+            _tile_dpbsud(6, 1, 2);
+            _tile_dpbsud(7, 1, 3);
+        }
+    }
+    _tile_stored(4, d, 64);
+    _tile_stored(5, d + 256, 64);
+    if (two) {
+        _tile_stored(6, d + 512, 64);
+        _tile_stored(7, d + 768, 64);
+    }
+    __asm__ volatile("" : : "r"(d) : "memory");
+}
+
+/* the plane sums of super-block b for the strip's nt row tiles: dst[p][t][g][16][16] */
+GGOPT_AMX static void ggopt_amx_block_planes(const int8_t *xq, Py_ssize_t K, Py_ssize_t b,
+                                             const uint8_t *planes, int nt, int32_t *dst) {
+    const uint8_t *pb = planes + b * 4 * 4096;  /* [group][plane][4096] */
+    for (int p = 0; p < 2; p++)
+        for (int t = 0; t < nt; t += 2)
+            ggopt_amx_plane_sums(xq + 16 * t * K + b * GGOPT_QK_K, K, pb + p * 4096,
+                                 pb + (2 + p) * 4096, t + 1 < nt, dst + (p * 4 + t) * 512);
+}
+
+/* super-block b of a strip of R rows from its plane sums ib: per output the integer part
+   is = 8 s0 + s1, then the float combine of ggopt_qdot_vnni_nr:
+   acc += (d * da) * is, acc -= (dmin * da) * msum (msum = sum_j mn_j * (bsum_2j + bsum_2j+1),
+   by vpdpwssd on 16-bit pairs) */
+GGOPT_AMX static void ggopt_amx_combine_planes(
+        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, const ggopt_q8_rows *x,
+        Py_ssize_t n0, int R, const int32_t *rowt, Py_ssize_t b, const int32_t *ib,
+        float *accb, float *out, Py_ssize_t ldo, int ml) {
+    Py_ssize_t nb = x->nb, ncode = GGOPT_QK_K * GGOPT_LANES;
     const ggopt_metak *ms[2] = {(const ggopt_metak *)(g0 + b * pbb + ncode),
                                 (const ggopt_metak *)(g1 + b * pbb + ncode)};
-    int last = j0 + cj == 8;
     __m512i lanep[2][4];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) */
-    if (last) {
-        for (int g = 0; g < 2; g++)
-            for (int i = 0; i < 4; i++)
-                lanep[g][i] = _mm512_or_si512(_mm512_loadu_si512(ms[g]->mn[2 * i]),
-                                              _mm512_slli_epi32(
-                                                  _mm512_loadu_si512(ms[g]->mn[2 * i + 1]), 16));
-    }
-    /* The chunk's sum_j dp_j * sc_j in float, then added to the int32 sums: exact, as every
-       partial sum is an integer of magnitude at most 2^24. |dp_j| <= 32 * 128 * 15 = 61440
-       (any int8 activation code, Q4_K's codes 0..15), sc_j <= 63, so |dp_j * sc_j| <= 3870720
-       and a chunk of at most 4 sub-blocks sums to at most 15482880 < 2^24 = 16777216; Q5_K's
-       codes 0..31 give |dp_j| <= 126976, |dp_j * sc_j| <= 7999488 and at most 15998976 for
-       2 sub-blocks. So the conversions, products, sums and the conversion back are exact,
-       whatever the rounding mode (measured 7-13 % faster on Q4_K than vpmulld, 2 uops on
-       port 0 each). */
-    _Static_assert(GGOPT_AMX_CHUNK <= 2, "Q5_K's float partial sums need chunks of <= 2");
-    __m512 scf[GGOPT_AMX_CHUNK][2];
-    for (int jj = 0; jj < cj; jj++)
-        for (int g = 0; g < 2; g++)
-            scf[jj][g] = _mm512_cvtepi32_ps(_mm512_loadu_si512(ms[g]->sc[j0 + jj]));
+    for (int g = 0; g < 2; g++)
+        for (int i = 0; i < 4; i++)
+            lanep[g][i] = _mm512_or_si512(_mm512_loadu_si512(ms[g]->mn[2 * i]),
+                                          _mm512_slli_epi32(
+                                              _mm512_loadu_si512(ms[g]->mn[2 * i + 1]), 16));
+    __m512 dw[2] = {_mm512_loadu_ps(ms[0]->d), _mm512_loadu_ps(ms[1]->d)};
+    __m512 mw[2] = {_mm512_loadu_ps(ms[0]->m), _mm512_loadu_ps(ms[1]->m)};
     __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
-    for (int r = r0; r < r1; r += 4) {
-        __m512i is[4][2];
-        for (int i = 0; i < 4; i++)
-            for (int g = 0; g < 2; g++)
-                is[i][g] = j0 == 0 ? _mm512_setzero_si512()
-                                   : _mm512_load_si512(isum + (r + i) * 32 + g * 16);
-        const int32_t *st = ib + (r >> 4) * 512 + (r & 15) * 16;
-        for (int i = 0; i < 4; i++)
-            for (int g = 0; g < 2; g++) {
-                const int32_t *p = st + 256 * g + 16 * i;
-                __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(p)), scf[0][g]);
-                for (int jj = 1; jj < cj; jj++)
-                    f = _mm512_add_ps(f, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(
-                                                           p + jj * GGOPT_AMX_STEP_INTS)),
-                                                       scf[jj][g]));
-                is[i][g] = _mm512_add_epi32(is[i][g], _mm512_cvtps_epi32(f));
-            }
-        if (!last) {
-            for (int i = 0; i < 4; i++)
-                for (int g = 0; g < 2; g++)
-                    _mm512_store_si512(isum + (r + i) * 32 + g * 16, is[i][g]);
-            continue;
+    for (int rr = 0; rr < R; rr++) {
+        Py_ssize_t n = n0 + rr;
+        const int32_t *rp = rowt + (rr * nb + b) * 4;
+        const int32_t *st = ib + (rr >> 4) * 512 + (rr & 15) * 16;
+        __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
+        float *o = out + n * ldo, *ab = accb + rr * 32;
+        __m512 acc[2] = {b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab),
+                         b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
+        for (int g = 0; g < 2; g++) {
+            const int32_t *sg = st + 256 * g;
+            __m512i is = _mm512_add_epi32(
+                _mm512_slli_epi32(_mm512_load_si512(sg), 3),
+                _mm512_load_si512(sg + GGOPT_AMX_STEP_INTS));
+            __m512i t2 = _mm512_setzero_si512();
+            for (int p = 0; p < 4; p++)
+                t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
+            __m512 t = _mm512_mul_ps(dw[g], da);
+            acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(is)));
+            __m512 tm = _mm512_mul_ps(mw[g], da);
+            acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
         }
-        for (int i = 0; i < 4; i++) {
-            int rr = r + i;
-            Py_ssize_t n = n0 + rr;
-            const int32_t *rp = rowt + (rr * nb + b) * 4;
-            __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
-            float *o = out + n * ldo, *ab = accb + rr * 32;
-            __m512 acc[2] = {b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab),
-                             b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
-            for (int g = 0; g < 2; g++) {
-                __m512i t2 = _mm512_setzero_si512();
-                for (int p = 0; p < 4; p++)
-                    t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
-                __m512 t = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->d), da);
-                acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(is[i][g])));
-                __m512 tm = _mm512_mul_ps(_mm512_loadu_ps(ms[g]->m), da);
-                acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
-            }
-            if (b == nb - 1) {
-                _mm512_mask_storeu_ps(o, k0, acc[0]);
-                _mm512_mask_storeu_ps(o + 16, k1, acc[1]);
-            } else {
-                _mm512_store_ps(ab, acc[0]);
-                _mm512_store_ps(ab + 16, acc[1]);
-            }
+        if (b == nb - 1) {
+            _mm512_mask_storeu_ps(o, k0, acc[0]);
+            _mm512_mask_storeu_ps(o + 16, k1, acc[1]);
+        } else {
+            _mm512_store_ps(ab, acc[0]);
+            _mm512_store_ps(ab + 16, acc[1]);
         }
     }
 }
@@ -317,23 +354,27 @@ static inline int32_t ggopt_pair16(int32_t lo, int32_t hi) {
     return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
 }
 
-/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel */
+/* the planes of one panel (its two groups' nb super-blocks): planes[b][g][plane][4096] */
+GGOPT_AMX static void ggopt_amx_panel_planes(int wtype, const uint8_t *g0, const uint8_t *g1,
+                                             Py_ssize_t nb, uint8_t *planes) {
+    Py_ssize_t pbb = ggopt_packed_block_bytes(wtype);
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        ggopt_amx_planes(g0 + b * pbb, planes + (b * 2) * 2 * 4096);
+        ggopt_amx_planes(g1 + b * pbb, planes + (b * 2 + 1) * 2 * 4096);
+    }
+}
+
+/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel (Q4_K / Q5_K:
+   its planes already in ws->planes) */
 GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
                                       const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
                                       Py_ssize_t ldo, const ggopt_amx_ws *ws) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = ggopt_k_has_min(wtype), R = 16 * nt, nsub = kq ? 8 : 1;
+    int kq = ggopt_k_sub32(wtype), R = 16 * nt;
     int32_t off = ggopt_code_offset(wtype);
-    Py_ssize_t ncode = kq ? GGOPT_QK_K * GGOPT_LANES : GGOPT_QK * GGOPT_LANES;
     const int32_t *sums = x->sums + n0 * (K / 16);
-    const int32_t *corr = NULL;
-    if (off) {  /* Q4_0 / Q5_0: off * the block's code sum, per row */
-        for (int r = 0; r < R; r++)
-            for (Py_ssize_t b = 0; b < nb; b++)
-                ws->rowt[r * nb + b] = off * (sums[r * (K / 16) + 2 * b]
-                                              + sums[r * (K / 16) + 2 * b + 1]);
-        corr = ws->rowt;
-    } else if (kq) {  /* per row and block: the 32-element code sums as 16-bit pairs */
+    const int8_t *xq = x->q + n0 * K;
+    if (kq) {  /* per row and block: the 32-element code sums as 16-bit pairs */
         for (int r = 0; r < R; r++)
             for (Py_ssize_t b = 0; b < nb; b++) {
                 const int32_t *bs = sums + r * (K / 16) + b * 16;
@@ -341,25 +382,36 @@ GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_
                 for (int p = 0; p < 4; p++)
                     rp[p] = ggopt_pair16(bs[4 * p] + bs[4 * p + 1], bs[4 * p + 2] + bs[4 * p + 3]);
             }
+        /* the tile products of super-block b + 1 are issued before block b's combine */
+        ggopt_amx_block_planes(xq, K, 0, ws->planes, nt, ws->buf[0]);
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            if (b + 1 < nb)
+                ggopt_amx_block_planes(xq, K, b + 1, ws->planes, nt, ws->buf[(b + 1) & 1]);
+            ggopt_amx_combine_planes(g0, g1, pbb, x, n0, R, ws->rowt, b, ws->buf[b & 1],
+                                     ws->acc, out, ldo, ml);
+        }
+        return;
     }
-    const int8_t *xq = x->q + n0 * K;
-    Py_ssize_t steps = nb * nsub, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
-    ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, 0, 0,
+    const int32_t *corr = NULL;
+    if (off) {  /* Q4_0 / Q5_0: off * the block's code sum, per row */
+        for (int r = 0; r < R; r++)
+            for (Py_ssize_t b = 0; b < nb; b++)
+                ws->rowt[r * nb + b] = off * (sums[r * (K / 16) + 2 * b]
+                                              + sums[r * (K / 16) + 2 * b + 1]);
+        corr = ws->rowt;
+    }
+    Py_ssize_t steps = nb, nch = (steps + GGOPT_AMX_CHUNK - 1) / GGOPT_AMX_CHUNK;
+    ggopt_amx_units(xq, K, g0, g1, pbb, nt, 0, 0,
                     (int)(steps < GGOPT_AMX_CHUNK ? steps : GGOPT_AMX_CHUNK) * nt, ws->buf[0]);
     /* the tile products of chunk c + 1 are issued before chunk c's combine */
     for (Py_ssize_t c = 0; c < nch; c++) {
         Py_ssize_t s0 = c * GGOPT_AMX_CHUNK, s1 = s0 + GGOPT_AMX_CHUNK;
         if (s1 > steps) s1 = steps;
         Py_ssize_t s2 = s1 + GGOPT_AMX_CHUNK < steps ? s1 + GGOPT_AMX_CHUNK : steps;
-        ggopt_amx_units(xq, K, g0, g1, pbb, kq, nt, s1, 0, (int)(s2 - s1) * nt,
+        ggopt_amx_units(xq, K, g0, g1, pbb, nt, s1, 0, (int)(s2 - s1) * nt,
                         ws->buf[(c + 1) & 1]);
-        if (!kq)
-            ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
-                                ws->buf[c & 1], ws->acc, c == 0, c == nch - 1, out, ldo, ml);
-        else
-            ggopt_amx_combinek(g0, g1, pbb, ncode, x, n0, 0, R, ws->rowt, s0 / nsub,
-                               (int)(s0 % nsub), (int)(s1 - s0), ws->buf[c & 1],
-                               ws->isum, ws->acc, out, ldo, ml);
+        ggopt_amx_combine32(g0, g1, pbb, x, n0, 0, R, corr, s0, (int)(s1 - s0),
+                            ws->buf[c & 1], ws->acc, c == 0, c == nch - 1, out, ldo, ml);
     }
 }
 
@@ -367,7 +419,10 @@ GGOPT_AMX static inline void ggopt_amx_release(void) { _tile_release(); }
 #else
 #define GGOPT_HAVE_AMX 0
 static inline int ggopt_amx_init(void) { return 0; }
-static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) { (void)nb; return 0; }
+static inline Py_ssize_t ggopt_amx_ws_ints(int wtype, Py_ssize_t nb) {
+    (void)wtype; (void)nb;
+    return 0;
+}
 #endif
 
 /* bytes of one thread's scratch for ggopt_qdot_panels: a panel's packed groups (unless the
@@ -375,7 +430,7 @@ static inline Py_ssize_t ggopt_amx_ws_ints(Py_ssize_t nb) { (void)nb; return 0; 
 static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int packed) {
     Py_ssize_t gbytes = ggopt_packed_block_bytes(wtype) * nb;
     Py_ssize_t bytes = (packed ? 0 : (2 * gbytes + 63) / 64 * 64) + 4 * 32 * 4
-                       + 4 * ggopt_amx_ws_ints(nb) + 64;
+                       + 4 * ggopt_amx_ws_ints(wtype, nb) + 64;
     return (bytes + 63) / 64 * 64;
 }
 
@@ -406,7 +461,7 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
 #if GGOPT_HAVE_AMX
     ggopt_amx_ws aws;
     ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
-    if (namx) ggopt_amx_config();
+    if (namx) ggopt_amx_config(ggopt_k_sub32(wtype) ? 64 : GGOPT_QK);
 #endif
     for (Py_ssize_t p = p0; p < p1; p++) {
         int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);
@@ -424,6 +479,7 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
         Py_ssize_t n0 = 0;
 #if GGOPT_HAVE_AMX
         if (namx) {
+            if (ggopt_k_sub32(wtype)) ggopt_amx_panel_planes(wtype, g0, g1, nb, aws.planes);
             while (n0 < namx) {
                 int nt = (int)((namx - n0) / 16 < GGOPT_AMX_TILES ? (namx - n0) / 16
                                                                   : GGOPT_AMX_TILES);
