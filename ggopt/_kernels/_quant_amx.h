@@ -1,5 +1,5 @@
 /* The AMX-INT8 kernel of ggml's integer products (_quant_dot.h) for the 32-element block types
-   and Q4_K / Q5_K (Q2_K, Q3_K and Q6_K stay on the VNNI kernel, ggopt_amx_rows): a thread's
+   and the K-quants but Q6_K (which stays on the VNNI kernel, ggopt_amx_rows): a thread's
    range of weight panels (32 rows: two packed groups of 16) against strips of up to
    GGOPT_AMX_TILES x 16 activation rows (the rows past the last whole 16 go to the VNNI /
    portable kernel). The tiles are configured once per thread and product.
@@ -11,8 +11,8 @@
    of chunk c+1 are issued (together: interleaving them with the vector code measured slower)
    before the float combine of chunk c reads chunk c's sums. The combine keeps 8 rows x 32
    outputs in registers over a chunk (a thread's running sums in between).
-   Q4_K / Q5_K: a panel's codes times their sub-block scales as two byte planes, each summed
-   over a whole super-block in the C tiles (below, "by planes").
+   K-quants: a panel's codes times their sub-block scales as one or two byte planes, each
+   summed over a whole super-block in the C tiles (below, "by planes").
    Either way the float operations are those of ggopt_qdot_vnni_nr in the same order, so the
    AMX, VNNI and portable kernels give the same bits; only the order of the exact integer sums
    differs.
@@ -111,13 +111,13 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_unit(
    tile sums, per-strip / per-panel terms and a panel's planes */
 typedef struct {
     int32_t *buf[2];  /* GGOPT_AMX_CHUNK steps each, or one super-block's plane sums */
-    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); Q4_K's 16-bit pairs */
+    int32_t *rowt;    /* per row and block: Q4_0/Q5_0 off * sum(codes); a K-quant's 16-bit pairs */
     float *acc;       /* [rows][32 lanes], the outputs' running sums between chunks */
-    uint8_t *planes;  /* Q4_K / Q5_K: one panel's planes [block][group][plane][4096] */
+    uint8_t *planes;  /* the K-quants: one panel's planes [block][group][plane][4096] */
 } ggopt_amx_ws;
 
 #define GGOPT_AMX_ROWS_MAX (16 * GGOPT_AMX_TILES)
-/* planes of a super-block (Q4_K, Q5_K) and the ints of a buffer of tile sums */
+/* planes of a super-block at most and the ints of a buffer of tile sums */
 #define GGOPT_AMX_PLANES_MAX 2
 #define GGOPT_AMX_BUF_INTS                                                                  \
     (GGOPT_AMX_PLANES_MAX * GGOPT_AMX_STEP_INTS > GGOPT_AMX_CHUNK * GGOPT_AMX_STEP_INTS      \
@@ -126,8 +126,8 @@ typedef struct {
 
 /* int32s of the work space for nb blocks per row of type wtype */
 static inline Py_ssize_t ggopt_amx_ws_ints(int wtype, Py_ssize_t nb) {
-    Py_ssize_t planes = ggopt_k_sub32(wtype) ? nb * 2 * GGOPT_AMX_PLANES_MAX * 1024 : 0;
-    return 2 * GGOPT_AMX_BUF_INTS + GGOPT_AMX_ROWS_MAX * 32 + GGOPT_AMX_ROWS_MAX * 4 * nb
+    Py_ssize_t planes = ggopt_k_block_bytes(wtype) ? nb * 2 * GGOPT_AMX_PLANES_MAX * 1024 : 0;
+    return 2 * GGOPT_AMX_BUF_INTS + GGOPT_AMX_ROWS_MAX * 32 + GGOPT_AMX_ROWS_MAX * 8 * nb
            + planes;
 }
 
@@ -136,7 +136,7 @@ static inline void ggopt_amx_ws_init(ggopt_amx_ws *ws, int32_t *p, Py_ssize_t nb
     ws->buf[1] = p + GGOPT_AMX_BUF_INTS;
     ws->acc = (float *)(p + 2 * GGOPT_AMX_BUF_INTS);
     ws->rowt = p + 2 * GGOPT_AMX_BUF_INTS + GGOPT_AMX_ROWS_MAX * 32;
-    ws->planes = (uint8_t *)(ws->rowt + GGOPT_AMX_ROWS_MAX * 4 * nb);
+    ws->planes = (uint8_t *)(ws->rowt + GGOPT_AMX_ROWS_MAX * 8 * nb);
 }
 
 /* units [u0, u1) of the tile steps from s0 of a strip of nt x 16 rows at xq (unit u: row tile
@@ -225,41 +225,68 @@ GGOPT_AMX static void ggopt_amx_combine32(const uint8_t *g0, const uint8_t *g1, 
         ggopt_amx_combine32_t(g0, g1, pbb, x, n0, r0, r1, NULL, 0, b0, cb, ib, accb, first, last, out, ldo, ml);
 }
 
-/* ---------------------------------------------------------------- Q4_K / Q5_K by planes
+static inline int32_t ggopt_pair16(int32_t lo, int32_t hi) {
+    return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+}
 
-   A K-quant's integer part sum_j sc_j * isum_j (32-element sub-blocks j, 6-bit scales) is one
-   integer sum over the super-block once each code is multiplied by its sub-block's scale, but
-   code * scale (up to 15 * 63, Q5_K 31 * 63) does not fit a byte. So the panel's codes are
-   multiplied out into two unsigned byte "planes", code * (sc >> 3) (weight 8) and
-   code * (sc & 7) (weight 1), at most 31 * 7 = 217, whose weighted sum is code * scale. Each
-   plane is a full super-block B tile operand (4 tile steps of K = 64, tdpbsud: signed
-   activations x unsigned planes), summed in the C tiles over the whole super-block: per 16 x 32
-   outputs and super-block 2 tile stores and one combine, instead of 8 of each. The integers
-   are exact (|plane sum| <= 256 * 217 * 127, 8 s0 + s1 < 2^31) and equal the sub-block form,
-   so the outputs keep their bits. */
+/* ---------------------------------------------------------------- the K-quants by planes
+
+   A K-quant's integer part sum_j sc_j * isum_j (sub-blocks j) is one integer sum over the
+   whole super-block once every code is multiplied by its sub-block's scale. Where code * sc
+   does not fit a byte it is split into byte "planes" whose weighted sum is code * sc:
+     Q4_K, Q5_K (codes <= 15 / 31, scales 0..63 per 32): code * (sc >> 3) (weight 8) and
+       code * (sc & 7) (weight 1), unsigned, at most 31 * 7 = 217 (tdpbsud);
+     Q2_K (codes <= 3, scales 0..15 per 16): code * sc, one unsigned plane, at most 45;
+     Q3_K (codes 0..7 = its value + 4, scales -32..31 per 16): code * (sc >> 3) (8, -28..21)
+       and code * (sc & 7) (1, <= 49), signed (tdpbssd); the offset comes off as
+       4 * sum_j sc_j * bsum_j (vpdpwssd on 16-bit pairs).
+   Q6_K's (code - 32) * sc spans -4064..4096: it stays on the VNNI kernel.
+   Each plane is a super-block's B operand in 4 tile steps of K = 64, accumulated in the C
+   tiles over the whole super-block for two row tiles and both groups (A 2, B 2, C 4: the 8
+   tiles): per 16 x 32 outputs and super-block 2 (or 4) tile stores and one combine, where
+   sub-block steps made 8-16 of each. The integers are exact (|plane sum| <= 256 * 217 * 127,
+   the weighted sums < 2^31) and equal the sub-block form, so the outputs keep their bits. */
+
+/* 1 for the types the AMX kernel takes by planes; the planes (1 or 2) and whether signed */
+static inline int ggopt_amx_by_planes(int wtype) {
+    return ggopt_k_block_bytes(wtype) != 0 && wtype != GGOPT_Q6_K;
+}
+static inline int ggopt_amx_nplanes(int wtype) { return wtype == GGOPT_Q2_K ? 1 : 2; }
+
+/* the byte products c * m of 64 bytes c (each < 128) and per-lane 32-bit multipliers m (one lane
+   is 4 bytes): 16-bit multiplies of the even and the odd bytes apart (a negative product
+   would borrow from its neighbour) */
+GGOPT_AMX static inline __m512i ggopt_amx_mul_bytes(__m512i c, __m512i m) {
+    __m512i m16 = _mm512_or_si512(_mm512_and_si512(m, _mm512_set1_epi32(0xffff)),
+                                  _mm512_slli_epi32(m, 16));
+    const __m512i lo8 = _mm512_set1_epi16(0xff);
+    __m512i even = _mm512_mullo_epi16(_mm512_and_si512(c, lo8), m16);
+    __m512i odd = _mm512_mullo_epi16(_mm512_srli_epi16(c, 8), m16);
+    return _mm512_or_si512(_mm512_and_si512(even, lo8), _mm512_slli_epi16(odd, 8));
+}
 
 /* one packed group's super-block blk (codes [k/4][lane][4], then its ggopt_metak) as planes
-   dst[2][4096], the same layout as the codes. Byte products by 16-bit multiplies: every
-   product fits its byte, so none carries into the next. */
-GGOPT_AMX static void ggopt_amx_planes(const uint8_t *blk, uint8_t *dst) {
+   dst[plane][4096], the same layout as the codes */
+GGOPT_AMX static void ggopt_amx_planes(int wtype, const uint8_t *blk, uint8_t *dst) {
     const ggopt_metak *m = (const ggopt_metak *)(blk + GGOPT_QK_K * GGOPT_LANES);
-    for (int j = 0; j < 8; j++) {
+    const int sub32 = ggopt_k_sub32(wtype), np = ggopt_amx_nplanes(wtype);
+    const int rows = sub32 ? 8 : 4;  /* k/4 rows of a sub-block */
+    for (int j = 0; j < (sub32 ? 8 : 16); j++) {
         __m512i sc = _mm512_loadu_si512(m->sc[j]);
-        __m512i sh = _mm512_srli_epi32(sc, 3), sl = _mm512_and_si512(sc, _mm512_set1_epi32(7));
-        __m512i mh = _mm512_or_si512(sh, _mm512_slli_epi32(sh, 16));
-        __m512i ml = _mm512_or_si512(sl, _mm512_slli_epi32(sl, 16));
-        for (int k = 8 * j; k < 8 * j + 8; k++) {
+        __m512i sh = np == 1 ? sc : _mm512_srai_epi32(sc, 3);
+        __m512i sl = _mm512_and_si512(sc, _mm512_set1_epi32(7));
+        for (int k = rows * j; k < rows * (j + 1); k++) {
             __m512i c = _mm512_loadu_si512(blk + 64 * k);
-            _mm512_storeu_si512(dst + 64 * k, _mm512_mullo_epi16(c, mh));
-            _mm512_storeu_si512(dst + 4096 + 64 * k, _mm512_mullo_epi16(c, ml));
+            _mm512_storeu_si512(dst + 64 * k, ggopt_amx_mul_bytes(c, sh));
+            if (np == 2) _mm512_storeu_si512(dst + 4096 + 64 * k, ggopt_amx_mul_bytes(c, sl));
         }
     }
 }
 
-/* one plane's sums over super-block b for one or two row tiles (16 rows each at xq, xq + 16 K)
-   against the two groups' plane p0 / p1: d[t][g][16][16] */
+/* one plane's sums over a super-block for one or two row tiles (16 rows each at xq, xq + 16 K)
+   against the two groups' plane p0 / p1 (signed or unsigned bytes): d[t][g][16][16] */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums(
-        const int8_t *xq, Py_ssize_t K, const uint8_t *p0, const uint8_t *p1, int two,
+        const int8_t *xq, Py_ssize_t K, const uint8_t *p0, const uint8_t *p1, int two, int sgn,
         int32_t *d) {
     __asm__ volatile("" : : "r"(xq), "r"(p0), "r"(p1), "r"(d) : "memory");
     _tile_zero(4);
@@ -272,12 +299,22 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums
         _tile_loadd(2, p0 + 1024 * ks, 64);
         _tile_loadd(3, p1 + 1024 * ks, 64);
         _tile_loadd(0, xq + 64 * ks, K);
-        _tile_dpbsud(4, 0, 2);
-        _tile_dpbsud(5, 0, 3);
+        if (sgn) {
+            _tile_dpbssd(4, 0, 2);
+            _tile_dpbssd(5, 0, 3);
+        } else {
+            _tile_dpbsud(4, 0, 2);
+            _tile_dpbsud(5, 0, 3);
+        }
         if (two) {
             _tile_loadd(1, xq + 16 * K + 64 * ks, K);
-            _tile_dpbsud(6, 1, 2);
-            _tile_dpbsud(7, 1, 3);
+            if (sgn) {
+                _tile_dpbssd(6, 1, 2);
+                _tile_dpbssd(7, 1, 3);
+            } else {
+                _tile_dpbsud(6, 1, 2);
+                _tile_dpbsud(7, 1, 3);
+            }
         }
     }
     _tile_stored(4, d, 64);
@@ -290,38 +327,61 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums
 }
 
 /* the plane sums of super-block b for the strip's nt row tiles: dst[p][t][g][16][16] */
-GGOPT_AMX static void ggopt_amx_block_planes(const int8_t *xq, Py_ssize_t K, Py_ssize_t b,
-                                             const uint8_t *planes, int nt, int32_t *dst) {
-    const uint8_t *pb = planes + b * 4 * 4096;  /* [group][plane][4096] */
-    for (int p = 0; p < 2; p++)
+GGOPT_AMX static void ggopt_amx_block_planes(int wtype, const int8_t *xq, Py_ssize_t K,
+                                             Py_ssize_t b, const uint8_t *planes, int nt,
+                                             int32_t *dst) {
+    int np = ggopt_amx_nplanes(wtype), sgn = wtype == GGOPT_Q3_K;
+    const uint8_t *pb = planes + b * 2 * np * 4096;  /* [group][plane][4096] */
+    for (int p = 0; p < np; p++)
         for (int t = 0; t < nt; t += 2)
             ggopt_amx_plane_sums(xq + 16 * t * K + b * GGOPT_QK_K, K, pb + p * 4096,
-                                 pb + (2 + p) * 4096, t + 1 < nt, dst + (p * 4 + t) * 512);
+                                 pb + (np + p) * 4096, t + 1 < nt, sgn,
+                                 dst + (p * 4 + t) * 512);
+}
+
+/* per row and block of a strip: the activations' sub-block sums as 16-bit pairs (rowt[8]; Q4_K
+   and Q5_K: 4 pairs of 32-element sums, Q2_K and Q3_K: 8 pairs of 16-element ones) */
+static inline void ggopt_amx_row_pairs(int wtype, const int32_t *sums, Py_ssize_t K, int R,
+                                       Py_ssize_t nb, int32_t *rowt) {
+    int sub32 = ggopt_k_sub32(wtype);
+    for (int r = 0; r < R; r++)
+        for (Py_ssize_t b = 0; b < nb; b++) {
+            const int32_t *bs = sums + r * (K / 16) + b * 16;
+            int32_t *rp = rowt + (r * nb + b) * 8;
+            for (int p = 0; p < (sub32 ? 4 : 8); p++)
+                rp[p] = sub32 ? ggopt_pair16(bs[4 * p] + bs[4 * p + 1], bs[4 * p + 2] + bs[4 * p + 3])
+                              : ggopt_pair16(bs[2 * p], bs[2 * p + 1]);
+        }
 }
 
 /* super-block b of a strip of R rows from its plane sums ib: per output the integer part
-   is = 8 s0 + s1, then the float combine of ggopt_qdot_vnni_nr:
-   acc += (d * da) * is, acc -= (dmin * da) * msum (msum = sum_j mn_j * (bsum_2j + bsum_2j+1),
-   by vpdpwssd on 16-bit pairs) */
+   is = 8 s0 + s1 (Q2_K: s0; Q3_K: minus 4 * sum_j sc_j * bsum_j), then the float combine of
+   ggopt_qdot_vnni_nr: acc += (d * da) * is and, with minimums, acc -= (dmin * da) * msum
+   (msum = sum_j mn_j * bsum_j; both sums over j by vpdpwssd on 16-bit pairs) */
 GGOPT_AMX static void ggopt_amx_combine_planes(
-        const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb, const ggopt_q8_rows *x,
-        Py_ssize_t n0, int R, const int32_t *rowt, Py_ssize_t b, const int32_t *ib,
-        float *accb, float *out, Py_ssize_t ldo, int ml) {
+        int wtype, const uint8_t *g0, const uint8_t *g1, Py_ssize_t pbb,
+        const ggopt_q8_rows *x, Py_ssize_t n0, int R, const int32_t *rowt, Py_ssize_t b,
+        const int32_t *ib, float *accb, float *out, Py_ssize_t ldo, int ml) {
     Py_ssize_t nb = x->nb, ncode = GGOPT_QK_K * GGOPT_LANES;
     const ggopt_metak *ms[2] = {(const ggopt_metak *)(g0 + b * pbb + ncode),
                                 (const ggopt_metak *)(g1 + b * pbb + ncode)};
-    __m512i lanep[2][4];  /* per group: the 16-bit pairs (mn_2i, mn_2i+1) */
+    const int np = ggopt_amx_nplanes(wtype), q3 = wtype == GGOPT_Q3_K;
+    const int mins = ggopt_k_mins(wtype), npair = ggopt_k_sub32(wtype) ? 4 : 8;
+    __m512i lanep[2][8];  /* per group: the 16-bit pairs of the minimums (Q3_K: its scales) */
     for (int g = 0; g < 2; g++)
-        for (int i = 0; i < 4; i++)
-            lanep[g][i] = _mm512_or_si512(_mm512_loadu_si512(ms[g]->mn[2 * i]),
-                                          _mm512_slli_epi32(
-                                              _mm512_loadu_si512(ms[g]->mn[2 * i + 1]), 16));
+        for (int i = 0; i < npair && (mins || q3); i++) {
+            const int32_t *v0 = q3 ? ms[g]->sc[2 * i] : ms[g]->mn[2 * i];
+            const int32_t *v1 = q3 ? ms[g]->sc[2 * i + 1] : ms[g]->mn[2 * i + 1];
+            lanep[g][i] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_loadu_si512(v0), _mm512_set1_epi32(0xffff)),
+                _mm512_slli_epi32(_mm512_loadu_si512(v1), 16));
+        }
     __m512 dw[2] = {_mm512_loadu_ps(ms[0]->d), _mm512_loadu_ps(ms[1]->d)};
     __m512 mw[2] = {_mm512_loadu_ps(ms[0]->m), _mm512_loadu_ps(ms[1]->m)};
     __mmask16 k0 = GGOPT_MASK0(ml), k1 = GGOPT_MASK1(ml);
     for (int rr = 0; rr < R; rr++) {
         Py_ssize_t n = n0 + rr;
-        const int32_t *rp = rowt + (rr * nb + b) * 4;
+        const int32_t *rp = rowt + (rr * nb + b) * 8;
         const int32_t *st = ib + (rr >> 4) * 512 + (rr & 15) * 16;
         __m512 da = _mm512_set1_ps(x->d[n * nb + b]);
         float *o = out + n * ldo, *ab = accb + rr * 32;
@@ -329,16 +389,20 @@ GGOPT_AMX static void ggopt_amx_combine_planes(
                          b == 0 ? _mm512_setzero_ps() : _mm512_load_ps(ab + 16)};
         for (int g = 0; g < 2; g++) {
             const int32_t *sg = st + 256 * g;
-            __m512i is = _mm512_add_epi32(
-                _mm512_slli_epi32(_mm512_load_si512(sg), 3),
-                _mm512_load_si512(sg + GGOPT_AMX_STEP_INTS));
+            __m512i is = _mm512_load_si512(sg);
+            if (np == 2)
+                is = _mm512_add_epi32(_mm512_slli_epi32(is, 3),
+                                      _mm512_load_si512(sg + GGOPT_AMX_STEP_INTS));
             __m512i t2 = _mm512_setzero_si512();
-            for (int p = 0; p < 4; p++)
+            for (int p = 0; p < npair && (mins || q3); p++)
                 t2 = _mm512_dpwssd_epi32(t2, _mm512_set1_epi32(rp[p]), lanep[g][p]);
+            if (q3) is = _mm512_sub_epi32(is, _mm512_slli_epi32(t2, 2));
             __m512 t = _mm512_mul_ps(dw[g], da);
             acc[g] = _mm512_add_ps(acc[g], _mm512_mul_ps(t, _mm512_cvtepi32_ps(is)));
-            __m512 tm = _mm512_mul_ps(mw[g], da);
-            acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
+            if (mins) {
+                __m512 tm = _mm512_mul_ps(mw[g], da);
+                acc[g] = _mm512_sub_ps(acc[g], _mm512_mul_ps(tm, _mm512_cvtepi32_ps(t2)));
+            }
         }
         if (b == nb - 1) {
             _mm512_mask_storeu_ps(o, k0, acc[0]);
@@ -350,45 +414,38 @@ GGOPT_AMX static void ggopt_amx_combine_planes(
     }
 }
 
-static inline int32_t ggopt_pair16(int32_t lo, int32_t hi) {
-    return (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
-}
 
 /* the planes of one panel (its two groups' nb super-blocks): planes[b][g][plane][4096] */
 GGOPT_AMX static void ggopt_amx_panel_planes(int wtype, const uint8_t *g0, const uint8_t *g1,
                                              Py_ssize_t nb, uint8_t *planes) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype);
+    int np = ggopt_amx_nplanes(wtype);
     for (Py_ssize_t b = 0; b < nb; b++) {
-        ggopt_amx_planes(g0 + b * pbb, planes + (b * 2) * 2 * 4096);
-        ggopt_amx_planes(g1 + b * pbb, planes + (b * 2 + 1) * 2 * 4096);
+        ggopt_amx_planes(wtype, g0 + b * pbb, planes + (b * 2) * np * 4096);
+        ggopt_amx_planes(wtype, g1 + b * pbb, planes + (b * 2 + 1) * np * 4096);
     }
 }
 
-/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel (Q4_K / Q5_K:
+/* out[n0 + r][0, ml) for a strip of R = 16 * nt rows of x against one panel (the K-quants:
    its planes already in ws->planes) */
 GGOPT_AMX static void ggopt_amx_strip(int wtype, const uint8_t *g0, const uint8_t *g1, int ml,
                                       const ggopt_q8_rows *x, Py_ssize_t n0, int nt, float *out,
                                       Py_ssize_t ldo, const ggopt_amx_ws *ws) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
-    int kq = ggopt_k_sub32(wtype), R = 16 * nt;
+    int kq = ggopt_amx_by_planes(wtype), R = 16 * nt;
     int32_t off = ggopt_code_offset(wtype);
     const int32_t *sums = x->sums + n0 * (K / 16);
     const int8_t *xq = x->q + n0 * K;
-    if (kq) {  /* per row and block: the 32-element code sums as 16-bit pairs */
-        for (int r = 0; r < R; r++)
-            for (Py_ssize_t b = 0; b < nb; b++) {
-                const int32_t *bs = sums + r * (K / 16) + b * 16;
-                int32_t *rp = ws->rowt + (r * nb + b) * 4;
-                for (int p = 0; p < 4; p++)
-                    rp[p] = ggopt_pair16(bs[4 * p] + bs[4 * p + 1], bs[4 * p + 2] + bs[4 * p + 3]);
-            }
+    if (kq) {
+        ggopt_amx_row_pairs(wtype, sums, K, R, nb, ws->rowt);
         /* the tile products of super-block b + 1 are issued before block b's combine */
-        ggopt_amx_block_planes(xq, K, 0, ws->planes, nt, ws->buf[0]);
+        ggopt_amx_block_planes(wtype, xq, K, 0, ws->planes, nt, ws->buf[0]);
         for (Py_ssize_t b = 0; b < nb; b++) {
             if (b + 1 < nb)
-                ggopt_amx_block_planes(xq, K, b + 1, ws->planes, nt, ws->buf[(b + 1) & 1]);
-            ggopt_amx_combine_planes(g0, g1, pbb, x, n0, R, ws->rowt, b, ws->buf[b & 1],
-                                     ws->acc, out, ldo, ml);
+                ggopt_amx_block_planes(wtype, xq, K, b + 1, ws->planes, nt,
+                                       ws->buf[(b + 1) & 1]);
+            ggopt_amx_combine_planes(wtype, g0, g1, pbb, x, n0, R, ws->rowt, b,
+                                     ws->buf[b & 1], ws->acc, out, ldo, ml);
         }
         return;
     }
@@ -435,12 +492,11 @@ static inline Py_ssize_t ggopt_qdot_scratch_bytes(int wtype, Py_ssize_t nb, int 
 }
 
 /* the activation rows [0, ggopt_amx_rows) that the AMX kernel takes (whole 16s; 0 without
-   use_amx or AMX, and for Q2_K, Q3_K, Q6_K: their 16-element sub-blocks would make
-   quarter-width tile products and the VNNI kernel measured faster for Q6_K). For a Q8_0 weight these rows hold signed codes (the AMX products are
-   signed x signed) and the rest biased ones (the VNNI kernel's u8 x s8). */
+   use_amx or AMX, and for Q6_K, whose products need more than two planes). For a Q8_0 weight
+   these rows hold signed codes (the AMX products are signed x signed) and the rest biased
+   ones (the VNNI kernel's u8 x s8). */
 static inline Py_ssize_t ggopt_amx_rows(int wtype, Py_ssize_t N, int use_amx) {
-    int sub16 = ggopt_k_block_bytes(wtype) && !ggopt_k_sub32(wtype);
-    return GGOPT_HAVE_AMX && use_amx && !sub16 ? N / 16 * 16 : 0;
+    return GGOPT_HAVE_AMX && use_amx && wtype != GGOPT_Q6_K ? N / 16 * 16 : 0;
 }
 
 /* Panels [p0, p1) of out = x W^T: out[n][32p + m] for every n < N and m < min(32, M - 32p).
@@ -461,7 +517,7 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
 #if GGOPT_HAVE_AMX
     ggopt_amx_ws aws;
     ggopt_amx_ws_init(&aws, (int32_t *)(vscr + 4 * 32), nb);
-    if (namx) ggopt_amx_config(ggopt_k_sub32(wtype) ? 64 : GGOPT_QK);
+    if (namx) ggopt_amx_config(ggopt_amx_by_planes(wtype) ? 64 : GGOPT_QK);
 #endif
     for (Py_ssize_t p = p0; p < p1; p++) {
         int ml = (int)(M - 32 * p < 32 ? M - 32 * p : 32);
@@ -479,7 +535,7 @@ static inline void ggopt_qdot_panels(int wtype, const uint8_t *packed, const cha
         Py_ssize_t n0 = 0;
 #if GGOPT_HAVE_AMX
         if (namx) {
-            if (ggopt_k_sub32(wtype)) ggopt_amx_panel_planes(wtype, g0, g1, nb, aws.planes);
+            if (ggopt_amx_by_planes(wtype)) ggopt_amx_panel_planes(wtype, g0, g1, nb, aws.planes);
             while (n0 < namx) {
                 int nt = (int)((namx - n0) / 16 < GGOPT_AMX_TILES ? (namx - n0) / 16
                                                                   : GGOPT_AMX_TILES);
