@@ -77,7 +77,7 @@ cdef Py_ssize_t _blocks_of_row(str fn, int qtype, Py_ssize_t row_bytes,
                          f"bytes ({ne0 // qk} blocks of {bb}), the raw rows have {row_bytes}")
     return ne0 // qk
 
-# The integer products: AMX-INT8 for each whole 16 activation rows (not Q2_K, Q3_K, Q6_K) and
+# The integer products: AMX-INT8 for each whole 16 activation rows (not Q6_K) and
 # AVX-512 VNNI for the rest when the CPU (and the OS) have them, else AVX-VNNI or AVX2
 # (_quant_avx2.h), unless a slower kernel is chosen (the same bits; for tests and
 # measurements). _kern: the kernel of the rows AMX does not take (GGOPT_KERN_*).
