@@ -2,9 +2,12 @@
 llama.cpp's ``models/templates`` (and SmolLM2's own), the SHA-256 of the rendering of a few
 conversations (with and without the generation prompt) and of the SmolLM2 tokenizer's chat
 masks (:func:`ggopt.lm.chat.conversation_ids`). Generated once from main at a05a442 (each prefix
-rendered in process); the tests check that today's renderer reproduces it byte for byte.
+rendered in process) on 2026-12-04; the tests check that today's renderer reproduces it byte
+for byte, with ``strftime_now`` pinned to that day (``SOURCE_DATE_EPOCH = GOLDEN_EPOCH``: some
+templates print the date).
 
-Usage: ``python tools/chat_golden.py TEMPLATE_DIR SMOLLM2.gguf OUT.json``
+Usage: ``SOURCE_DATE_EPOCH=1796364000 python tools/chat_golden.py TEMPLATE_DIR SMOLLM2.gguf
+OUT.json``
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+#: 2026-12-04 06:00 UTC, the day the golden file was recorded (templates that print the date)
+GOLDEN_EPOCH = 1796364000
 SYSTEM = {"role": "system", "content": "Be brief."}
 CONVERSATIONS: dict[str, list[dict[str, str]]] = {
     "chat": [SYSTEM, {"role": "user", "content": "Hi"},

@@ -15,8 +15,9 @@ of a request gets its own answer frame ``{"ok": value}`` or ``{"error": kind, "m
 from __future__ import annotations
 
 import json
+import os
 import sys
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, BinaryIO
 
 __all__ = ["make_environment", "render", "spans"]
@@ -39,7 +40,18 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
 
 
 def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
+    """The current local time formatted, or the time ``SOURCE_DATE_EPOCH`` (the reproducible-
+    builds variable: whole seconds since 1970, UTC) names when it is set, for renders that must
+    not depend on the day (a template that prints today's date)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is None:
+        return datetime.now().strftime(fmt)
+    try:
+        when = datetime.fromtimestamp(int(epoch), tz=timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"strftime_now: SOURCE_DATE_EPOCH must be whole seconds since 1970, "
+                         f"got {epoch[:40]!r}") from None
+    return when.strftime(fmt)
 
 
 def make_environment() -> Any:

@@ -82,6 +82,25 @@ def test_tojson_strftime_and_bad_templates():
         tk.render_chat("x", "hello")  # type: ignore[arg-type]
 
 
+def test_strftime_now_follows_source_date_epoch(monkeypatch):
+    """SOURCE_DATE_EPOCH (seconds since 1970, UTC) pins strftime_now; a malformed value is the
+    render's error, named."""
+    from ggopt.tokenizers import chat
+
+    try:
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796364000")
+        chat._close_all()
+        assert tk.render_chat("{{ strftime_now('%d %b %Y %H:%M') }}", []) == "04 Dec 2026 06:00"
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", "tomorrow")
+        chat._close_all()
+        with pytest.raises(InvalidValueError, match="SOURCE_DATE_EPOCH must be whole seconds"):
+            tk.render_chat("{{ strftime_now('%Y') }}", [])
+        assert tk.render_chat("{{ 1 + 1 }}", []) == "2"  # the worker still serves
+    finally:
+        monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+        chat._close_all()
+
+
 @pytest.mark.model
 def test_smollm2_own_template():
     tok = tk.load(smollm2_path())
@@ -103,12 +122,26 @@ def _golden_outcome(fn) -> str:
         return f"error {type(exc).__name__}"
 
 
+@pytest.fixture
+def golden_day(monkeypatch):
+    """strftime_now pinned to the day the golden file was recorded, in fresh workers (a
+    worker reads the environment it starts with); fresh ones again afterwards."""
+    from ggopt.tokenizers import chat
+    from tools.chat_golden import GOLDEN_EPOCH
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", str(GOLDEN_EPOCH))
+    chat._close_all()
+    yield
+    chat._close_all()
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("fast_from", [1, 1000], ids=["one-render", "every-prefix"])
-def test_real_templates_render_as_before(fast_from):
+def test_real_templates_render_as_before(fast_from, golden_day):
     """Every template of llama.cpp's models/templates and SmolLM2's own renders, and masks
     the SmolLM2 tokenizer's conversations, byte for byte as main did before the worker
-    (tests/data/chat_golden.json, tools/chat_golden.py), one-render cuts included."""
+    (tests/data/chat_golden.json, tools/chat_golden.py), one-render cuts included, on the
+    golden's day (templates that print the date)."""
     import copy
     import dataclasses
     import json
