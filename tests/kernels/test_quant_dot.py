@@ -248,10 +248,9 @@ def test_hostile_codes_and_saturated_activations_are_exact(qtype, kernel):
 @pytest.mark.parametrize("kernel", SIMD_KERNELS)
 def test_hostile_codes_on_whole_tiles_are_exact(qtype, kernel):
     """The hostile weights and saturated activations above on 67 rows, so that the AMX kernel
-    (where the CPU has it) takes whole 16-row tiles and the rest the VNNI kernel: its Q4_K /
-    Q5_K sums of a chunk's sub-blocks, d_j * sc_j with sc_j = 63 and |d_j| = 32 * 127 * 15
-    (Q5_K: * 31), pass through float and stay exact; the bits of the NumPy port and the
-    portable kernel."""
+    (where the CPU has it) takes whole 16-row tiles and the rest the VNNI kernel: the K-quants'
+    planes at their largest (code * scale bytes up to 217, Q3_K's signed ones) summed over whole
+    super-blocks stay exact; the bits of the NumPy port and the portable kernel."""
     qb = qtype.blck_size
     raw = _hostile_weights(qtype, 37, 2 * qb)
     x = np.tile(_saturating_rows(2 * qb, seed=4), (9, 1))[:67]
@@ -262,8 +261,8 @@ def _saturating_rows(k, seed):
     """Activation rows at the edges of the 8-bit codes: all -1 (codes -127), all 1, alternating
     signs, NaN heads of each 32-block (codes -128 with a finite scale; not for Q8_K), the same
     with the rest alternating, every third element 1, one random row, and codes 127 but one 126
-    per 32 (odd sums of the top codes: a float partial sum of Q4_K's or Q5_K's sub-blocks beyond
-    2^24 would round them)."""
+    per 32 (odd sums of the top codes: any partial sum taken through float beyond 2^24 would
+    round them)."""
     x = np.full((8, k), -1.0, np.float32)
     x[1] = 1.0
     x[2] = np.where(np.arange(k) % 2, 1.0, -1.0)
