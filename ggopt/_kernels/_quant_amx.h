@@ -283,6 +283,14 @@ GGOPT_AMX static void ggopt_amx_planes(int wtype, const uint8_t *blk, uint8_t *d
     }
 }
 
+/* C += A x B of signed activations and signed (tdpbssd) or unsigned (tdpbsud) plane bytes (tile
+   numbers are immediates) */
+#define GGOPT_AMX_DP(sgn, C, A, B)                                                         \
+    do {                                                                                   \
+        if (sgn) _tile_dpbssd(C, A, B);                                                    \
+        else _tile_dpbsud(C, A, B);                                                        \
+    } while (0)
+
 /* one plane's sums over a super-block for one or two row tiles (16 rows each at xq, xq + 16 K)
    against the two groups' plane p0 / p1 (signed or unsigned bytes): d[t][g][16][16] */
 GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums(
@@ -299,22 +307,12 @@ GGOPT_AMX static inline __attribute__((always_inline)) void ggopt_amx_plane_sums
         _tile_loadd(2, p0 + 1024 * ks, 64);
         _tile_loadd(3, p1 + 1024 * ks, 64);
         _tile_loadd(0, xq + 64 * ks, K);
-        if (sgn) {
-            _tile_dpbssd(4, 0, 2);
-            _tile_dpbssd(5, 0, 3);
-        } else {
-            _tile_dpbsud(4, 0, 2);
-            _tile_dpbsud(5, 0, 3);
-        }
+        GGOPT_AMX_DP(sgn, 4, 0, 2);
+        GGOPT_AMX_DP(sgn, 5, 0, 3);
         if (two) {
             _tile_loadd(1, xq + 16 * K + 64 * ks, K);
-            if (sgn) {
-                _tile_dpbssd(6, 1, 2);
-                _tile_dpbssd(7, 1, 3);
-            } else {
-                _tile_dpbsud(6, 1, 2);
-                _tile_dpbsud(7, 1, 3);
-            }
+            GGOPT_AMX_DP(sgn, 6, 1, 2);
+            GGOPT_AMX_DP(sgn, 7, 1, 3);
         }
     }
     _tile_stored(4, d, 64);

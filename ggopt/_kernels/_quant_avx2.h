@@ -8,8 +8,8 @@
    - unsigned codes (Q2_K <= 3, Q3_K <= 7, Q4_0/Q4_1/Q4_K <= 15, Q5_0/Q5_1/Q5_K <= 31,
      Q6_K <= 63) x signed activations:
      vpmaddubsw's 16-bit pair sums are at most 2 * 128 * top, so S of them (8, 4, 2: at most
-     32256; 4 for the 16-element sub-blocks of Q2_K and Q3_K) are added in 16 bits before vpmaddwd widens them (times 1, or the K-quant
-     sub-block's scale, which fits 16 bits);
+     32256; 4 for the 16-element sub-blocks of Q2_K and Q3_K) are added in 16 bits before
+     vpmaddwd widens them (times 1, or the K-quant sub-block's scale, which fits 16 bits);
    - Q8_0's signed codes (-128 in a hostile file) would saturate vpmaddubsw: the even and odd
      codes of each lane are sign-extended to 16 bits and multiplied with vpmaddwd against the
      unbiased activations (every pair sum fits 32 bits);

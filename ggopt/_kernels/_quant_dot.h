@@ -322,7 +322,7 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
         int q3 = wtype == GGOPT_Q3_K;
         for (int e = 0; e < GGOPT_QK_K; e++)
             ggopt_put_code(codes, lane, e, ggopt_k_code2(b + (q3 ? 32 : 16), e)
-                                               | (q3 ? ((b[e & 31] >> (e >> 5)) & 1) << 2 : 0));
+                                               | (q3 ? ggopt_k_hbit(b, e) << 2 : 0));
         return;
     }
     if (ggopt_k_has_min(wtype)) {  /* Q5_K: qh[32] before the nibbles; bit e / 32 of qh[e % 32] */
@@ -330,7 +330,7 @@ static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint
         for (int e = 0; e < GGOPT_QK_K; e++) {
             int g = e >> 6, l = e & 63;
             uint8_t byte = b[(q5 ? 48 : 16) + 32 * g + (l & 31)];
-            int hi = q5 ? ((b[16 + (l & 31)] >> (e >> 5)) & 1) << 4 : 0;
+            int hi = q5 ? ggopt_k_hbit(b + 16, e) << 4 : 0;
             ggopt_put_code(codes, lane, e, (l < 32 ? byte & 0x0f : byte >> 4) | hi);
         }
         return;

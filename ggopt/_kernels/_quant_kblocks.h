@@ -63,6 +63,9 @@ static inline int ggopt_q3_k_scale(int j, const uint8_t *q) {
     return ((q[j & 7] >> (j < 8 ? 0 : 4)) & 0x0f) | (((q[8 + (j & 3)] >> (2 * (j >> 2))) & 3) << 4);
 }
 
+/* bit e / 32 of byte e % 32 of hm[32]: element e's high bit (Q3_K's hmask, Q5_K's qh) */
+static inline int ggopt_k_hbit(const uint8_t *hm, int e) { return (hm[e & 31] >> (e >> 5)) & 1; }
+
 /* element e's 2-bit code of Q2_K / Q3_K's qs[64] */
 static inline int ggopt_k_code2(const uint8_t *qs, int e) {
     return (qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
@@ -82,7 +85,7 @@ static inline void ggopt_dequant_q3_k(const uint8_t *b, float *y) {
         float dl = d * (float)(ggopt_q3_k_scale(j, b + 96) - 32);
         for (int l = 0; l < 16; l++) {
             int e = 16 * j + l;
-            int q = ggopt_k_code2(b + 32, e) - ((b[e & 31] >> (e >> 5)) & 1 ? 0 : 4);
+            int q = ggopt_k_code2(b + 32, e) - (ggopt_k_hbit(b, e) ? 0 : 4);
             y[e] = dl * (float)q;
         }
     }
