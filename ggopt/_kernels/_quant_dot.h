@@ -121,84 +121,100 @@ static inline void ggopt_q8_sums16(const int8_t *q, Py_ssize_t K, int bias, int3
 }
 
 #if GGOPT_HAVE_VNNI
-/* ggopt_q8_block32 and ggopt_q8_block256 (and their 16-sums) with AVX-512: the same operations
-   on each element (max_ps keeps its second operand on NaN like ggopt_maxps, roundscale to
-   nearest even like nearbyintf, cvtps_epi32's INT32_MIN, signed saturation to int8; Q8_K's
-   magic-number rounding and truncation to int8), the same bits */
-GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t K, int bias,
-                                           int8_t *q, float *d, float *s, int32_t *sums) {
-    if (vtype == GGOPT_VD_Q8_K) {
-        for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++) {
-            const float *xb = x + b * GGOPT_QK_K;
-            int8_t *qb = q + b * GGOPT_QK_K;
-            __m512 m = _mm512_setzero_ps();
-            for (int k = 0; k < GGOPT_QK_K; k += 16)  /* NaN never wins (second operand) */
-                m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + k)), m);
-            float amax = _mm512_reduce_max_ps(m), max = 0.0f;
-            if (amax == 0.0f) {
-                memset(qb, 0, GGOPT_QK_K);
-                d[b] = 0.0f;
-            } else {
-                __m512 va = _mm512_set1_ps(amax);
-                for (int k = 0; k < GGOPT_QK_K; k += 16) {  /* the first of largest magnitude */
-                    __mmask16 hit = _mm512_cmp_ps_mask(
-                        _mm512_abs_ps(_mm512_loadu_ps(xb + k)), va, _CMP_EQ_OQ);
-                    if (hit) { max = xb[k + __builtin_ctz(hit)]; break; }
+/* ggopt_q8_sums16 with AVX-512: psadbw sums each 8 codes as unsigned bytes (the signed codes
+   offset by 128 first unless stored so), so a 16-sum is two of them minus 16 * 128 (exact) */
+GGOPT_VNNI static void ggopt_q8_sums16_avx512(const int8_t *q, Py_ssize_t K, int bias,
+                                              int32_t *sums) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    /* dwords 0, 4, 8, 12 of two registers: the low halves of their 128-bit lanes' qword 0 */
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    Py_ssize_t i = 0;
+    for (; i + 128 <= K; i += 128) {
+        __m512i t[2];
+        for (int h = 0; h < 2; h++) {
+            __m512i u = _mm512_loadu_si512((const void *)(q + i + 64 * h));
+            if (!bias) u = _mm512_xor_si512(u, flip);
+            __m512i s = _mm512_sad_epu8(u, zero);
+            t[h] = _mm512_add_epi64(s, _mm512_bsrli_epi128(s, 8));
+        }
+        __m512i r = _mm512_sub_epi32(_mm512_permutex2var_epi32(t[0], pick, t[1]),
+                                     _mm512_set1_epi32(16 * 128));
+        _mm256_storeu_si256((__m256i *)(sums + i / 16), _mm512_castsi512_si256(r));
+    }
+    ggopt_q8_sums16(q + i, K - i, bias, sums + i / 16);
+}
+
+/* ggopt_q8_block32 (and ggopt_q8_sums16) with AVX-512 on a row, 16 blocks at a time: each
+   block's max|x| by ggml's lane tree (max_ps keeps its second operand on NaN like
+   ggopt_maxps), then the 16 blocks' d = amax / 127 and 127 / amax by vector divisions (IEEE,
+   as the scalar ones), the codes converted rounding to nearest even (nearbyintf; NaN and out
+   of range give cvtps_epi32's INT32_MIN) and saturated to int8; Q8_1's s from the 16-sums
+   unless a block saturated (then from its unsaturated ints, wrapping): the same bits */
+GGOPT_VNNI static void ggopt_q8_row32_avx512(int vtype, const float *x, Py_ssize_t K, int bias,
+                                             int8_t *q, float *d, float *s, int32_t *sums) {
+    Py_ssize_t nb = K / GGOPT_QK;
+    float amax[16] __attribute__((aligned(64))), inv[16] __attribute__((aligned(64)));
+    uint16_t sat = 0;  /* the blocks of a chunk whose ints were saturated (Q8_1) */
+    int32_t unsat[16];
+    const __m256 s8 = _mm256_set1_ps(-0.0f);
+    for (Py_ssize_t b0 = 0; b0 < nb; b0 += 16) {
+        int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
+        for (int j = 0; j < n; j++) {
+            const float *xb = x + (b0 + j) * GGOPT_QK;
+            __m256 m = _mm256_andnot_ps(s8, _mm256_loadu_ps(xb));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 8)));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 16)));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 24)));
+            __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            amax[j] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        }
+        __mmask16 k = (__mmask16)((1u << n) - 1);
+        __m512 va = _mm512_maskz_load_ps(k, amax), c127 = _mm512_set1_ps(127.0f);
+        _mm512_mask_storeu_ps(d + b0, k, _mm512_div_ps(va, c127));
+        __mmask16 nz = _mm512_cmp_ps_mask(va, _mm512_setzero_ps(), _CMP_NEQ_UQ);  /* NaN too */
+        _mm512_store_ps(inv, _mm512_maskz_div_ps(nz, c127, va));
+        sat = 0;
+        for (int j = 0; j < n; j++) {
+            const float *xb = x + (b0 + j) * GGOPT_QK;
+            int8_t *qb = q + (b0 + j) * GGOPT_QK;
+            __m512 vid = _mm512_set1_ps(inv[j]);
+            /* converted rounding to nearest even: nearbyintf then the exact conversion */
+            __m512i i0 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), vid),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512i i1 = _mm512_cvt_roundps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m128i c0 = _mm512_cvtsepi32_epi8(i0), c1 = _mm512_cvtsepi32_epi8(i1);
+            if (vtype == GGOPT_VD_Q8_1) {
+                const __m512i off = _mm512_set1_epi32(128), top = _mm512_set1_epi32(255);
+                if (_mm512_cmpgt_epu32_mask(_mm512_add_epi32(i0, off), top)
+                    | _mm512_cmpgt_epu32_mask(_mm512_add_epi32(i1, off), top)) {
+                    sat |= (uint16_t)(1u << j);
+                    unsat[j] = (int32_t)(uint32_t)_mm512_reduce_add_epi32(
+                        _mm512_add_epi32(i0, i1));
                 }
-                float iscale = -127.0f / max;
-                __m512 vs = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.0f);
-                for (int k = 0; k < GGOPT_QK_K; k += 16) {
-                    __m512i i = _mm512_castps_si512(_mm512_add_ps(
-                        _mm512_mul_ps(vs, _mm512_loadu_ps(xb + k)), magic));
-                    i = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x007fffff)),
-                                         _mm512_set1_epi32(0x00400000));
-                    i = _mm512_min_epi32(i, _mm512_set1_epi32(127));
-                    _mm_storeu_si128((__m128i *)(qb + k), _mm512_cvtepi32_epi8(i));
-                }
-                d[b] = 1.0f / iscale;
             }
+            if (bias) {
+                c0 = _mm_xor_si128(c0, _mm_set1_epi8((char)0x80));
+                c1 = _mm_xor_si128(c1, _mm_set1_epi8((char)0x80));
+            }
+            _mm_storeu_si128((__m128i *)qb, c0);
+            _mm_storeu_si128((__m128i *)(qb + 16), c1);
         }
-        for (Py_ssize_t i = 0; i < K / 16; i++)
-            sums[i] = _mm512_reduce_add_epi32(
-                _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * i))));
-        return;
-    }
-    for (Py_ssize_t b = 0; b < K / GGOPT_QK; b++) {
-        const float *xb = x + b * GGOPT_QK;
-        const __m256 s8 = _mm256_set1_ps(-0.0f);
-        __m256 m = _mm256_andnot_ps(s8, _mm256_loadu_ps(xb));
-        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 8)));
-        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 16)));
-        m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 24)));
-        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        float dd = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        __m512 vid = _mm512_set1_ps(id);
-        __m512i i0 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
-            _mm512_mul_ps(_mm512_loadu_ps(xb), vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m512i i1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
-            _mm512_mul_ps(_mm512_loadu_ps(xb + 16), vid),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        __m128i c0 = _mm512_cvtsepi32_epi8(i0), c1 = _mm512_cvtsepi32_epi8(i1);
-        sums[2 * b] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c0));
-        sums[2 * b + 1] = _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(c1));
-        if (bias) {
-            c0 = _mm_xor_si128(c0, _mm_set1_epi8((char)0x80));
-            c1 = _mm_xor_si128(c1, _mm_set1_epi8((char)0x80));
-        }
-        _mm_storeu_si128((__m128i *)(q + b * GGOPT_QK), c0);
-        _mm_storeu_si128((__m128i *)(q + b * GGOPT_QK + 16), c1);
-        d[b] = dd;
-        if (vtype == GGOPT_VD_Q8_1) {
-            uint32_t sum = (uint32_t)_mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
-            s[b] = dd * (float)(int32_t)sum;
+        if (vtype == GGOPT_VD_Q8_1) {  /* s = d * sum, d still F32 here */
+            ggopt_q8_sums16_avx512(q + b0 * GGOPT_QK, (Py_ssize_t)n * GGOPT_QK, bias,
+                                   sums + 2 * b0);
+            for (int j = 0; j < n; j++)
+                s[b0 + j] = d[b0 + j] * (float)((sat >> j) & 1
+                                                    ? unsat[j]
+                                                    : sums[2 * (b0 + j)] + sums[2 * (b0 + j) + 1]);
         }
     }
+    if (vtype != GGOPT_VD_Q8_1) ggopt_q8_sums16_avx512(q, K, bias, sums);
     /* the scales through F16 (round to nearest even; NaN quieted keeping its payload's top
        bits, as ggopt_f32_to_f16) */
-    for (Py_ssize_t b = 0; b < K / GGOPT_QK; b += 16) {
-        __mmask16 k = K / GGOPT_QK - b >= 16 ? 0xffff : (__mmask16)((1u << (K / GGOPT_QK - b)) - 1);
+    for (Py_ssize_t b = 0; b < nb; b += 16) {
+        __mmask16 k = nb - b >= 16 ? 0xffff : (__mmask16)((1u << (nb - b)) - 1);
         for (int t = 0; t < (vtype == GGOPT_VD_Q8_1 ? 2 : 1); t++) {
             float *p = t ? s + b : d + b;
             __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, p),
@@ -206,6 +222,43 @@ GGOPT_VNNI static void ggopt_q8_row_avx512(int vtype, const float *x, Py_ssize_t
             _mm512_mask_storeu_ps(p, k, _mm512_cvtph_ps(h));
         }
     }
+}
+
+/* ggopt_q8_block256 (and ggopt_q8_sums16) with AVX-512: the same operations on each element
+   (Q8_K's magic-number rounding and truncation to int8), the same bits */
+GGOPT_VNNI static void ggopt_q8_rowk_avx512(const float *x, Py_ssize_t K, int8_t *q, float *d,
+                                            int32_t *sums) {
+    for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++) {
+        const float *xb = x + b * GGOPT_QK_K;
+        int8_t *qb = q + b * GGOPT_QK_K;
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < GGOPT_QK_K; k += 16)  /* NaN never wins (second operand) */
+            m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb + k)), m);
+        float amax = _mm512_reduce_max_ps(m), max = 0.0f;
+        if (amax == 0.0f) {
+            memset(qb, 0, GGOPT_QK_K);
+            d[b] = 0.0f;
+            continue;
+        }
+        __m512 va = _mm512_set1_ps(amax);
+        for (int k = 0; k < GGOPT_QK_K; k += 16) {  /* the first of largest magnitude */
+            __mmask16 hit = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xb + k)), va,
+                                               _CMP_EQ_OQ);
+            if (hit) { max = xb[k + __builtin_ctz(hit)]; break; }
+        }
+        float iscale = -127.0f / max;
+        __m512 vs = _mm512_set1_ps(iscale), magic = _mm512_set1_ps(12582912.0f);
+        for (int k = 0; k < GGOPT_QK_K; k += 16) {
+            __m512i i = _mm512_castps_si512(_mm512_add_ps(
+                _mm512_mul_ps(vs, _mm512_loadu_ps(xb + k)), magic));
+            i = _mm512_sub_epi32(_mm512_and_si512(i, _mm512_set1_epi32(0x007fffff)),
+                                 _mm512_set1_epi32(0x00400000));
+            i = _mm512_min_epi32(i, _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(qb + k), _mm512_cvtepi32_epi8(i));
+        }
+        d[b] = 1.0f / iscale;
+    }
+    ggopt_q8_sums16_avx512(q, K, 0, sums);
 }
 #endif
 
@@ -215,7 +268,8 @@ static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bia
                                 float *d, float *s, int32_t *sums, int vec) {
 #if GGOPT_HAVE_VNNI
     if (vec) {
-        ggopt_q8_row_avx512(vtype, x, K, bias, q, d, s, sums);
+        if (vtype == GGOPT_VD_Q8_K) ggopt_q8_rowk_avx512(x, K, q, d, sums);
+        else ggopt_q8_row32_avx512(vtype, x, K, bias, q, d, s, sums);
         return;
     }
 #else

@@ -65,9 +65,14 @@ KERNELS = _quant_dot.available()
 
 @pytest.mark.parametrize("qtype", [GGType.Q8_0, GGType.Q4_1, GGType.Q4_K], **IDS)
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype, kernel):
-    """With AVX-512 (the amx and vnni kernels) and the portable C: the same bits."""
-    x = _hard_rows(ref.VEC_DOT_TYPES[int(qtype)][1])
+@pytest.mark.parametrize("copies", [1, 5])
+def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype, kernel, copies):
+    """With AVX-512 (the amx and vnni kernels) and the portable C: the same bits. Rows of 4
+    blocks, and of 21 (the hard blocks five times and one more: the AVX-512 code takes 16 blocks
+    at a time and sums codes 128 at a time)."""
+    rows = _hard_rows(ref.VEC_DOT_TYPES[int(qtype)][1])
+    x = np.ascontiguousarray(np.concatenate([rows] * copies + [rows[:, :rows.shape[1] // 4]]
+                                            * (copies > 1), axis=1))
     try:
         _quant_dot.set_kernel(kernel)
         q, d, s, sums = _activations(qtype, x)
