@@ -154,7 +154,6 @@ GGOPT_VNNI static void ggopt_q8_row32_avx512(int vtype, const float *x, Py_ssize
                                              int8_t *q, float *d, float *s, int32_t *sums) {
     Py_ssize_t nb = K / GGOPT_QK;
     float amax[16] __attribute__((aligned(64))), inv[16] __attribute__((aligned(64)));
-    uint16_t sat = 0;  /* the blocks of a chunk whose ints were saturated (Q8_1) */
     int32_t unsat[16];
     const __m256 s8 = _mm256_set1_ps(-0.0f);
     for (Py_ssize_t b0 = 0; b0 < nb; b0 += 16) {
@@ -174,7 +173,7 @@ GGOPT_VNNI static void ggopt_q8_row32_avx512(int vtype, const float *x, Py_ssize
         _mm512_mask_storeu_ps(d + b0, k, _mm512_div_ps(va, c127));
         __mmask16 nz = _mm512_cmp_ps_mask(va, _mm512_setzero_ps(), _CMP_NEQ_UQ);  /* NaN too */
         _mm512_store_ps(inv, _mm512_maskz_div_ps(nz, c127, va));
-        sat = 0;
+        uint16_t sat = 0;  /* the blocks whose ints were saturated (Q8_1) */
         for (int j = 0; j < n; j++) {
             const float *xb = x + (b0 + j) * GGOPT_QK;
             int8_t *qb = q + (b0 + j) * GGOPT_QK;
@@ -201,16 +200,14 @@ GGOPT_VNNI static void ggopt_q8_row32_avx512(int vtype, const float *x, Py_ssize
             _mm_storeu_si128((__m128i *)qb, c0);
             _mm_storeu_si128((__m128i *)(qb + 16), c1);
         }
+        ggopt_q8_sums16_avx512(q + b0 * GGOPT_QK, (Py_ssize_t)n * GGOPT_QK, bias, sums + 2 * b0);
         if (vtype == GGOPT_VD_Q8_1) {  /* s = d * sum, d still F32 here */
-            ggopt_q8_sums16_avx512(q + b0 * GGOPT_QK, (Py_ssize_t)n * GGOPT_QK, bias,
-                                   sums + 2 * b0);
             for (int j = 0; j < n; j++)
                 s[b0 + j] = d[b0 + j] * (float)((sat >> j) & 1
                                                     ? unsat[j]
                                                     : sums[2 * (b0 + j)] + sums[2 * (b0 + j) + 1]);
         }
     }
-    if (vtype != GGOPT_VD_Q8_1) ggopt_q8_sums16_avx512(q, K, bias, sums);
     /* the scales through F16 (round to nearest even; NaN quieted keeping its payload's top
        bits, as ggopt_f32_to_f16) */
     for (Py_ssize_t b = 0; b < nb; b += 16) {
