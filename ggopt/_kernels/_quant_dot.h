@@ -121,6 +121,19 @@ static inline void ggopt_q8_sums16(const int8_t *q, Py_ssize_t K, int bias, int3
 }
 
 #if GGOPT_HAVE_VNNI
+/* max|x| of a 32-element block by ggml's AVX lane tree (max_ps keeps its second operand on
+   NaN, like ggopt_maxps); inlined into the AVX2 and AVX-512 roundings */
+__attribute__((target("avx"))) static inline float ggopt_q8_amax32_avx(const float *xb) {
+    const __m256 s8 = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_andnot_ps(s8, _mm256_loadu_ps(xb));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 8)));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 16)));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 24)));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    return _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+}
+
 /* ggopt_q8_sums16 with AVX-512: psadbw sums each 8 codes as unsigned bytes (the signed codes
    offset by 128 first unless stored so), so a 16-sum is two of them minus 16 * 128 (exact) */
 GGOPT_VNNI static void ggopt_q8_sums16_avx512(const int8_t *q, Py_ssize_t K, int bias,
@@ -155,18 +168,10 @@ GGOPT_VNNI static void ggopt_q8_row32_avx512(int vtype, const float *x, Py_ssize
     Py_ssize_t nb = K / GGOPT_QK;
     float amax[16] __attribute__((aligned(64))), inv[16] __attribute__((aligned(64)));
     int32_t unsat[16];
-    const __m256 s8 = _mm256_set1_ps(-0.0f);
     for (Py_ssize_t b0 = 0; b0 < nb; b0 += 16) {
         int n = nb - b0 < 16 ? (int)(nb - b0) : 16;
         for (int j = 0; j < n; j++) {
-            const float *xb = x + (b0 + j) * GGOPT_QK;
-            __m256 m = _mm256_andnot_ps(s8, _mm256_loadu_ps(xb));
-            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 8)));
-            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 16)));
-            m = _mm256_max_ps(m, _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + 24)));
-            __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            amax[j] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            amax[j] = ggopt_q8_amax32_avx(x + (b0 + j) * GGOPT_QK);
         }
         __mmask16 k = (__mmask16)((1u << n) - 1);
         __m512 va = _mm512_maskz_load_ps(k, amax), c127 = _mm512_set1_ps(127.0f);
@@ -259,18 +264,128 @@ GGOPT_VNNI static void ggopt_q8_rowk_avx512(const float *x, Py_ssize_t K, int8_t
 }
 #endif
 
-/* one activation row of K: codes q[K], scales d[K/qb], s[K/32] (Q8_1), sums[K/16]; vec: with
-   AVX-512 (the same bits; only when the CPU has it) */
-static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q,
-                                float *d, float *s, int32_t *sums, int vec) {
 #if GGOPT_HAVE_VNNI
-    if (vec) {
+#define GGOPT_AVX2_ROUND __attribute__((target("avx2,fma,f16c")))
+/* F16(v) as F32, round to nearest even; NaN quieted keeping its payload's top bits (vcvtps2ph,
+   as ggopt_f32_to_f16) */
+GGOPT_AVX2_ROUND static inline float ggopt_f16_round_f16c(float v) {
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(v),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+}
+
+/* ggopt_q8_block32 and ggopt_q8_sums16 with AVX2 on a row, block after block: the max by
+   ggml's lane tree, the codes rounded to nearest even (roundps) and converted (cvtps_epi32:
+   NaN and out of range give INT32_MIN), saturated to int8 by two signed packs (whose 128-bit
+   lanes a permute puts back in order), Q8_1's s from the sum of the unsaturated ints
+   (wrapping), the 16-sums by psadbw on the codes offset by 128: the same bits */
+GGOPT_AVX2_ROUND static void ggopt_q8_row32_avx2(int vtype, const float *x, Py_ssize_t K,
+                                                 int bias, int8_t *q, float *d, float *s,
+                                                 int32_t *sums) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (Py_ssize_t b = 0; b < K / GGOPT_QK; b++) {
+        const float *xb = x + b * GGOPT_QK;
+        float amax = ggopt_q8_amax32_avx(xb);
+        float db = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i i[4];
+        for (int h = 0; h < 4; h++)
+            i[h] = _mm256_cvtps_epi32(_mm256_round_ps(
+                _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * h), vid),
+                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i c = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
+            order);
+        __m256i u = _mm256_xor_si256(c, flip);  /* the codes plus 128, as unsigned bytes */
+        _mm256_storeu_si256((__m256i *)(q + b * GGOPT_QK), bias ? u : c);
+        __m256i t = _mm256_sad_epu8(u, _mm256_setzero_si256());
+        t = _mm256_add_epi64(t, _mm256_srli_si256(t, 8));
+        sums[2 * b] = _mm256_cvtsi256_si32(t) - 16 * 128;
+        sums[2 * b + 1] = _mm256_extract_epi32(t, 4) - 16 * 128;
+        d[b] = ggopt_f16_round_f16c(db);
+        if (vtype == GGOPT_VD_Q8_1) {
+            __m256i v = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]),
+                                         _mm256_add_epi32(i[2], i[3]));
+            __m128i w = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            w = _mm_add_epi32(w, _mm_shuffle_epi32(w, 0x4e));
+            w = _mm_add_epi32(w, _mm_shuffle_epi32(w, 0xb1));
+            s[b] = ggopt_f16_round_f16c(db * (float)_mm_cvtsi128_si32(w));
+        }
+    }
+}
+
+/* ggopt_q8_block256 and ggopt_q8_sums16 with AVX2: the same operations on each element (the
+   max with NaN never winning, the first element of largest magnitude, Q8_K's magic-number
+   rounding, the codes' low bytes), the same bits */
+GGOPT_AVX2_ROUND static void ggopt_q8_rowk_avx2(const float *x, Py_ssize_t K, int8_t *q,
+                                                float *d, int32_t *sums) {
+    const __m256 s8 = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i low = _mm256_set1_epi32(0xff), flip = _mm256_set1_epi8((char)0x80);
+    for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++) {
+        const float *xb = x + b * GGOPT_QK_K;
+        int8_t *qb = q + b * GGOPT_QK_K;
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < GGOPT_QK_K; k += 8)  /* NaN never wins (second operand) */
+            m = _mm256_max_ps(_mm256_andnot_ps(s8, _mm256_loadu_ps(xb + k)), m);
+        __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))), max = 0.0f;
+        if (amax == 0.0f) {
+            memset(qb, 0, GGOPT_QK_K);
+            d[b] = 0.0f;
+            for (int j = 0; j < 16; j++) sums[16 * b + j] = 0;
+            continue;
+        }
+        __m256 va = _mm256_set1_ps(amax);
+        for (int k = 0; k < GGOPT_QK_K; k += 8) {  /* the first of largest magnitude */
+            int hit = _mm256_movemask_ps(_mm256_cmp_ps(
+                _mm256_andnot_ps(s8, _mm256_loadu_ps(xb + k)), va, _CMP_EQ_OQ));
+            if (hit) { max = xb[k + __builtin_ctz((unsigned)hit)]; break; }
+        }
+        float iscale = -127.0f / max;
+        __m256 vs = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+        for (int k = 0; k < GGOPT_QK_K; k += 32) {
+            __m256i i[4];
+            for (int h = 0; h < 4; h++) {
+                __m256i v = _mm256_castps_si256(_mm256_add_ps(
+                    _mm256_mul_ps(vs, _mm256_loadu_ps(xb + k + 8 * h)), magic));
+                v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x007fffff)),
+                                     _mm256_set1_epi32(0x00400000));
+                i[h] = _mm256_and_si256(_mm256_min_epi32(v, _mm256_set1_epi32(127)), low);
+            }
+            __m256i c = _mm256_permutevar8x32_epi32(
+                _mm256_packus_epi16(_mm256_packus_epi32(i[0], i[1]),
+                                    _mm256_packus_epi32(i[2], i[3])), order);
+            _mm256_storeu_si256((__m256i *)(qb + k), c);
+            __m256i t = _mm256_sad_epu8(_mm256_xor_si256(c, flip), _mm256_setzero_si256());
+            t = _mm256_add_epi64(t, _mm256_srli_si256(t, 8));
+            sums[16 * b + k / 16] = _mm256_cvtsi256_si32(t) - 16 * 128;
+            sums[16 * b + k / 16 + 1] = _mm256_extract_epi32(t, 4) - 16 * 128;
+        }
+        d[b] = 1.0f / iscale;
+    }
+}
+#endif
+
+/* one activation row of K: codes q[K], scales d[K/qb], s[K/32] (Q8_1), sums[K/16]; kern: the
+   products' kernel (GGOPT_KERN_*: 1 rounds with AVX-512, 2 and 3 with AVX2; the same bits,
+   only on a CPU that has them) */
+static inline void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q,
+                                float *d, float *s, int32_t *sums, int kern) {
+#if GGOPT_HAVE_VNNI
+    if (kern == 1) {
         if (vtype == GGOPT_VD_Q8_K) ggopt_q8_rowk_avx512(x, K, q, d, sums);
         else ggopt_q8_row32_avx512(vtype, x, K, bias, q, d, s, sums);
         return;
     }
+    if (kern == 2 || kern == 3) {
+        if (vtype == GGOPT_VD_Q8_K) ggopt_q8_rowk_avx2(x, K, q, d, sums);
+        else ggopt_q8_row32_avx2(vtype, x, K, bias, q, d, s, sums);
+        return;
+    }
 #else
-    (void)vec;
+    (void)kern;
 #endif
     if (vtype == GGOPT_VD_Q8_K) {
         for (Py_ssize_t b = 0; b < K / GGOPT_QK_K; b++)

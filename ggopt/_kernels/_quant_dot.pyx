@@ -36,7 +36,7 @@ cdef extern from "_quant_dot.h" nogil:
     int ggopt_cpu_has_avx2()
     int ggopt_cpu_has_avxvnni()
     void ggopt_q8_row(int vtype, const float *x, Py_ssize_t K, int bias, int8_t *q, float *d,
-                      float *s, int32_t *sums, int vec)
+                      float *s, int32_t *sums, int kern)
     Py_ssize_t ggopt_packed_block_bytes(int wtype)
     void ggopt_pack_group(int wtype, const char *w, Py_ssize_t ws, int nrows, Py_ssize_t nb,
                           uint8_t *dst, int vec)
@@ -171,7 +171,7 @@ def quantize_activations(const float[:, :] x not None, int qtype, int8_t[:, ::1]
         for n in prange(N, schedule="static", num_threads=n_threads,
                         use_threads_if=N * K >= MIN_PARALLEL_WORK):
             ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias, &q[n, 0], &d[n, 0],
-                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0], _kern == 1)
+                         &s[n, 0] if vt == VD_Q8_1 else NULL, &sums[n, 0], _kern)
 
 
 def packed_shape(int qtype, Py_ssize_t rows, Py_ssize_t cols) -> tuple[int, int]:
@@ -296,7 +296,7 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
                 ggopt_q8_row(vt, <const float *>(xb + n * xs), K, bias and n >= namx,
                              aq + n * K, ad + n * (K // qb),
                              as_ + n * nb32 if vt == VD_Q8_1 else NULL, asums + n * (K // 16),
-                             kern == 1)
+                             kern)
             for t in prange(team, schedule="static", chunksize=1, num_threads=team,
                             use_threads_if=team > 1):
                 ggopt_qdot_panels(qtype, pk, wb, ws, M, &rows, N, ob, ldo, t * npanels // team,

@@ -55,7 +55,8 @@ def _hard_rows(qb: int) -> np.ndarray:
     bad[[3, qb + 5, 2 * qb + 9]] = np.nan
     bad[[7, 2 * qb + 1, 3 * qb]] = np.inf
     bad[qb + 2] = -np.inf
-    rows.append(bad)
+    infinite = np.where(np.isnan(bad), 1.0, bad)  # infinities without NaN
+    rows += [bad, infinite]
     with np.errstate(over="ignore"):
         return np.array(rows).astype(np.float32)
 
@@ -84,6 +85,29 @@ def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype, kernel, copies
     np.testing.assert_array_equal(codes, rq.reshape(q.shape))
     np.testing.assert_array_equal(d, rd, strict=True)  # NaN where ggml's scale is NaN
     np.testing.assert_array_equal(sums, codes.reshape(len(x), -1, 16).sum(-1))
+    if rs is not None:
+        np.testing.assert_array_equal(s, rs)
+
+
+@pytest.mark.parametrize("qtype", [GGType.Q8_0, GGType.Q4_1], **IDS)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_nan_in_any_of_16_blocks_rounds_as_ggml(qtype, kernel):
+    """A NaN's place in ggml's lane tree decides its block's max|x|, and the AVX2 and AVX-512
+    roundings take blocks 1 and 16 at a time: one NaN (or -NaN) in each block of a 16-block
+    chunk in turn, at every lane position."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((32, 18 * 32)) * 4).astype(np.float32)
+    for r in range(32):
+        x[r, (r % 16) * 32 + r] = np.nan if r % 2 else -np.nan
+    try:
+        _quant_dot.set_kernel(kernel)
+        q, d, s, _ = _activations(qtype, x)
+    finally:
+        _quant_dot.set_kernel("auto")
+    rq, rd, rs = ref.q8_activations(x, int(qtype))
+    codes = (q.view(np.uint8).astype(np.int32) - 128) if qtype == GGType.Q8_0 else q
+    np.testing.assert_array_equal(codes, rq.reshape(q.shape))
+    np.testing.assert_array_equal(d, rd, strict=True)
     if rs is not None:
         np.testing.assert_array_equal(s, rs)
 
