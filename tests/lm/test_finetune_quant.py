@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGUFReader
+from gguf import quants as gq
+from gguf.constants import GGMLQuantizationType as GQT
 
 import ggopt
 from ggopt.cli.finetune import main
@@ -108,7 +110,15 @@ def test_cli_base_type_keep_trains_lora_and_writes_adapter_and_merged_model(tmp_
     adapter = lora.load(ad, net)
     _, merged, _ = llama.read_weights(out)
     want = lora.merged(llama.get_weights(net), adapter)["blk.1.ffn_up.weight"]
-    np.testing.assert_allclose(merged["blk.1.ffn_up.weight"], want, atol=0.05)  # re-quantized
+    # re-quantized to Q4_1: within one step (the block's d) of ggml's re-quantization of the
+    # exact merge; the merge's own float order may move a code by one (a fixed atol was the
+    # half step of most blocks, not of all: it failed on one block of a Zen 3's training)
+    raw = gq.quantize(want, GQT.Q4_1)
+    step = np.repeat(raw.reshape(*want.shape[:-1], -1, 20)[..., :2].copy().view(np.float16)
+                     .astype(np.float32)[..., 0], 32, axis=-1)
+    err = np.abs(merged["blk.1.ffn_up.weight"] - gq.dequantize(raw, GQT.Q4_1))
+    assert np.all(err <= step * 1.001 + 1e-6)
+    np.testing.assert_allclose(merged["blk.1.ffn_up.weight"], want, atol=0.1)
     types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
     assert types["blk.1.ffn_up.weight"] == "Q4_1" and types["token_embd.weight"] == "Q8_0"
 
