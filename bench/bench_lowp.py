@@ -5,10 +5,10 @@ attention projections (576 -> 576) and the output head (576 -> 49152); ``grad_x`
 input gradient through the frozen weight (``out_prod``, mul_mat's backward rule for x).
 
 ``bf16`` is this CPU's kernel with the weight's panels packed once (a constant weight, as a
-frozen base), ``bf16_fma`` / ``bf16_dpbf16`` force a kernel, ``bf16_unpacked`` packs the weight
-on every product (the packing cache off). ``test_cpy_f32_to_bf16`` times the F32 -> BF16 ``cpy``
-of the output head's 576 x 49152 matrix (a full bf16 fine-tune's per-step rounding) against
-the NumPy rule.
+frozen base), ``bf16_fma`` / ``bf16_dpbf16`` / ``bf16_avx2`` force a kernel,
+``bf16_unpacked`` packs the weight on every product (the packing cache off).
+``test_cpy_f32_to_bf16`` times the F32 -> BF16 ``cpy`` of the output head's 576 x 49152
+matrix (a full bf16 fine-tune's per-step rounding) against the NumPy rule.
 
 ggopt's rows are one-node graphs computed by the scheduler on ``GGOPT_BENCH_THREADS`` threads
 (default 2); PyTorch's run on as many (``torch.set_num_threads``). Every row stores its GFLOP/s
@@ -37,9 +37,10 @@ ROUNDS = {"warmup": True, "warmup_iterations": 3, "min_rounds": 10}
 #: (input size K, output size M)
 SHAPES = {"ffn_up": (576, 1536), "ffn_down": (1536, 576), "attn": (576, 576),
           "output": (576, 49152)}
-IMPLS = ["torch_f32", "torch_bf16", "f32", "bf16", "bf16_fma", "bf16_dpbf16", "bf16_unpacked"]
+IMPLS = ["torch_f32", "torch_bf16", "f32", "bf16", "bf16_fma", "bf16_dpbf16", "bf16_avx2",
+         "bf16_unpacked"]
 #: the kernel an ``impl`` row forces (None: this CPU's choice)
-FORCED = {"bf16_fma": "fma", "bf16_dpbf16": "dpbf16"}
+FORCED = {"bf16_fma": "fma", "bf16_dpbf16": "dpbf16", "bf16_avx2": "avx2"}
 CASES = [("forward", s) for s in SHAPES] + [("grad_x", "ffn_up")]
 
 

@@ -26,6 +26,21 @@ cdef extern from *:
         return 4 * n > 512 ? 4 * n : 512;
     }
 
+    /* 1 when the CPU has no AVX-512: 16 vector registers, where a 16-float vector takes two
+       (the kernels' narrow register tiles, GCC splitting such vectors badly; the same bits
+       either way) */
+    #if defined(__GNUC__)
+    __attribute__((unused))
+    #endif
+    static int ggopt_cpu_narrow(void) {
+    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+        __builtin_cpu_init();
+        return !__builtin_cpu_supports("avx512f");
+    #else
+        return 0;
+    #endif
+    }
+
     /* the scalar math shared with the CUDA kernels: ggopt_expf, ggopt_sigmoidf, the unary
        functions and their derivatives, the optimizer updates */
     #include "scalar_math.h"
@@ -55,6 +70,7 @@ cdef extern from *:
     float ggopt_expf(float x) noexcept nogil
     float ggopt_sigmoidf(float x) noexcept nogil
     long ggopt_max_n_threads() noexcept nogil
+    int ggopt_cpu_narrow() noexcept nogil
 
 
 cdef inline int check_n_threads(str fn, int n_threads) except -1:

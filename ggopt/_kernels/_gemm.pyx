@@ -25,7 +25,7 @@ from libc.string cimport memset
 
 from scipy.linalg.cython_blas cimport sgemm
 
-from ggopt._kernels._common cimport check_n_threads
+from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_narrow
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -56,6 +56,8 @@ cdef Py_ssize_t DOT_BLOCK_ELEMENTS = 1 << 15
 # attention products of one token, k and v of SmolLM2): waking a second costs more than it saves
 # (scaled up where idle threads sleep at once, as every kernel's threshold).
 cdef Py_ssize_t DOT_PARALLEL_MIN_ELEMENTS = min_parallel_work(1 << 17)
+# ggopt_dot_rows holds its sums as 8-lane halves on a CPU without AVX-512 (the same bits).
+cdef int NARROW = ggopt_cpu_narrow()
 
 
 def set_dot_rows(int max_rows):
@@ -65,10 +67,23 @@ def set_dot_rows(int max_rows):
     DOT_MAX_ROWS = max_rows
 
 
+def set_narrow_tiles(narrow):
+    """Force the dot-product kernel's 8-lane halves (True), its 16-lane vectors (False) or this
+    CPU's choice (None) (for tests: the same bits either way). Returns the setting now in use."""
+    global NARROW
+    NARROW = ggopt_cpu_narrow() if narrow is None else bool(narrow)
+    return bool(NARROW)
+
+
 def set_packing(Py_ssize_t max_elements, Py_ssize_t min_rows):
     """Change the packing rule for plans built from now on (for benchmarks and tests)."""
     global PACK_MAX_ELEMENTS, PACK_MIN_ROWS
     PACK_MAX_ELEMENTS, PACK_MIN_ROWS = max_elements, min_rows
+
+
+cdef extern from "_dot_rows.h" nogil:
+    void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k, float *out,
+                        int rows, int narrow) noexcept
 
 
 cdef extern from *:
@@ -89,73 +104,6 @@ cdef extern from *:
         for (Py_ssize_t i = 0; i < n; i++) a[i] += b[i];
     }
 
-    /* One-token products (matrix-vector): out[j] = sum_k a[j*lda + k] * x[k] over rows j of a
-       weight whose rows are contiguous. Each dot product keeps 16 running sums (element k goes
-       to sum k % 16, ascending k) and adds them pairwise at the end in a fixed order, so an
-       output's bits depend only on its row and x: not on the rows around it, the block it is
-       computed in, the thread, or the instruction set (no FMA: -ffp-contract=off). Four rows
-       are done at a time to load x once for all four, each prefetched 1 KB ahead. */
-    typedef float ggopt_v16 __attribute__((vector_size(64)));
-    GGOPT_ROW_INLINE ggopt_v16 ggopt_load16(const float *p) {
-        ggopt_v16 v;
-        memcpy(&v, p, sizeof v);
-        return v;
-    }
-    GGOPT_ROW_INLINE float ggopt_lanes_sum(ggopt_v16 v) {
-        float s[16];
-        memcpy(s, &v, sizeof s);
-        for (int w = 8; w > 0; w /= 2)
-            for (int l = 0; l < w; l++) s[l] += s[l + w];
-        return s[0];
-    }
-    /* the last k % 16 elements of a row, zero-padded to 16 */
-    GGOPT_ROW_INLINE ggopt_v16 ggopt_tail16(const float *p, int n) {
-        float t[16] = {0};
-        memcpy(t, p, n * sizeof(float));
-        return ggopt_load16(t);
-    }
-
-    GGOPT_MULTIVERSION
-    static void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k,
-                               float *out, int rows) {
-        int whole = k - k % 16, rest = k % 16, j = 0;
-        ggopt_v16 xt = ggopt_tail16(x + whole, rest);
-        for (; j + 4 <= rows; j += 4) {
-            const float *a0 = a + j * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
-            ggopt_v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
-            for (int i = 0; i < whole; i += 16) {
-                ggopt_v16 xv = ggopt_load16(x + i);
-                __builtin_prefetch(a0 + i + 256);
-                __builtin_prefetch(a1 + i + 256);
-                __builtin_prefetch(a2 + i + 256);
-                __builtin_prefetch(a3 + i + 256);
-                s0 += ggopt_load16(a0 + i) * xv;
-                s1 += ggopt_load16(a1 + i) * xv;
-                s2 += ggopt_load16(a2 + i) * xv;
-                s3 += ggopt_load16(a3 + i) * xv;
-            }
-            if (rest) {
-                s0 += ggopt_tail16(a0 + whole, rest) * xt;
-                s1 += ggopt_tail16(a1 + whole, rest) * xt;
-                s2 += ggopt_tail16(a2 + whole, rest) * xt;
-                s3 += ggopt_tail16(a3 + whole, rest) * xt;
-            }
-            out[j] = ggopt_lanes_sum(s0);
-            out[j + 1] = ggopt_lanes_sum(s1);
-            out[j + 2] = ggopt_lanes_sum(s2);
-            out[j + 3] = ggopt_lanes_sum(s3);
-        }
-        for (; j < rows; j++) {
-            const float *a0 = a + j * lda;
-            ggopt_v16 s0 = {0};
-            for (int i = 0; i < whole; i += 16)
-                s0 += ggopt_load16(a0 + i) * ggopt_load16(x + i);
-            if (rest)
-                s0 += ggopt_tail16(a0 + whole, rest) * xt;
-            out[j] = ggopt_lanes_sum(s0);
-        }
-    }
-
     /* dst[i + j*m] = src[j + i*lds] for i < m, j < k: 16 source rows at a time, so that
        both sides stream (16 reads along each row, 16 contiguous writes per column) */
     static void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) {
@@ -172,8 +120,6 @@ cdef extern from *:
                         int m) noexcept nogil
     void ggopt_transpose(float *dst, const float *src, int m, int k, int lds) noexcept nogil
     void ggopt_add_vec(float *a, const float *b, Py_ssize_t n) noexcept nogil
-    void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k, float *out,
-                        int rows) noexcept nogil
 
 
 # An ILP64 Fortran sgemm (64-bit integers), e.g. the OpenBLAS NumPy's wheels ship; when set
@@ -430,7 +376,7 @@ cdef void _item(Product *products, Item *item, float *scratch) noexcept nogil:
         return
     for i in range(p.n):
         ggopt_dot_rows(p.a + <Py_ssize_t>j0 * p.lda, p.lda, p.b + <Py_ssize_t>i * p.ldb, p.k,
-                       p.c + <Py_ssize_t>i * p.ldc + j0, cols)
+                       p.c + <Py_ssize_t>i * p.ldc + j0, cols, NARROW)
     if p.acc != NULL:
         ggopt_add_rows(p.acc + j0, p.ldacc, p.c + j0, p.ldc, p.n, cols)
 

@@ -1,10 +1,11 @@
 """Products of a BF16 or F16 weight with float32 activations, as ggml's CPU backend defines
 them: the activations rounded to the weight's type (round to nearest even), F32 sums. The
-packed GEMM is ``_lowp_gemm.h``, with three kernels that compute the same bits: ``dpbf16``
+packed GEMM is ``_lowp_gemm.h``, with four kernels that compute the same bits: ``dpbf16``
 (AVX-512 BF16's ``vdpbf16ps``; BF16 on AMD), ``fma`` (AVX-512F FMA on values widened to
-float32; F16, and BF16 elsewhere) and ``portable`` (any CPU).
+float32; F16, and BF16 elsewhere), ``avx2`` (the same on AVX2 + FMA, with 256-bit vectors: a
+CPU without AVX-512) and ``portable`` (any CPU).
 
-``GGOPT_LOWP_KERNEL=portable|dpbf16|fma`` in the environment (read at import) or
+``GGOPT_LOWP_KERNEL=portable|dpbf16|fma|avx2`` in the environment (read at import) or
 :func:`set_kernel` forces one (tests). Shapes, types and thread counts are checked before
 anything is written (ShapeError / DTypeError / InvalidValueError); the bits do not depend on
 ``n_threads``.
@@ -47,13 +48,13 @@ cdef enum:
     BF16 = 30
 
 #: the kernels, by their ids in _lowp_gemm.h
-KERNELS = ("portable", "dpbf16", "fma")
+KERNELS = ("portable", "dpbf16", "fma", "avx2")
 cdef int _forced = -1   # a kernel id, or -1: the best this CPU runs
 
 
 def available():
-    """The kernels this CPU runs: ``portable`` always; ``fma`` with AVX-512F; ``dpbf16`` with
-    AVX-512 BF16 too."""
+    """The kernels this CPU runs: ``portable`` always; ``avx2`` with AVX2 and FMA; ``fma`` with
+    AVX-512F; ``dpbf16`` with AVX-512 BF16 too."""
     return [name for i, name in enumerate(KERNELS) if ggopt_lp_can_run(i)]
 
 

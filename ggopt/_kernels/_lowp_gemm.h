@@ -43,6 +43,7 @@
 #define GGOPT_LP_PORTABLE 0    /* the kernels */
 #define GGOPT_LP_DPBF16 1
 #define GGOPT_LP_FMA 2
+#define GGOPT_LP_AVX2 3        /* the FMA kernel with 256-bit vectors */
 
 /* ---- conversions ---- */
 
@@ -134,7 +135,7 @@ typedef struct {
     ptrdiff_t c_rs, c_cs;
     ptrdiff_t n, m, k;         /* i < n, j < m, k < K */
     int wtype;                 /* GGOPT_LP_BF16 or GGOPT_LP_F16 */
-    int kernel;                /* GGOPT_LP_PORTABLE, GGOPT_LP_DPBF16 or GGOPT_LP_FMA */
+    int kernel;                /* GGOPT_LP_PORTABLE, _DPBF16, _FMA or _AVX2 */
     const uint32_t *wpacked;   /* NULL, or W's panels packed beforehand (ggopt_lp_pack_all) */
 } ggopt_lp_args;
 
@@ -144,10 +145,10 @@ static inline ptrdiff_t ggopt_lp_wsteps(int wtype, ptrdiff_t k) {
     return wtype == GGOPT_LP_F16 ? k : (k + 1) / 2;
 }
 
-/* The FMA kernel on BF16: X packed widened (two float32 steps a pair, the odd element
-   first), W's pairs widened per block. */
+/* The FMA kernels (AVX-512F or AVX2) on BF16: X packed widened (two float32 steps a pair,
+   the odd element first), W's pairs widened per block. */
 static inline int ggopt_lp_widened_bf16(const ggopt_lp_args *a) {
-    return a->wtype == GGOPT_LP_BF16 && a->kernel == GGOPT_LP_FMA;
+    return a->wtype == GGOPT_LP_BF16 && (a->kernel == GGOPT_LP_FMA || a->kernel == GGOPT_LP_AVX2);
 }
 
 /* Words of X per packed step of W, per row. */
@@ -166,12 +167,68 @@ static inline uint32_t ggopt_lp_bf16_daz_bits(uint16_t h) {
     return (h & 0x7f80u) == 0 ? (uint32_t)(h & 0x8000u) << 16 : (uint32_t)h << 16;
 }
 
+static int ggopt_lp_can_run(int kernel);
+
+#if GGOPT_LP_X86
+/* The widened BF16 packing of 8 full rows (row r at x + r * x_rs, unit stride) for the steps
+   below k8 (a multiple of 8 <= K): each element rounded to BF16 (ggopt_lp_f32_to_bf16), its
+   subnormals zeroed (ggopt_lp_bf16_daz_bits), the pairs swapped (step s holds element s ^ 1),
+   then 8 x 8 blocks transposed so that step s's 8 rows are contiguous. The scalar rule's bits. */
+__attribute__((target("avx2")))
+static void ggopt_lp_pack_x_widened_avx2(const float *x, ptrdiff_t x_rs, ptrdiff_t k8,
+                                         uint32_t *dst) {
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), one = _mm256_set1_epi32(1);
+    const __m256i half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x00400000);
+    const __m256i sign = _mm256_set1_epi32((int)0x80000000u), zero = _mm256_setzero_si256();
+    for (ptrdiff_t s0 = 0; s0 < k8; s0 += 8) {
+        __m256i v[8];
+        for (int r = 0; r < 8; r++) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(x + r * x_rs + s0));
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs), inf);
+            __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+            __m256i rounded = _mm256_and_si256(
+                _mm256_add_epi32(u, _mm256_add_epi32(half, odd)), hi);
+            __m256i q = _mm256_and_si256(_mm256_or_si256(u, quiet), hi);
+            __m256i b = _mm256_blendv_epi8(rounded, q, nan);
+            __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(b, inf), zero);
+            b = _mm256_blendv_epi8(b, _mm256_and_si256(b, sign), sub);
+            v[r] = _mm256_shuffle_epi32(b, 0xB1);  /* step s holds element s ^ 1 */
+        }
+        /* transpose: t[j] = step s0 + j of rows 0..7 */
+        __m256i a0 = _mm256_unpacklo_epi32(v[0], v[1]), a1 = _mm256_unpackhi_epi32(v[0], v[1]);
+        __m256i a2 = _mm256_unpacklo_epi32(v[2], v[3]), a3 = _mm256_unpackhi_epi32(v[2], v[3]);
+        __m256i a4 = _mm256_unpacklo_epi32(v[4], v[5]), a5 = _mm256_unpackhi_epi32(v[4], v[5]);
+        __m256i a6 = _mm256_unpacklo_epi32(v[6], v[7]), a7 = _mm256_unpackhi_epi32(v[6], v[7]);
+        __m256i b0 = _mm256_unpacklo_epi64(a0, a2), b1 = _mm256_unpackhi_epi64(a0, a2);
+        __m256i b2 = _mm256_unpacklo_epi64(a1, a3), b3 = _mm256_unpackhi_epi64(a1, a3);
+        __m256i b4 = _mm256_unpacklo_epi64(a4, a6), b5 = _mm256_unpackhi_epi64(a4, a6);
+        __m256i b6 = _mm256_unpacklo_epi64(a5, a7), b7 = _mm256_unpackhi_epi64(a5, a7);
+        __m256i t[8] = {
+            _mm256_permute2x128_si256(b0, b4, 0x20), _mm256_permute2x128_si256(b1, b5, 0x20),
+            _mm256_permute2x128_si256(b2, b6, 0x20), _mm256_permute2x128_si256(b3, b7, 0x20),
+            _mm256_permute2x128_si256(b0, b4, 0x31), _mm256_permute2x128_si256(b1, b5, 0x31),
+            _mm256_permute2x128_si256(b2, b6, 0x31), _mm256_permute2x128_si256(b3, b7, 0x31)};
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_si256((__m256i *)(void *)(dst + (s0 + j) * GGOPT_LP_MR), t[j]);
+    }
+}
+#endif
+
 /* X's row block ib (rows ib*MR ..) packed: word [s * MR + r] holds row r's step s (BF16: the
    pair's bits, 2p low; widened BF16: steps 2p, 2p+1 hold elements 2p+1, 2p as float32, the
    subnormals zeroed; F16: the rounded value as float32). Rows past n and the pad of an odd K
    are zeros. */
 static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst) {
     ptrdiff_t steps = ggopt_lp_wsteps(a->wtype, a->k) * ggopt_lp_xper(a), i0 = ib * GGOPT_LP_MR;
+    ptrdiff_t done = 0;  /* steps packed by the vector code, for every row */
+#if GGOPT_LP_X86
+    if (ggopt_lp_widened_bf16(a) && a->x_cs == 1 && i0 + GGOPT_LP_MR <= a->n &&
+        ggopt_lp_can_run(GGOPT_LP_AVX2)) {
+        done = a->k - a->k % 8;
+        ggopt_lp_pack_x_widened_avx2(a->x + i0 * a->x_rs, a->x_rs, done, dst);
+    }
+#endif
     for (int r = 0; r < GGOPT_LP_MR; r++) {
         ptrdiff_t i = i0 + r;
         if (i >= a->n) {
@@ -180,7 +237,7 @@ static void ggopt_lp_pack_x(const ggopt_lp_args *a, ptrdiff_t ib, uint32_t *dst)
         }
         const float *row = a->x + i * a->x_rs;
         if (ggopt_lp_widened_bf16(a)) {
-            for (ptrdiff_t s = 0; s < steps; s++) {
+            for (ptrdiff_t s = done; s < steps; s++) {
                 ptrdiff_t k = s ^ 1;
                 dst[s * GGOPT_LP_MR + r] = k < a->k ?
                     ggopt_lp_bf16_daz_bits(ggopt_lp_f32_to_bf16(row[k * a->x_cs])) : 0u;
@@ -349,13 +406,79 @@ static void ggopt_lp_widen_w_hw(const uint32_t *pairs, ptrdiff_t psteps, uint32_
             _mm512_storeu_si512(dst + (2 * p + 1) * GGOPT_LP_NR + 16 * v, even);
         }
 }
+
+/* The FMA kernel on AVX2: the MR x NR tile in quarters of 4 rows x 24 outputs (12 sums in
+   the 16 registers), each quarter over chunks of GGOPT_LP_A2_KS steps (its operands stay in
+   the first-level cache while the four quarters take them). Every output gets the same fused
+   step per step, in the same order, as in the AVX-512F kernel: the same bits. */
+#define GGOPT_LP_A2_KS 64
+
+#define GGOPT_LP_A2_ROW(r)                                                                   \
+    do {                                                                                     \
+        __m256 xb = _mm256_broadcast_ss(xs + (r));                                           \
+        acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);                                      \
+        acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);                                      \
+        acc[r][2] = _mm256_fmadd_ps(xb, w2, acc[r][2]);                                      \
+    } while (0)
+
+__attribute__((target("avx2,fma")))
+static void ggopt_lp_tile_fma_avx2(const uint32_t *xp, const uint32_t *wp, ptrdiff_t steps,
+                                   float *tile) {
+    for (ptrdiff_t s0 = 0; s0 < steps; s0 += GGOPT_LP_A2_KS) {
+        ptrdiff_t s1 = steps - s0 < GGOPT_LP_A2_KS ? steps : s0 + GGOPT_LP_A2_KS;
+        for (int r0 = 0; r0 < GGOPT_LP_MR; r0 += 4)
+            for (int c0 = 0; c0 < GGOPT_LP_NR; c0 += 24) {
+                float *t = tile + r0 * GGOPT_LP_NR + c0;
+                __m256 acc[4][3];
+                for (int r = 0; r < 4; r++)
+                    for (int v = 0; v < 3; v++)
+                        acc[r][v] = _mm256_loadu_ps(t + r * GGOPT_LP_NR + 8 * v);
+                for (ptrdiff_t p = s0; p < s1; p++) {
+                    const float *xs = (const float *)(const void *)(xp + p * GGOPT_LP_MR + r0);
+                    const float *ws = (const float *)(const void *)(wp + p * GGOPT_LP_NR + c0);
+                    __m256 w0 = _mm256_loadu_ps(ws), w1 = _mm256_loadu_ps(ws + 8),
+                           w2 = _mm256_loadu_ps(ws + 16);
+                    GGOPT_LP_A2_ROW(0);
+                    GGOPT_LP_A2_ROW(1);
+                    GGOPT_LP_A2_ROW(2);
+                    GGOPT_LP_A2_ROW(3);
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int v = 0; v < 3; v++)
+                        _mm256_storeu_ps(t + r * GGOPT_LP_NR + 8 * v, acc[r][v]);
+            }
+    }
+}
+
+/* ggopt_lp_widen_w on AVX2. */
+__attribute__((target("avx2")))
+static void ggopt_lp_widen_w_avx2(const uint32_t *pairs, ptrdiff_t psteps, uint32_t *dst) {
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), ex = _mm256_set1_epi32(0x7f800000);
+    const __m256i sg = _mm256_set1_epi32((int)0x80000000u), zero = _mm256_setzero_si256();
+    for (ptrdiff_t p = 0; p < psteps; p++)
+        for (int v = 0; v < GGOPT_LP_NR / 8; v++) {
+            const uint32_t *src = pairs + p * GGOPT_LP_NR + 8 * v;
+            uint32_t *d_odd = dst + 2 * p * GGOPT_LP_NR + 8 * v, *d_even = d_odd + GGOPT_LP_NR;
+            __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)src);
+            __m256i odd = _mm256_and_si256(w, hi), even = _mm256_slli_epi32(w, 16);
+            __m256i so = _mm256_cmpeq_epi32(_mm256_and_si256(odd, ex), zero);
+            __m256i se = _mm256_cmpeq_epi32(_mm256_and_si256(even, ex), zero);
+            odd = _mm256_blendv_epi8(odd, _mm256_and_si256(odd, sg), so);
+            even = _mm256_blendv_epi8(even, _mm256_and_si256(even, sg), se);
+            _mm256_storeu_si256((__m256i *)(void *)d_odd, odd);
+            _mm256_storeu_si256((__m256i *)(void *)d_even, even);
+        }
+}
 #endif
 
-/* 1 when this CPU runs `kernel` (DPBF16: AVX-512 BF16; FMA: AVX-512F; PORTABLE: any). */
+/* 1 when this CPU runs `kernel` (DPBF16: AVX-512 BF16; FMA: AVX-512F; AVX2: AVX2 and FMA;
+   PORTABLE: any). */
 static int ggopt_lp_can_run(int kernel) {
     if (kernel == GGOPT_LP_PORTABLE) return 1;
 #if GGOPT_LP_X86
     __builtin_cpu_init();
+    if (kernel == GGOPT_LP_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     if (!__builtin_cpu_supports("avx512f")) return 0;
     return kernel == GGOPT_LP_FMA || (kernel == GGOPT_LP_DPBF16 &&
                                       __builtin_cpu_supports("avx512bf16"));
@@ -366,7 +489,8 @@ static int ggopt_lp_can_run(int kernel) {
 
 /* The fastest kernel for wtype on this CPU. BF16: vdpbf16ps on AMD (Zen 4 runs it at twice
    the F32 FMA rate), else the FMA kernel on widened values (an Intel Xeon with AVX-512 BF16
-   runs vdpbf16ps at half its FMA rate), else portable; F16: FMA, else portable. */
+   runs vdpbf16ps at half its FMA rate), else the FMA kernel on AVX2, else portable; F16: FMA
+   (AVX-512F, else AVX2), else portable. */
 static int ggopt_lp_best_kernel(int wtype) {
 #if GGOPT_LP_X86
     __builtin_cpu_init();
@@ -374,7 +498,8 @@ static int ggopt_lp_best_kernel(int wtype) {
         return GGOPT_LP_DPBF16;
 #endif
     (void)wtype;
-    return ggopt_lp_can_run(GGOPT_LP_FMA) ? GGOPT_LP_FMA : GGOPT_LP_PORTABLE;
+    if (ggopt_lp_can_run(GGOPT_LP_FMA)) return GGOPT_LP_FMA;
+    return ggopt_lp_can_run(GGOPT_LP_AVX2) ? GGOPT_LP_AVX2 : GGOPT_LP_PORTABLE;
 }
 
 /* tile += the steps of xp and wp (both packed for the tile: widened BF16 steps for the FMA
@@ -384,6 +509,10 @@ static void ggopt_lp_tile(const ggopt_lp_args *a, const uint32_t *xp, const uint
 #if GGOPT_LP_X86
     if (a->kernel == GGOPT_LP_DPBF16 && a->wtype == GGOPT_LP_BF16) {
         ggopt_lp_tile_bf16_hw(xp, wp, steps, tile);
+        return;
+    }
+    if (a->kernel == GGOPT_LP_AVX2) {
+        ggopt_lp_tile_fma_avx2(xp, wp, steps, tile);
         return;
     }
     if (a->kernel != GGOPT_LP_PORTABLE) {  /* FMA (and DPBF16 on F16) */
@@ -539,7 +668,8 @@ static int ggopt_lp_gemm(const ggopt_lp_args *a, int n_threads) {
                     const uint32_t *wp = panel + (p0 - q0) * GGOPT_LP_NR;
                     if (widened) {
 #if GGOPT_LP_X86
-                        ggopt_lp_widen_w_hw(wp, len, wide);
+                        if (a->kernel == GGOPT_LP_AVX2) ggopt_lp_widen_w_avx2(wp, len, wide);
+                        else ggopt_lp_widen_w_hw(wp, len, wide);
 #else
                         ggopt_lp_widen_w(wp, len, wide);
 #endif

@@ -28,7 +28,7 @@ not sgemm's: results agree with it to float rounding, not bit for bit. No FMA (s
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc, realloc
 
-from ggopt._kernels._common cimport check_n_threads
+from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_narrow
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -71,12 +71,23 @@ cdef extern from "_thin_kernels.h" nogil:
     void thin_rows(const float *x, Py_ssize_t xs0, Py_ssize_t xs1, const float *y,
                    Py_ssize_t ys0, Py_ssize_t k, Py_ssize_t nr, Py_ssize_t nc, float *dst,
                    Py_ssize_t ds0, Py_ssize_t ds1, int add, float *part, Py_ssize_t ldp,
-                   int padded) noexcept
+                   int padded, int narrow) noexcept
     void thin_dots(const float *x, Py_ssize_t xs0, const float *yt, Py_ssize_t ys0,
                    Py_ssize_t k, Py_ssize_t nr, Py_ssize_t nc, float *dst, Py_ssize_t ds0,
-                   Py_ssize_t ds1, int add) noexcept
+                   Py_ssize_t ds1, int add, int narrow) noexcept
     void thin_pack(float *dst, Py_ssize_t ld, const float *src, Py_ssize_t s0, Py_ssize_t s1,
                    Py_ssize_t n0, Py_ssize_t n1) noexcept
+
+# The narrow register tiles (a CPU without AVX-512: _thin_kernels.h); the same bits either way.
+cdef int NARROW = ggopt_cpu_narrow()
+
+
+def set_narrow_tiles(narrow):
+    """Force the narrow register tiles (True), the wide ones (False) or this CPU's choice
+    (None) (for tests: the same bits either way). Returns the setting now in use."""
+    global NARROW
+    NARROW = ggopt_cpu_narrow() if narrow is None else bool(narrow)
+    return bool(NARROW)
 
 
 cdef enum:
@@ -309,17 +320,17 @@ cdef void _block(const Thin *products, const Block *b, float *scratch,
         if p.pack:
             thin_pack(scratch, ld, y, p.ys0, p.ys1, p.k, nc)
             thin_rows(x, p.xs0, p.xs1, scratch, ld, p.k, nr, nc, dst, p.ds0, p.ds1, p.add,
-                      scratch + p.k * ld, ld, 1)
+                      scratch + p.k * ld, ld, 1, NARROW)
         else:
             thin_rows(x, p.xs0, p.xs1, y, p.ys0, p.k, nr, nc, dst, p.ds0, p.ds1, p.add,
-                      scratch, ld, 0)
+                      scratch, ld, 0, NARROW)
     elif p.pack:  # y^T (c, k) contiguous
         if packed[0] != b.product:
             thin_pack(scratch, p.k, p.y, p.ys1, p.ys0, p.c, p.k)
             packed[0] = b.product
-        thin_dots(x, p.xs0, scratch, p.k, p.k, nr, p.c, dst, p.ds0, p.ds1, p.add)
+        thin_dots(x, p.xs0, scratch, p.k, p.k, nr, p.c, dst, p.ds0, p.ds1, p.add, NARROW)
     else:
-        thin_dots(x, p.xs0, p.y, p.ys1, p.k, nr, p.c, dst, p.ds0, p.ds1, p.add)
+        thin_dots(x, p.xs0, p.y, p.ys1, p.k, nr, p.c, dst, p.ds0, p.ds1, p.add, NARROW)
 
 
 cdef void _zero(float *dst, Py_ssize_t s0, Py_ssize_t s1, Py_ssize_t n0, Py_ssize_t n1,

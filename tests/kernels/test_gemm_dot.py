@@ -2,7 +2,8 @@
 DOT_MAX_ROWS rows (one token's activations) against a weight stored row by row, cut into blocks
 of output columns shared out over the threads. Every output is its documented sum (16 running
 sums by ``k % 16``, then added pairwise), so its bits depend on nothing but its row and ``x``:
-not the thread count, the block, the rows around it."""
+not the thread count, the block, the rows around it, the register layout (16-lane vectors with
+AVX-512, 8-lane halves without: both forced on any CPU)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ DOT_MAX_ROWS = 4  # _gemm.pyx's default, restored after each test that changes i
 @pytest.fixture(autouse=True)
 def _chosen_blas():
     products_blas()
+    yield
+    _gemm.set_narrow_tiles(None)
 
 
 def _rand(shape, seed):
@@ -68,11 +71,13 @@ def _run(x, y, n_threads, acc=None):
     return out
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["v16", "halves"])
 @pytest.mark.parametrize("layout", ["t", "s"])
 @pytest.mark.parametrize("x_layout", ["c", "s"])
 @pytest.mark.parametrize("shape", [(1, 2, 5), (1, 16, 4), (1, 17, 3), (2, 33, 7), (3, 64, 9),
                                    (4, 579, 37), (1, 1536, 1001)])
-def test_dot_products_are_their_documented_sums_bit_for_bit(layout, x_layout, shape):
+def test_dot_products_are_their_documented_sums_bit_for_bit(layout, x_layout, shape, narrow):
+    assert _gemm.set_narrow_tiles(narrow) is narrow
     r, k, c = shape
     x, y = _x(r, k, x_layout, 1), _weight(c, k, layout, 2)
     out = _run(x, y, 2)

@@ -1,8 +1,9 @@
 """ThinPlan (``_kernels/_thin.pyx``): products with a side of at most 16 on ggopt's own
 kernels. Each output is its documented sum (rows form: k ascending from 0; dots form: 16
 running sums by ``k % 16`` added pairwise), checked bit for bit against that order in NumPy
-float32, to float tolerance against float64, and identical for 1, 2, 3 threads and any cut of
-the work; ``acc += x @ y`` adds each sum once and leaves ``out`` alone."""
+float32, to float tolerance against float64, and identical for 1, 2, 3 threads, any cut of
+the work and either register tiling (AVX-512's wide tiles, AVX2's narrow ones: both run on any
+CPU); ``acc += x @ y`` adds each sum once and leaves ``out`` alone."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def _defaults():
     yield
     _thin.set_parallel_min(1 << 22)
     _thin.set_block_macs(1 << 19)
+    _thin.set_narrow_tiles(None)
 
 
 def _rand(shape, seed):
@@ -78,8 +80,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["wide-tiles", "narrow-tiles"])
 @pytest.mark.parametrize("r, k, c, lx, ly, form", CASES, ids=str)
-def test_each_form_is_its_documented_sum_for_any_threads_and_cut(r, k, c, lx, ly, form):
+def test_each_form_is_its_documented_sum_for_any_threads_and_cut(r, k, c, lx, ly, form,
+                                                                 narrow):
+    assert _thin.set_narrow_tiles(narrow) is narrow
     xv, yv = _rand((r, k), 1), _rand((k, c), 2)
     x, y = _layout(xv, lx, 3), _layout(yv, ly, 4)
     transposed = form.endswith("^T")

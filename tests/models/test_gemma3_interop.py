@@ -5,8 +5,9 @@ SmolLM2 is llama's (issue 31). Markers ``interop`` and ``model``, skipped unless
 tests/models/test_gemma3_interop.py -s`` (``-s`` shows the measured numbers).
 
 Its SPM tokenizer (Gemma's specials, no space prefix) gives llama.cpp's ids for GPL-3; on the
-F32 copy the logits agree to 1e-3 of their largest magnitude over 128 tokens (llama.cpp's GELU
-reads a float16 table: the rest of the difference) and greedy generation of 32 tokens is
+F32 copy the logits agree to 1.5e-3 of their largest magnitude over 128 tokens (llama.cpp's GELU
+reads a float16 table: the rest of the difference; 8.9e-4 against an AVX-512 build, 1.0e-3
+against an AVX2 one) and greedy generation of 32 tokens is
 identical; on the Q4_K_M file as shipped llama.cpp rounds the activations to 8 bits for its
 quantized products; perplexity of GPL-3 at ctx 256 (12 windows) within 0.5 %.
 """
@@ -66,7 +67,9 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     rel = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
     print(f"\nF32 copy: largest logit difference over 128 tokens x 262144: {rel:.3g} of the "
           f"largest logit")
-    assert rel < 1e-3
+    # llama.cpp's AVX-512 build: 8.9e-4; its AVX2 build on a Zen 3: 1.0e-3 (its GELU table
+    # and its sums differ per build; ggopt's bits do not)
+    assert rel < 1.5e-3
     gen = Generator(model, 128)
     steps = [gen.feed(prompt[:96])] + [gen.feed([t]) for t in prompt[96:127]]
     one_token = float(np.abs(np.stack(steps) - theirs[95:127]).max() / np.abs(theirs).max())
