@@ -74,10 +74,10 @@ def test_activation_rounding_is_the_numpy_port_bit_for_bit(qtype, kernel, copies
     rows = _hard_rows(ref.VEC_DOT_TYPES[int(qtype)][1])
     x = np.ascontiguousarray(np.concatenate([rows] * copies + [rows[:, :rows.shape[1] // 4]]
                                             * (copies > 1), axis=1))
-    _assert_rounding_is_the_port(qtype, kernel, x)
+    assert_rounding_is_the_port(qtype, kernel, x)
 
 
-def _assert_rounding_is_the_port(qtype, kernel, x):
+def assert_rounding_is_the_port(qtype, kernel, x):
     """``kernel``'s rounding of the rows of ``x`` (codes, scales, 16-sums, Q8_1's sums) is the
     NumPy port's, bit for bit."""
     try:
@@ -105,7 +105,7 @@ def test_a_nan_in_any_of_16_blocks_rounds_as_ggml(qtype, kernel):
     x = (rng.standard_normal((32, 18 * 32)) * 4).astype(np.float32)
     for r in range(32):
         x[r, (r % 16) * 32 + r] = np.nan if r % 2 else -np.nan
-    _assert_rounding_is_the_port(qtype, kernel, x)
+    assert_rounding_is_the_port(qtype, kernel, x)
 
 
 def test_q8_rounding_details():
