@@ -56,7 +56,8 @@ class Generator:
     """A KV cache of ``n_ctx`` slots for one sequence of ``model``.
 
     ``feed(ids)`` appends tokens (any number up to the free slots) and returns the logits
-    (``[n_vocab]``) after the last one; ``n_past`` counts the tokens in the cache.
+    (``[n_vocab]``) after the last one; ``n_past`` counts the tokens in the cache;
+    ``reset()`` empties it for a new sequence.
     """
 
     def __init__(self, model: Model | LlamaModel, n_ctx: int, n_ubatch: int = N_UBATCH) -> None:
@@ -77,11 +78,18 @@ class Generator:
     def n_ctx(self) -> int:
         return self.cache.n_kv
 
+    def reset(self) -> None:
+        """Empty the cache for a new sequence (as llama.cpp clears its KV cache): the next
+        ``feed`` starts at position 0 and gives a new Generator's logits, bit for bit, on the
+        graphs this one has already built and planned."""
+        self.cache.clear()
+        self.n_past = 0
+
     def _step(self, n: int) -> _Step:
         if self.net.projection is not self._projection:  # lora.attach since the graphs
             if self.n_past:
                 raise StateError(f"generate: the model's projections changed (lora.attach) "
-                                 f"after {self.n_past} tokens were fed; make a new Generator")
+                                 f"after {self.n_past} tokens were fed; call reset() first")
             self._steps.clear()
             self._current = None
             self._projection = self.net.projection

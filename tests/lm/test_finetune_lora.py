@@ -214,8 +214,10 @@ def test_generator_made_before_attach_applies_the_adapter():
     fresh = Generator(net, 8).feed([1, 2, 3])
     np.testing.assert_array_equal(got, fresh)
     lora.attach(net, lora.create(net, 2, 8.0, ["attn_v"]))  # another change, tokens fed
-    with pytest.raises(StateError, match="make a new Generator"):
+    with pytest.raises(StateError, match="call reset"):
         gen.feed([4])
+    gen.reset()  # a new sequence on the new adapter's graphs
+    np.testing.assert_array_equal(gen.feed([1, 2, 3]), Generator(net, 8).feed([1, 2, 3]))
 
 
 def test_static_tuner_made_before_attach_is_refused():

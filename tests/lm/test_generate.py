@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from ggopt.backend import tensor_fill
 from ggopt.cli import llm
 from ggopt.errors import InvalidValueError, OutOfMemoryError, ShapeError
 from ggopt.lm import Generator, SamplingParams, generate, perplexity, sample
@@ -57,6 +58,34 @@ def test_one_token_graph_is_planned_once(small, monkeypatch):
     monkeypatch.setattr(model.net.sched, "alloc_graph", lambda g: calls.append(g) or real(g))
     generate(model, [1, 2, 3], 30, SamplingParams(temp=0))
     assert len(calls) == 2  # the prompt's graph, then the one-token graph for all 29 steps
+
+
+def test_reset_starts_a_new_sequence_on_the_graphs_already_planned(small, monkeypatch):
+    """After reset() the logits are a new Generator's bit for bit, whatever the cache held (it
+    is zeroed, not just masked), and no graph is built or compiled again."""
+    model, _, _ = small
+
+    def run(gen):
+        return [gen.feed([9, 8, 7, 6])] + [gen.feed([t]) for t in (5, 4, 3)]
+
+    want = run(Generator(model, 12))
+    gen = Generator(model, 12)
+    gen.feed([100, 101, 102, 103])
+    for t in range(8):  # every slot filled with another sequence's keys and values
+        gen.feed([200 + t])
+    for t in gen.cache.v:  # and an overflowed one's NaN: masking alone would keep 0 * NaN
+        tensor_fill(t, np.nan)
+    built = []
+    real_step, real_compile = generate_module._Step, model.net.sched._compile
+    monkeypatch.setattr(generate_module, "_Step",
+                        lambda *a: built.append("graph") or real_step(*a))
+    monkeypatch.setattr(model.net.sched, "_compile",
+                        lambda *a: built.append("plan") or real_compile(*a))
+    gen.reset()
+    assert gen.n_past == 0
+    for z, w in zip(run(gen), want, strict=True):
+        np.testing.assert_array_equal(z.view(np.uint32), w.view(np.uint32))
+    assert built == [] and gen.n_past == 7
 
 
 def test_cache_holds_prompt_plus_new_tokens_only(tmp_path, monkeypatch):

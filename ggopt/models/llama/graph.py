@@ -152,6 +152,11 @@ class KVCache:
             kk[0, :, first:first + n, :] = kk[0, :, s:s + n, :]
             vv[0, :, :, first:first + n] = vv[0, :, :, s:s + n]
 
+    def clear(self) -> None:
+        """Zero every slot (a new cache's state)."""
+        for t in (*self.k, *self.v):
+            tensor_fill(t, 0.0)
+
 
 @dataclasses.dataclass
 class Graph:
@@ -280,9 +285,9 @@ def make_cache(model: LlamaModel, n_kv: int, n_stage: int = 1) -> KVCache:
     for t in (*k, *v):
         ggopt.set_input(t)
     alloc_ctx_tensors(ctx, model.sched.get_backend(0))
-    for t in (*k, *v):
-        tensor_fill(t, 0.0)
-    return KVCache(ctx, k, v, n_kv, n_stage)
+    cache = KVCache(ctx, k, v, n_kv, n_stage)
+    cache.clear()
+    return cache
 
 
 def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,

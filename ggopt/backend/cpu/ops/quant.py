@@ -94,12 +94,15 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
 
         return out_prod
     buf, cols = mem.at(srcs[0])[0], srcs[0].ne[0]
+    kept: list[np.ndarray | None] = [None] * len(slices)  # panels live as long as ``buf``
 
     def step() -> None:
-        for w, x, out in slices:
-            _quant_dot.mul_mat_q8(w, qtype, _rows_unit(x), out, be.n_threads,
-                                  packed=weight_panels(buf, w, qtype, cols, be.n_threads,
-                                                       x.shape[0]))
+        n_threads = be.n_threads
+        for i, (w, x, out) in enumerate(slices):
+            packed = kept[i]
+            if packed is None:
+                packed = kept[i] = weight_panels(buf, w, qtype, cols, n_threads, x.shape[0])
+            _quant_dot.mul_mat_q8(w, qtype, _rows_unit(x), out, n_threads, packed=packed)
 
     return step
 
