@@ -116,6 +116,11 @@ def test_generate(benchmark, ratio_to, impl, f32_model):
     ratio_to(impl, llama_cpp=0.7 if impl == "ggopt" else None)
 
 
+def _after_warm_up(rounds: list) -> list:
+    """The timed rounds: all but the warm-up (the one round ``--benchmark-disable`` runs)."""
+    return rounds[1:] if len(rounds) > 1 else rounds
+
+
 @pytest.mark.benchmark(group=f"generate {N_GEN} tokens, alternating rounds")
 def test_generate_alternating(benchmark, f32_model):
     """Each round generates with llama.cpp, then with ggopt, so that a change of load on a
@@ -141,8 +146,8 @@ def test_generate_alternating(benchmark, f32_model):
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
     assert all(same)  # greedy: the same tokens in every round
-    wall = {k: np.array([w for w, _ in v[1:]]) for k, v in times.items()}  # warm-up left out
-    cpu = {k: np.array([c for _, c in v[1:]]) for k, v in times.items()}
+    wall = {k: np.array([w for w, _ in _after_warm_up(v)]) for k, v in times.items()}
+    cpu = {k: np.array([c for _, c in _after_warm_up(v)]) for k, v in times.items()}
     for impl in times:
         benchmark.extra_info[f"{impl}_min_s"] = round(float(wall[impl].min()), 3)
         benchmark.extra_info[f"{impl}_median_s"] = round(float(np.median(wall[impl])), 3)
@@ -225,7 +230,8 @@ def _alternate(benchmark, cpp, ours) -> list:
             wall[impl].append(time.perf_counter() - t0)
 
     benchmark.pedantic(one_round, rounds=5, warmup_rounds=1)
-    ours_s, theirs_s = np.array(wall["ggopt"][1:]), np.array(wall["llama_cpp"][1:])  # no warm-up
+    ours_s = np.array(_after_warm_up(wall["ggopt"]))
+    theirs_s = np.array(_after_warm_up(wall["llama_cpp"]))
     benchmark.extra_info["ggopt_min_s"] = round(float(ours_s.min()), 4)
     benchmark.extra_info["llama_cpp_min_s"] = round(float(theirs_s.min()), 4)
     benchmark.extra_info["min_ratio_vs_llama_cpp"] = round(float(theirs_s.min() / ours_s.min()), 3)

@@ -71,7 +71,6 @@ class Generator:
         self.cache = make_cache(self.net, n_ctx, self.n_ubatch)
         self.n_past = 0
         self._steps: dict[int, _Step] = {}
-        self._current: _Step | None = None
         self._projection = self.net.projection  # what the cached graphs apply
 
     @property
@@ -91,15 +90,13 @@ class Generator:
                 raise StateError(f"generate: the model's projections changed (lora.attach) "
                                  f"after {self.n_past} tokens were fed; call reset() first")
             self._steps.clear()
-            self._current = None
             self._projection = self.net.projection
         step = self._steps.get(n)
         if step is None:
             step = self._steps[n] = _Step(self, n)
-        if self._current is not step:
+        if self.net.sched.allocated_graph is not step.gf:  # another step's, or other work's
             self.net.sched.reset()
             self.net.sched.alloc_graph(step.gf)
-            self._current = step
         return step
 
     def _run(self, ids: np.ndarray) -> np.ndarray:

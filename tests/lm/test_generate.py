@@ -88,6 +88,24 @@ def test_reset_starts_a_new_sequence_on_the_graphs_already_planned(small, monkey
     assert built == [] and gen.n_past == 7
 
 
+def test_other_work_on_the_models_scheduler_between_feeds(small):
+    """Another Generator or a full forward between two feeds of one size (or around a reset)
+    allocated their own graphs on the model's scheduler: the next feed allocates its own again
+    (it raised StateError) and gives the uninterrupted logits."""
+    model, _, _ = small
+    ref = Generator(model, 8)
+    want = [ref.feed([1, 2, 3]), ref.feed([4]), ref.feed([5])]
+    gen = Generator(model, 8)
+    got = [gen.feed([1, 2, 3]), gen.feed([4])]
+    Generator(model, 8).feed([9])
+    got.append(gen.feed([5]))
+    for z, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(z.view(np.uint32), w.view(np.uint32))
+    gen.reset()
+    llama.logits(model, [7, 7, 7])
+    np.testing.assert_array_equal(gen.feed([1, 2, 3]).view(np.uint32), want[0].view(np.uint32))
+
+
 def test_cache_holds_prompt_plus_new_tokens_only(tmp_path, monkeypatch):
     # A 47 KB file with context_length 30000 allocated ctx^2 until a
     # MemoryError or the OOM killer; now the cache has prompt + n - 1 slots.
