@@ -43,6 +43,25 @@ GGOPT_ROW_INLINE ggopt_v8 ggopt_load8(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+/* ggopt_pairwise16 of four rows' sums (lanes 0-7 in lo[r], 8-15 in hi[r]) at once: the same
+   additions with the same operands (lane l first, then lane l + w), across the rows in
+   vectors instead of one row's lanes in scalars. */
+typedef int ggopt_lanes8 __attribute__((vector_size(32)));
+GGOPT_ROW_INLINE void ggopt_sums4_pairwise(const ggopt_v8 *lo, const ggopt_v8 *hi, float *out) {
+    const ggopt_lanes8 first4 = {0, 1, 2, 3, 8, 9, 10, 11}, last4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    ggopt_v8 v0 = lo[0] + hi[0], v1 = lo[1] + hi[1], v2 = lo[2] + hi[2], v3 = lo[3] + hi[3];
+    /* [w0 | w1], [w2 | w3]: w_r[l] = v_r[l] + v_r[l + 4] */
+    ggopt_v8 w01 = __builtin_shuffle(v0, v1, first4) + __builtin_shuffle(v0, v1, last4);
+    ggopt_v8 w23 = __builtin_shuffle(v2, v3, first4) + __builtin_shuffle(v2, v3, last4);
+    /* [u0 u2 | u1 u3], two lanes each: u_r[l] = w_r[l] + w_r[l + 2] */
+    ggopt_v8 u = __builtin_shuffle(w01, w23, (ggopt_lanes8){0, 1, 8, 9, 4, 5, 12, 13}) +
+                 __builtin_shuffle(w01, w23, (ggopt_lanes8){2, 3, 10, 11, 6, 7, 14, 15});
+    /* out[r] = u_r[0] + u_r[1] */
+    ggopt_v8 o = __builtin_shuffle(u, (ggopt_lanes8){0, 4, 2, 6, 0, 4, 2, 6}) +
+                 __builtin_shuffle(u, (ggopt_lanes8){1, 5, 3, 7, 1, 5, 3, 7});
+    memcpy(out, &o, 4 * sizeof(float));
+}
+
 GGOPT_ROW_INLINE void ggopt_dot_rows_halves(const float *a, Py_ssize_t lda,
                                             const float *x, int k, float *out,
                                             const int R) {
@@ -67,6 +86,10 @@ GGOPT_ROW_INLINE void ggopt_dot_rows_halves(const float *a, Py_ssize_t lda,
             lo[r] += ggopt_load8(at) * ggopt_load8(xt);
             hi[r] += ggopt_load8(at + 8) * ggopt_load8(xt + 8);
         }
+    }
+    if (R == 4) {
+        ggopt_sums4_pairwise(lo, hi, out);
+        return;
     }
     for (int r = 0; r < R; r++) {
         float s[16];
@@ -109,10 +132,13 @@ static void ggopt_dot_rows(const float *a, Py_ssize_t lda, const float *x, int k
             s2 += ggopt_tail16(a2 + whole, rest) * xt;
             s3 += ggopt_tail16(a3 + whole, rest) * xt;
         }
-        out[j] = ggopt_lanes_sum(s0);
-        out[j + 1] = ggopt_lanes_sum(s1);
-        out[j + 2] = ggopt_lanes_sum(s2);
-        out[j + 3] = ggopt_lanes_sum(s3);
+        ggopt_v16 s[4] = {s0, s1, s2, s3};
+        ggopt_v8 lo[4], hi[4];
+        for (int r = 0; r < 4; r++) {
+            memcpy(&lo[r], &s[r], sizeof lo[r]);
+            memcpy(&hi[r], (const float *)&s[r] + 8, sizeof hi[r]);
+        }
+        ggopt_sums4_pairwise(lo, hi, out + j);
     }
     for (; j < rows; j++) {
         const float *a0 = a + j * lda;
