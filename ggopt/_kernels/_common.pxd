@@ -41,6 +41,19 @@ cdef extern from *:
     #endif
     }
 
+    /* 1 on an Intel CPU (what oneMKL's fastest code paths are chosen for) */
+    #if defined(__GNUC__)
+    __attribute__((unused))
+    #endif
+    static int ggopt_cpu_intel(void) {
+    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+        __builtin_cpu_init();
+        return __builtin_cpu_is("intel");
+    #else
+        return 0;
+    #endif
+    }
+
     /* the scalar math shared with the CUDA kernels: ggopt_expf, ggopt_sigmoidf, the unary
        functions and their derivatives, the optimizer updates */
     #include "scalar_math.h"
@@ -71,6 +84,7 @@ cdef extern from *:
     float ggopt_sigmoidf(float x) noexcept nogil
     long ggopt_max_n_threads() noexcept nogil
     int ggopt_cpu_narrow() noexcept nogil
+    int ggopt_cpu_intel() noexcept nogil
 
 
 cdef inline int check_n_threads(str fn, int n_threads) except -1:

@@ -25,7 +25,7 @@ from libc.string cimport memset
 
 from scipy.linalg.cython_blas cimport sgemm
 
-from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_narrow
+from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_intel, ggopt_cpu_narrow
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -139,6 +139,12 @@ def use_ilp64_sgemm(size_t address) -> None:
     """
     global _sgemm64
     _sgemm64 = <sgemm64_fn>address
+
+
+def cpu_favours_mkl() -> bool:
+    """Whether oneMKL is the faster ``sgemm`` on this CPU: an Intel one, or one with AVX-512
+    (``backend/cpu/blas.py`` tries it first there, NumPy's OpenBLAS first elsewhere)."""
+    return bool(ggopt_cpu_intel() or not ggopt_cpu_narrow())
 
 
 def ilp64_sgemm_in_use() -> bool:

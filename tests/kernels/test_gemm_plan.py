@@ -42,8 +42,24 @@ def test_the_choice_is_named_and_stable(request):
     name = blas.products_blas()
     assert name == blas.products_blas()
     assert ("SciPy" not in name) == _gemm.ilp64_sgemm_in_use()
-    if blas.sgemm_address("mkl") is not None and "GGOPT_BLAS" not in os.environ:
-        assert name.startswith("oneMKL")  # preferred whenever installed
+    first = "mkl" if _gemm.cpu_favours_mkl() else "openblas"
+    if blas.sgemm_address(first) is not None and "GGOPT_BLAS" not in os.environ:
+        assert name == blas.BLAS_NAMES[first]  # this CPU's preference, whenever installed
+
+
+@pytest.mark.parametrize("favours_mkl", [True, False])
+def test_the_cpu_orders_the_libraries(favours_mkl, monkeypatch, request):
+    """oneMKL first on an Intel CPU or one with AVX-512, NumPy's OpenBLAS first elsewhere."""
+    if request.node.callspec.params["which_sgemm"] != "mkl":
+        pytest.skip("checks the choice itself, once")
+    if blas.sgemm_address("mkl") is None or blas.sgemm_address("openblas") is None:
+        pytest.skip("needs both oneMKL and NumPy's ILP64 OpenBLAS")
+    address = _chosen_address()
+    monkeypatch.setattr(_gemm, "cpu_favours_mkl", lambda: favours_mkl)
+    try:
+        assert blas._choose("") == blas.BLAS_NAMES["mkl" if favours_mkl else "openblas"]
+    finally:
+        _gemm.use_ilp64_sgemm(address)
 
 
 @pytest.mark.parametrize("which", ["mkl", "openblas", "scipy"])

@@ -81,11 +81,14 @@ def products_blas() -> str:
 
     The first that is installed and multiplies a small product exactly, of: **oneMKL** (the
     ``mkl`` package, a dependency on Linux x86-64; its ILP64 ``sgemm_64`` on its sequential
-    threading layer, about 20 % faster than OpenBLAS per thread on an LLM's shapes), NumPy's
-    own **OpenBLAS** when NumPy ships an ILP64 build exporting ``scipy_sgemm_64_`` (or
-    ``sgemm_64_``), as NumPy's wheels do, and **SciPy's** (``scipy.linalg.cython_blas``).
-    The environment variable ``GGOPT_BLAS`` (``mkl``, ``openblas`` or ``scipy``) picks one;
-    naming one that is not available raises :class:`~ggopt.errors.InvalidValueError`.
+    threading layer), NumPy's own **OpenBLAS** when NumPy ships an ILP64 build exporting
+    ``scipy_sgemm_64_`` (or ``sgemm_64_``), as NumPy's wheels do, and **SciPy's**
+    (``scipy.linalg.cython_blas``). oneMKL comes first on an Intel CPU or one with AVX-512
+    (5-20 % faster than OpenBLAS per thread on an LLM's shapes on a Xeon), OpenBLAS first on
+    the others (on an AMD Zen 3 without AVX-512 oneMKL was 0.76-1.0x OpenBLAS per product and
+    0.30x on a 10-wide one; docs/f32-products.md). The environment variable ``GGOPT_BLAS``
+    (``mkl``, ``openblas`` or ``scipy``) picks one; naming one that is not available raises
+    :class:`~ggopt.errors.InvalidValueError`.
     """
     global _products_blas
     with _choose_lock:
@@ -110,7 +113,7 @@ def _choose(wanted: str) -> str:
     if wanted not in ("", *BLAS_CHOICES):
         raise InvalidValueError(f"GGOPT_BLAS={wanted!r}: expected one of {', '.join(BLAS_CHOICES)}"
                                 " (or unset: the fastest installed)")
-    for which in ("mkl", "openblas"):
+    for which in ("mkl", "openblas") if _gemm.cpu_favours_mkl() else ("openblas", "mkl"):
         if wanted not in ("", which):
             continue
         address = sgemm_address(which)
