@@ -251,13 +251,16 @@ def test_bad_arguments():
 
 
 def test_products_are_cut_by_their_shape_alone():
-    """Long reductions (weight gradients) in two halves; else rows, else columns; small
-    products whole (cpu_ops/linalg.py)."""
+    """Long reductions (weight gradients) in two halves; a weight too large for the caches
+    by columns; else rows, else columns; small products whole (cpu_ops/linalg.py)."""
     from ggopt.backend.cpu.ops.linalg import _cut
 
     assert _cut(128, 2048, 128) == "inner"  # a weight gradient over 2048 tokens
     assert _cut(384, 2048, 128) == "inner"
     assert _cut(2048, 128, 384) == "rows"  # a forward product
+    assert _cut(256, 576, 1536) == "rows"  # a projection: its 3.5 MB weight stays cached
+    assert _cut(256, 576, 49152) == "cols"  # the output layer: each half streams half of it
+    assert _cut(49152, 256, 576) == "rows"  # its weight gradient
     assert _cut(100, 300, 500) == "cols"
     assert _cut(500, 784, 500) == "rows"  # MNIST's fc1: K < 4x the output's sides
     assert _cut(64, 64, 64) is None  # below the size worth two pieces
