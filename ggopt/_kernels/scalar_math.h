@@ -24,13 +24,19 @@
    exp(x) = 2^n * exp(r) with n = round(x / ln 2) and |r| <= ln(2) / 2; exp(r) is Cephes'
    polynomial. 2^n is applied as two factors so that n from -150 to 129 never leaves the
    normal exponent range: large x overflow to +inf, very negative x underflow to 0, NaN stays
-   NaN. Branch-free, so loops over it vectorize. */
+   NaN. Branch-free, so loops over it vectorize: the clamps (to 89 and -104, NaN passing) and
+   the NaN test are bit masks, not selects, which GCC threaded through the rest of the function
+   and vectorized both ways of (twice the work; the same bits for every input either way). */
 GGOPT_FN float ggopt_expf(float x) {
-    union { float f; int32_t i; } s1, s2;
-    float xc = x > 89.0f ? 89.0f : x;
-    xc = xc < -104.0f ? -104.0f : xc;
+    union { float f; int32_t i; } s1, s2, c, tz;
+    int32_t hi = -(int32_t)(x > 89.0f), lo = -(int32_t)(x < -104.0f);
+    c.f = x;
+    c.i = (c.i & ~(hi | lo)) | (0x42b20000 & hi) | ((int32_t)0xc2d00000 & lo);  /* 89, -104 */
+    float xc = c.f;
     float t = xc * 1.44269504088896341f;
-    t = (t == t) ? t : 0.0f;
+    tz.f = t;
+    tz.i &= -(int32_t)(t == t);  /* NaN -> +0 */
+    t = tz.f;
     float fn = (t + 12582912.0f) - 12582912.0f;
     float r = xc - fn * 0.693359375f;
     r = r - fn * -2.12194440e-4f;
