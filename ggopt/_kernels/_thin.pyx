@@ -47,17 +47,22 @@ cdef Py_ssize_t ONE_TOKEN_ROWS = 4
 cdef Py_ssize_t ROWS_MAX_COLS = 512
 # Multiply-adds per block of work shared out over the threads (about 15 us on one core).
 cdef Py_ssize_t BLOCK_MACS = 1 << 19
-# A plan of fewer multiply-adds runs on the calling thread alone (LoRA's rank-8 adapters, at
-# most 3.1M, at 256 tokens): a parallel region costs about 1 ms when the machine's cores are
-# shared, more than such a product takes (20-200 us; scaled up where idle threads sleep at once).
-cdef Py_ssize_t PARALLEL_MIN_MACS = min_parallel_work(1 << 22)
+# A plan of fewer multiply-adds runs on the calling thread alone (scaled up where idle threads
+# sleep at once). With idle threads spinning (wait_policy.py) two threads take 0.5-0.65x a
+# rank-8 adapter's time (B h + add, 1536 x 256: 254 -> 166 us), but where another process
+# holds a core each parallel region can wait about 1 ms for its second thread. SmolLM2's LoRA
+# step (AMD EPYC Zen 3, 2 threads, medians, 2026-12-05): at this threshold, which takes the
+# 1536-wide adapters (3.1M) and leaves the 576-wide (1.2M), 1.20 -> 1.15 s, and 3.28 -> 3.44 s
+# beside a process spinning on one core; everything parallel 1.20 -> 1.12 s but 3.42 -> 4.18 s.
+cdef Py_ssize_t DEFAULT_PARALLEL_MIN_MACS = min_parallel_work(2 << 20)
+cdef Py_ssize_t PARALLEL_MIN_MACS = DEFAULT_PARALLEL_MIN_MACS
 
 
-def set_parallel_min(Py_ssize_t macs):
-    """Run plans of fewer than ``macs`` multiply-adds on one thread (for benchmarks and tests;
-    the results are the same bits either way)."""
+def set_parallel_min(macs):
+    """Run plans of fewer than ``macs`` multiply-adds on one thread (None: the default; for
+    benchmarks and tests: the results are the same bits either way)."""
     global PARALLEL_MIN_MACS
-    PARALLEL_MIN_MACS = macs
+    PARALLEL_MIN_MACS = DEFAULT_PARALLEL_MIN_MACS if macs is None else int(macs)
 
 
 def set_block_macs(Py_ssize_t macs):

@@ -18,7 +18,7 @@ from ggopt.errors import InvalidValueError, ShapeError
 @pytest.fixture(autouse=True)
 def _defaults():
     yield
-    _thin.set_parallel_min(1 << 22)
+    _thin.set_parallel_min(None)
     _thin.set_block_macs(1 << 19)
     _thin.set_narrow_tiles(None)
 
