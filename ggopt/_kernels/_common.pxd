@@ -41,16 +41,17 @@ cdef extern from *:
     #endif
     }
 
-    /* 1 on an Intel CPU (what oneMKL's fastest code paths are chosen for) */
+    /* 1 where oneMKL is taken to be the faster sgemm: an Intel CPU, or one with AVX-512 (and
+       wherever the CPU cannot be asked); 0 on the others (backend/cpu/blas.py) */
     #if defined(__GNUC__)
     __attribute__((unused))
     #endif
-    static int ggopt_cpu_intel(void) {
-    #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+    static int ggopt_cpu_favours_mkl(void) {
+    #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
         __builtin_cpu_init();
-        return __builtin_cpu_is("intel");
+        return __builtin_cpu_is("intel") || __builtin_cpu_supports("avx512f");
     #else
-        return 0;
+        return 1;
     #endif
     }
 
@@ -84,7 +85,7 @@ cdef extern from *:
     float ggopt_sigmoidf(float x) noexcept nogil
     long ggopt_max_n_threads() noexcept nogil
     int ggopt_cpu_narrow() noexcept nogil
-    int ggopt_cpu_intel() noexcept nogil
+    int ggopt_cpu_favours_mkl() noexcept nogil
 
 
 cdef inline int check_n_threads(str fn, int n_threads) except -1:

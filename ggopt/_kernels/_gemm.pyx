@@ -25,7 +25,7 @@ from libc.string cimport memset
 
 from scipy.linalg.cython_blas cimport sgemm
 
-from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_intel, ggopt_cpu_narrow
+from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_favours_mkl, ggopt_cpu_narrow
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
 from ggopt._kernels._openmp_helpers import min_parallel_work
@@ -142,9 +142,10 @@ def use_ilp64_sgemm(size_t address) -> None:
 
 
 def cpu_favours_mkl() -> bool:
-    """Whether oneMKL is the faster ``sgemm`` on this CPU: an Intel one, or one with AVX-512
-    (``backend/cpu/blas.py`` tries it first there, NumPy's OpenBLAS first elsewhere)."""
-    return bool(ggopt_cpu_intel() or not ggopt_cpu_narrow())
+    """Whether oneMKL is taken to be the faster ``sgemm`` here: on an Intel CPU, one with
+    AVX-512, or one the build cannot ask (not x86-64, or neither GCC nor clang); False on the
+    others (``backend/cpu/blas.py`` tries NumPy's OpenBLAS first there)."""
+    return bool(ggopt_cpu_favours_mkl())
 
 
 def ilp64_sgemm_in_use() -> bool:

@@ -31,6 +31,8 @@ from libc.stdlib cimport free, malloc, realloc
 from ggopt._kernels._common cimport check_n_threads, ggopt_cpu_narrow
 from ggopt._kernels._openmp cimport omp_get_thread_num
 
+import operator
+
 from ggopt._kernels._openmp_helpers import min_parallel_work
 
 from ggopt.errors import ShapeError
@@ -62,7 +64,7 @@ def set_parallel_min(macs):
     """Run plans of fewer than ``macs`` multiply-adds on one thread (None: the default; for
     benchmarks and tests: the results are the same bits either way)."""
     global PARALLEL_MIN_MACS
-    PARALLEL_MIN_MACS = DEFAULT_PARALLEL_MIN_MACS if macs is None else int(macs)
+    PARALLEL_MIN_MACS = DEFAULT_PARALLEL_MIN_MACS if macs is None else operator.index(macs)
 
 
 def set_block_macs(Py_ssize_t macs):

@@ -31,7 +31,7 @@ GGOPT_FN float ggopt_expf(float x) {
     union { float f; int32_t i; } s1, s2, c, tz;
     int32_t hi = -(int32_t)(x > 89.0f), lo = -(int32_t)(x < -104.0f);
     c.f = x;
-    c.i = (c.i & ~(hi | lo)) | (0x42b20000 & hi) | ((int32_t)0xc2d00000 & lo);  /* 89, -104 */
+    c.i = (c.i & ~(hi | lo)) | (0x42b20000 & hi) | (-0x3d300000 & lo);  /* 89, -104 (0xc2d00000) */
     float xc = c.f;
     float t = xc * 1.44269504088896341f;
     tz.f = t;

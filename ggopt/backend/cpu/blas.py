@@ -71,7 +71,8 @@ BLAS_NAMES = {"mkl": "oneMKL (sgemm_64, sequential)", "openblas": "NumPy's OpenB
               "scipy": "SciPy's BLAS (sgemm)"}
 """What :func:`products_blas` returns for each choice ``GGOPT_BLAS`` may name."""
 BLAS_CHOICES = tuple(BLAS_NAMES)
-"""What ``GGOPT_BLAS`` may name, in the order tried when it is unset."""
+"""What ``GGOPT_BLAS`` may name; unset, mkl and openblas are tried in the order
+:func:`products_blas` describes (it depends on the CPU), then scipy."""
 
 _MKL_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL, mkl_service.h
 
@@ -84,9 +85,11 @@ def products_blas() -> str:
     threading layer), NumPy's own **OpenBLAS** when NumPy ships an ILP64 build exporting
     ``scipy_sgemm_64_`` (or ``sgemm_64_``), as NumPy's wheels do, and **SciPy's**
     (``scipy.linalg.cython_blas``). oneMKL comes first on an Intel CPU or one with AVX-512
-    (5-20 % faster than OpenBLAS per thread on an LLM's shapes on a Xeon), OpenBLAS first on
-    the others (on an AMD Zen 3 without AVX-512 oneMKL was 0.76-1.0x OpenBLAS per product and
-    0.30x on a 10-wide one; docs/f32-products.md). The environment variable ``GGOPT_BLAS``
+    (5-20 % faster than OpenBLAS per thread on an LLM's shapes on a Xeon with AVX-512; Intel
+    CPUs without it and AMD's with it were not measured), OpenBLAS first on the others (on an
+    AMD Zen 3 without AVX-512 oneMKL ran at 0.76-1.02x OpenBLAS's speed on SmolLM2's and
+    MNIST's products, 0.30x on a 10-wide one, 1.32x on that one's ``dW``, and whole fine-tune
+    steps took 4-5 % longer; docs/f32-products.md). The environment variable ``GGOPT_BLAS``
     (``mkl``, ``openblas`` or ``scipy``) picks one; naming one that is not available raises
     :class:`~ggopt.errors.InvalidValueError`.
     """
