@@ -88,20 +88,6 @@ static double int8_loop(void) {
     "vmulps %%ymm14, %%ymm13, %%ymm11\n"    /* m_w * s_x */ \
     "vaddps %%ymm11, %%ymm" #acc ", %%ymm" #acc "\n"   /* + acc */
 
-static double int8_block_loop(void) {
-    double t = now();
-    __asm__ volatile(
-        INIT
-        "mov %0, %%rcx\n"
-        "1:\n"
-        BLOCK(4) BLOCK(5) BLOCK(6) BLOCK(7)
-        "dec %%rcx\n jnz 1b\n"
-        :: "r"(N / 4)
-        : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-          "xmm9", "xmm10", "xmm11", "xmm13", "xmm14", "xmm15");
-    return 4.0 * 8.0 * 64.0 * (double)(N / 4) / (now() - t);
-}
-
 /* Q4_K's 32-code sub-block: the 16-bit sums widened times the sub-block's scale (vpmaddwd)
    into a 32-bit sum; the float work comes once per 256 codes (left out here) */
 #define KBLOCK(acc) \
@@ -110,19 +96,24 @@ static double int8_block_loop(void) {
     "vpmaddwd %%ymm8, %%ymm13, %%ymm10\n" \
     "vpaddd %%ymm10, %%ymm" #acc ", %%ymm" #acc "\n"
 
-static double int8_kblock_loop(void) {
-    double t = now();
-    __asm__ volatile(
-        INIT
-        "mov %0, %%rcx\n"
-        "1:\n"
-        KBLOCK(4) KBLOCK(5) KBLOCK(6) KBLOCK(7)
-        "dec %%rcx\n jnz 1b\n"
-        :: "r"(N / 4)
-        : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
-          "xmm9", "xmm10", "xmm13", "xmm14", "xmm15");
-    return 4.0 * 8.0 * 64.0 * (double)(N / 4) / (now() - t);
-}
+/* a loop of four blocks of B, each into its own accumulator (ymm4..7) */
+#define BLOCK_LOOP(name, B)                                                                  \
+    static double name(void) {                                                               \
+        double t = now();                                                                    \
+        __asm__ volatile(                                                                    \
+            INIT                                                                             \
+            "mov %0, %%rcx\n"                                                                \
+            "1:\n"                                                                           \
+            B(4) B(5) B(6) B(7)                                                              \
+            "dec %%rcx\n jnz 1b\n"                                                          \
+            :: "r"(N / 4)                                                                    \
+            : "rcx", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",  \
+              "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");                  \
+        return 4.0 * 8.0 * 64.0 * (double)(N / 4) / (now() - t);                            \
+    }
+
+BLOCK_LOOP(int8_block_loop, BLOCK)
+BLOCK_LOOP(int8_kblock_loop, KBLOCK)
 
 static double best(double (*loop)(void)) {  /* the faster of two runs (the clock ramps up) */
     double a = loop(), b = loop();
