@@ -123,7 +123,8 @@ def test_op_params_are_frozen_and_named():
              ggopt.rms_norm(ctx, x, 1e-5), ggopt.rope(ctx, x, pos, 4, ggopt.ROPE_TYPE_NORMAL),
              ggopt.diag_mask_inf(ctx, x, 0), ggopt.swiglu(ctx, x), ggopt.concat(ctx, x, x, 2),
              ggopt.conv_2d_direct(ctx, k, x, 1, 1, 1, 1, 1, 1),
-             ggopt.cross_entropy_loss_ids(ctx, x, ctx.new_tensor_3d(ggopt.I32, 6, 2, 1))]
+             ggopt.cross_entropy_loss_ids(ctx, x, ctx.new_tensor_3d(ggopt.I32, 6, 2, 1)),
+             ggopt.set_ggml_order(ggopt.mul_mat(ctx, x, x))]
     kinds = {type(n.op_params) for n in nodes}
     assert kinds == set(OP_PARAMS)
     assert nodes[0].op_params.s == 2.0 and nodes[2].op_params.s0 == 1

@@ -55,6 +55,7 @@ cdef extern from *:
     typedef struct {
         float theta_scale, freq_scale, ext_factor, attn_factor, sin_sign;
         float corr_dims[2];
+        int fused; /* ggml order: x0*c - x1*s as fmaf(x0, c, -(x1*s)) (docs/ggml-order.md) */
         Py_ssize_t n_dims;
     } ggopt_rope_t;
 
@@ -89,8 +90,20 @@ cdef extern from *:
        GCC 12 as complex multiplication, with fused multiply-adds despite -ffp-contract=off. */
     GGOPT_ROW_INLINE void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                                          Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
-                                         const float *cache, float *tmp) {
+                                         const float *cache, float *tmp, int fused) {
         Py_ssize_t half = n_dims / 2;
+        if (fused) {  /* ggml's order: each pair as GCC fused it in llama.cpp's AVX2 build */
+            for (Py_ssize_t i0 = 0; i0 < n_dims; i0 += 2) {
+                float c = cache[i0], s = cache[i0 + 1];
+                Py_ssize_t k0 = neox ? i0 / 2 : i0;
+                Py_ssize_t k1 = neox ? i0 / 2 + half : i0 + 1;
+                float x0 = GGOPT_RX(k0), x1 = GGOPT_RX(k1);
+                GGOPT_RD(k0) = fmaf(x0, c, -(x1 * s));
+                GGOPT_RD(k1) = fmaf(x0, s, x1 * c);
+            }
+            for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) GGOPT_RD(i0) = GGOPT_RX(i0);
+            return;
+        }
         if (xs == 4 && ds == 4) {
             const float *fx = (const float *)x;
             float *fd = (float *)d;
@@ -147,13 +160,14 @@ cdef extern from *:
             char *dr = db + i3 * dst[0] + i2 * dst[1];
             for (Py_ssize_t i1 = 0; i1 < n1; i1++)
                 ggopt_rope_row(dr + i1 * dst[2], dst[3], xr + i1 * xst[2], xst[3], ne0,
-                               r->n_dims, neox, cs, tmp);
+                               r->n_dims, neox, cs, tmp, r->fused);
         }
     }
     """
     ctypedef struct ggopt_rope_t:
         float theta_scale, freq_scale, ext_factor, attn_factor, sin_sign
         float corr_dims[2]
+        int fused
         Py_ssize_t n_dims
     void ggopt_rope_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast,
                               float beta_slow, float *dims) noexcept nogil
@@ -182,9 +196,11 @@ cdef void _tables(const ggopt_rope_t *r, const char *ff, Py_ssize_t ffs, int64_t
 def rope(const float[:, :, :, :] x not None, const int32_t[:] pos not None, object freq_factors,
          float[:, :, :, :] dst not None, int n_dims, bint neox, int n_ctx_orig, float freq_base,
          float freq_scale, float ext_factor, float attn_factor, float beta_fast,
-         float beta_slow, float sin_sign, int n_threads):
+         float beta_slow, float sin_sign, int n_threads, bint fused=False):
     """``dst = rope(x)`` (``sin_sign = 1``, ggml_rope_ext) or its gradient (``sin_sign = -1``,
-    ggml_rope_ext_back); ``freq_factors`` is None or a float32 vector of ``>= n_dims/2``."""
+    ggml_rope_ext_back); ``freq_factors`` is None or a float32 vector of ``>= n_dims/2``.
+    ``fused``: each pair rotated in ggml's order (``fmaf(x0, c, -(x1*s))``, ``fmaf(x0, s, x1*c)``;
+    docs/ggml-order.md)."""
     check_n_threads("rope", n_threads)
     cdef const float[:] ffv
     cdef const char *ff = NULL
@@ -221,6 +237,7 @@ def rope(const float[:, :, :, :] x not None, const int32_t[:] pos not None, obje
     r.ext_factor = ext_factor
     r.attn_factor = attn_factor
     r.sin_sign = sin_sign
+    r.fused = fused
     r.n_dims = n_dims
     ggopt_rope_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow, r.corr_dims)
     for k in range(4):

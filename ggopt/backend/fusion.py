@@ -44,6 +44,8 @@ def _summable(prod: Tensor, add: Tensor, other: Tensor | None,
     element for element, and no source of ``prod`` is ``other``'s memory."""
     if prod.op not in _PRODUCTS or add.op is not Op.ADD or other is None or other is prod:
         return False
+    if prod.op_params is not None:  # a product in ggml's order has its own kernels
+        return False
     if uses.get(prod, 0) != 1 or prod.flags & TensorFlag.OUTPUT or prod.view_src is not None:
         return False
     if prod.type is not F32 or add.type is not F32 or prod.ne != add.ne or other.ne != add.ne:

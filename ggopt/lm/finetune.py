@@ -169,12 +169,13 @@ class FineTuner:
 
     def _logits(self, ctx: Context) -> Tensor:
         """The micro-batch's logits in ``ctx``: the weights rounded to BF16 in the graph when
-        the fine-tune's (or the model's) compute type is bf16."""
+        the fine-tune's (or the model's) compute type is bf16; ggopt's float order (training
+        needs no llama.cpp bits, and its products are faster)."""
         bf16 = "bf16" in (self.fp.compute_type, self.net.compute_type)
         net = self.net if self.dropout is None else \
             dataclasses.replace(self.net, projection=self.dropout.project)
         return build_logits(ctx, net, self.inp, output=False,
-                            compute_type="bf16" if bf16 else "f32")
+                            compute_type="bf16" if bf16 else "f32", ggml_order=False)
 
     @staticmethod
     def _split(windows: Windows, fp: FinetuneParams) -> tuple[int, int]:

@@ -45,7 +45,11 @@ class _Step:
         net = gen.net
         self.ctx = ggopt.Context()
         self.inputs = make_inputs(net, 1, n_tokens, n_kv=gen.cache.n_kv)
-        self.graph: Graph = build_graph(self.ctx, net, self.inputs, gen.cache, last_only=True)
+        # ggopt's float order: the cache stages new tokens after its slots, so a step's
+        # attention adds them where llama.cpp's does not and ggml's order could not give its
+        # bits; it would cost speed (docs/ggml-order.md)
+        self.graph: Graph = build_graph(self.ctx, net, self.inputs, gen.cache, last_only=True,
+                                        ggml_order=False)
         self.gf = ggopt.new_graph_custom(self.ctx, GRAPH_SIZE, False)
         for write in self.graph.writes:  # layer by layer: each write before its layer reads
             ggopt.build_forward_expand(self.gf, write)

@@ -56,6 +56,7 @@ from .flags import get_name, set_input, set_loss, set_name, set_output, set_para
 from .linalg import mul_mat, out_prod
 from .norm import NormParams, norm, norm_back, rms_norm, rms_norm_back
 from .optim import opt_step_adamw, opt_step_sgd
+from .order import MulMatParams, has_ggml_order, set_ggml_order
 from .pointwise import (
     GluParams,
     add1,
@@ -120,9 +121,11 @@ __all__ = [
     "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX", "soft_max_ext_back", "diag_mask_inf",
     "diag_mask_zero", "swiglu", "swiglu_swapped", "swiglu_split", "silu_back", "sin", "cos",
     "add1", "concat",
+    # ggml's float order (llama.cpp's bits)
+    "set_ggml_order", "has_ggml_order",
 ]
 
 #: The typed parameters of the ops that have some (``Tensor.op_params``).
 OP_PARAMS = (ScaleParams, SoftMaxParams, Im2ColParams, Conv2DParams, PoolParams, ViewParams,
              PermuteParams, AccParams, NormParams, RopeParams, DiagMaskParams, GluParams,
-             ConcatParams, CrossEntropyIdsParams)
+             ConcatParams, CrossEntropyIdsParams, MulMatParams)

@@ -19,9 +19,11 @@ __all__ = ["NormParams", "norm", "norm_back", "rms_norm", "rms_norm_back"]
 
 @dataclass(frozen=True, slots=True)
 class NormParams:
-    """``Op.NORM``, ``Op.RMS_NORM`` and their gradient ops: the epsilon under the root."""
+    """``Op.NORM``, ``Op.RMS_NORM`` and their gradient ops: the epsilon under the root;
+    ``ggml_order``: an RMS_NORM in ggml's float order (:func:`ggopt.set_ggml_order`)."""
 
     eps: float
+    ggml_order: bool = False
 
 
 def _norm_op(fn: str, op: Op, ctx: Context, a: Tensor, eps: float) -> Tensor:

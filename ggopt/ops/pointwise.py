@@ -23,9 +23,11 @@ __all__ = ["GluParams", "add1", "cos", "silu_back", "sin", "swiglu", "swiglu_spl
 
 @dataclass(frozen=True, slots=True)
 class GluParams:
-    """``Op.GLU`` (swiglu): with one source, ``swapped`` takes the gate from the second half."""
+    """``Op.GLU`` (swiglu): with one source, ``swapped`` takes the gate from the second half;
+    ``ggml_order``: a two-source swiglu in ggml's float order (:func:`ggopt.set_ggml_order`)."""
 
     swapped: bool
+    ggml_order: bool = False
 
 
 def _swiglu(fn: str, ctx: Context, a: Tensor, swapped: bool) -> Tensor:

@@ -51,6 +51,8 @@ class RopeParams:
     attn_factor: float
     beta_fast: float
     beta_slow: float
+    #: a forward ROPE in ggml's float order (:func:`ggopt.set_ggml_order`)
+    ggml_order: bool = False
 
     @property
     def neox(self) -> bool:

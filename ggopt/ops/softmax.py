@@ -39,6 +39,10 @@ class SoftMaxParams:
 
     scale: float
     max_bias: float
+    #: a SOFT_MAX in ggml's float order (:func:`ggopt.set_ggml_order`), its rows as if padded
+    #: with masked slots to a multiple of 8 (``kv_padded``)
+    ggml_order: bool = False
+    kv_padded: bool = False
 
 
 def soft_max(ctx: Context, a: Tensor) -> Tensor:

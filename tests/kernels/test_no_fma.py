@@ -14,8 +14,10 @@ import pytest
 import ggopt._kernels
 
 # Kernels whose C source asks for fused multiply-adds by name (fmaf, _mm512_fmadd_ps): the
-# low-precision products are defined as vdpbf16ps's fused steps (docs/low-precision.md).
-FUSED_BY_DEFINITION = {"_lowp"}
+# low-precision products are defined as vdpbf16ps's fused steps (docs/low-precision.md); ggml's
+# float order, and the rope's ggml-order rotation, are llama.cpp's fused steps
+# (docs/ggml-order.md).
+FUSED_BY_DEFINITION = {"_lowp", "_ggml_order", "_rope"}
 FMA = re.compile(r"\bv?f(n)?m(add|sub)(sub|add)?(132|213|231)[ps][sd]\b")
 
 

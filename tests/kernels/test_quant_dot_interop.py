@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from ggopt import quants
 from ggopt._kernels import _quant_dot
 from ggopt.types import GGType
+from tests.support.ggml_lib import GGML, ggml_q8, load_ggml, ptr
 from tools.kquants import k_blocks
 
 pytestmark = [
@@ -25,39 +25,10 @@ pytestmark = [
                        reason="set GGOPT_INTEROP=1 to run tests against a real llama.cpp"),
 ]
 
-# weight type -> (ggml's activation quantizer, its block bytes, elements, the vec_dot)
-GGML = {GGType.Q4_0: ("quantize_row_q8_0", 34, 32, "ggml_vec_dot_q4_0_q8_0"),
-        GGType.Q5_0: ("quantize_row_q8_0", 34, 32, "ggml_vec_dot_q5_0_q8_0"),
-        GGType.Q8_0: ("quantize_row_q8_0", 34, 32, "ggml_vec_dot_q8_0_q8_0"),
-        GGType.Q4_1: ("quantize_row_q8_1", 36, 32, "ggml_vec_dot_q4_1_q8_1"),
-        GGType.Q5_1: ("quantize_row_q8_1", 36, 32, "ggml_vec_dot_q5_1_q8_1"),
-        GGType.Q2_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q2_K_q8_K"),
-        GGType.Q3_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q3_K_q8_K"),
-        GGType.Q4_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q4_K_q8_K"),
-        GGType.Q5_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q5_K_q8_K"),
-        GGType.Q6_K: ("quantize_row_q8_K", 292, 256, "ggml_vec_dot_q6_K_q8_K")}
-
 
 @pytest.fixture(scope="module")
 def ggml() -> ctypes.CDLL:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    path = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
-    if not path.exists():
-        pytest.skip(f"no {path}")
-    lib = ctypes.CDLL(str(path))
-    lib.ggml_cpu_init()
-    return lib
-
-
-def _ptr(a: np.ndarray) -> ctypes.c_void_p:
-    return a.ctypes.data_as(ctypes.c_void_p)
-
-
-def _ggml_q8(lib: ctypes.CDLL, qtype: GGType, x: np.ndarray) -> np.ndarray:
-    name, size, qb, _ = GGML[qtype]
-    out = np.zeros((x.size // qb, size), np.uint8)
-    getattr(lib, name)(_ptr(x), _ptr(out), ctypes.c_int64(x.size))
-    return out
+    return load_ggml()
 
 
 def _rows(qb: int) -> list[np.ndarray]:
@@ -83,7 +54,7 @@ def _f16(b: np.ndarray) -> np.ndarray:
 def test_activation_rounding_is_ggml_x86_bit_for_bit(ggml, qtype):
     _, size, qb, _ = GGML[qtype]
     for x in _rows(qb):
-        g = _ggml_q8(ggml, qtype, x)
+        g = ggml_q8(ggml, qtype, x)
         k = x.size
         q, d = np.empty((1, k), np.int8), np.empty((1, k // qb), np.float32)
         s, sums = np.empty((1, k // 32), np.float32), np.empty((1, k // 16), np.int32)
@@ -115,11 +86,11 @@ def test_products_are_ggml_vec_dot_to_float_rounding(ggml, qtype):
     theirs = np.empty((n, m), np.float32)
     dot = getattr(ggml, GGML[qtype][3])
     for i in range(n):
-        y = _ggml_q8(ggml, qtype, x[i])
+        y = ggml_q8(ggml, qtype, x[i])
         for j in range(m):
             s, row = ctypes.c_float(), np.ascontiguousarray(raw[j])
-            dot(ctypes.c_int(k), ctypes.byref(s), ctypes.c_size_t(0), _ptr(row),
-                ctypes.c_size_t(0), _ptr(y), ctypes.c_size_t(0), ctypes.c_int(1))
+            dot(ctypes.c_int(k), ctypes.byref(s), ctypes.c_size_t(0), ptr(row),
+                ctypes.c_size_t(0), ptr(y), ctypes.c_size_t(0), ctypes.c_int(1))
             theirs[i, j] = s.value
     f32 = x @ quants.dequantize(raw, qtype).T
     err, rounding = np.abs(ours - theirs).max(), np.abs(f32 - theirs).max()

@@ -10,9 +10,9 @@ import pytest
 from gguf import GGUFReader
 
 import ggopt
-from ggopt._kernels import _quant_dot
+from ggopt._kernels import _ggml_order, _quant_dot
 from ggopt.errors import DTypeError, InvalidValueError, StateError
-from ggopt.lm import SamplingParams, generate, perplexity
+from ggopt.lm import SamplingParams, generate, lora, perplexity
 from ggopt.lm.finetune import FinetuneParams, FineTuner
 from ggopt.models import llama
 from ggopt.models.llama.graph import is_read_only
@@ -124,17 +124,52 @@ def test_keep_generates_its_own_greedy_tokens_and_evaluates_near_the_f32_load(tm
     assert b.n_chunks == a.n_chunks and 0 < abs(b.ppl / a.ppl - 1) < 0.01
 
 
-def test_kept_logits_are_the_same_bits_for_1_and_2_threads(tmp_path):
-    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep")
+@pytest.mark.parametrize("order", [True, False], ids=["ggml-order", "ggopt-order"])
+def test_kept_logits_are_the_same_bits_for_1_2_and_3_threads(tmp_path, order):
+    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep",
+                      ggml_order=order)
     old = ggopt.get_n_threads()
+    outs = []
     try:
-        ggopt.set_n_threads(1)
-        one = llama.logits(kept, IDS)
-        ggopt.set_n_threads(2)
-        two = llama.logits(kept, IDS)
+        for n in (1, 2, 3):
+            ggopt.set_n_threads(n)
+            outs.append(llama.logits(kept, IDS))
     finally:
         ggopt.set_n_threads(old)
-    assert np.array_equal(one, two)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0])
+def test_kept_models_compute_in_ggml_order_by_default(tmp_path, qtype):
+    """``base_type="keep"`` gives llama.cpp's bits (ggml's float order; against llama.cpp
+    itself: tests/models/test_smollm_interop.py), the same values as ggopt's order to the
+    8-bit rounding, and the same bits on the lane-by-lane kernels as on AVX2."""
+    path = _file(tmp_path, qtype)
+    kept = llama.load(path, progress=False, base_type="keep")
+    fast = llama.load(path, progress=False, base_type="keep", ggml_order=False)
+    assert kept.net.ggml_order and not fast.net.ggml_order
+    assert not llama.load(path, progress=False).net.ggml_order
+    got = llama.logits(kept, IDS)
+    np.testing.assert_allclose(got, llama.logits(fast, IDS), atol=0.05 * np.abs(got).max())
+    _ggml_order.force_portable(True)
+    try:
+        assert np.array_equal(llama.logits(kept, IDS), got)
+    finally:
+        _ggml_order.force_portable(False)
+
+
+def test_training_graphs_keep_ggopt_s_order(tmp_path):
+    """A LoRA fine-tune of a kept model trains in ggopt's order (faster products; the
+    gradients need no llama.cpp bits): no node of its graph is set to ggml's."""
+    kept = llama.load(_file(tmp_path, Q.Q4_1), progress=False, base_type="keep")
+    lora.attach(kept.net, lora.create(kept.net, 2, 4.0))
+    tuner = FineTuner(kept.net, windows(8, 32, 256), FinetuneParams())
+    out = tuner._logits(ggopt.Context())
+    ordered = llama.build_logits(ggopt.Context(), kept.net, tuner.inp)
+    graph = ggopt.new_graph_custom(ggopt.Context(), 8192, False)
+    ggopt.build_forward_expand(graph, out)
+    assert not any(getattr(n.op_params, "ggml_order", False) for n in graph.nodes)
+    assert getattr(ordered.op_params, "ggml_order", False)  # the tied Q8_0 output product
 
 
 def test_a_kept_weight_is_frozen(tmp_path):

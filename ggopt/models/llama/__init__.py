@@ -16,18 +16,17 @@ from .graph import (
     build_graph,
     build_logits,
     build_model,
-    get_weights,
     init_weights,
     make_cache,
     make_inputs,
     param_shapes,
     set_segments,
     set_weights,
-    weight_map,
 )
 from .loader import Model, load, read_config, read_weights
 from .run import logits
 from .vocab import Tokenizer
+from .weight_map import get_weights, weight_map
 
 __all__ = ["ARCH", "N_VOCAB_BYTES", "Config", "config_from_fields", "byte_tokens", "write_f32",
            "Graph", "Inputs", "KVCache", "LlamaModel", "build_graph", "build_logits",

@@ -19,26 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 import ggopt
 
 from ... import F32, I32, Context, Tensor
-from ...backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_get, tensor_set
+from ...backend import Scheduler, alloc_ctx_tensors, tensor_fill, tensor_set
 from ...backend.buffer import buffer_of
 from ...errors import DTypeError, ShapeError, StateError
-from ...lowp import widen
-from ...quants import dequantize
 from ...types import BF16
 from .compute import check_compute_type
 from .config import Config
 
 __all__ = ["LlamaModel", "Projection", "Inputs", "KVCache", "Graph", "param_shapes",
            "init_weights", "build_model", "make_inputs", "make_cache", "build_logits",
-           "build_graph", "set_masks", "set_segments", "set_weights", "get_weights", "weight_map",
-           "WeightMap", "is_read_only"]
+           "build_graph", "set_masks", "set_segments", "set_weights", "is_read_only"]
 
 
 def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
@@ -127,6 +124,9 @@ class LlamaModel:
     projection: Projection | None = None
     #: the default ``compute_type`` of its graphs (:mod:`.compute`)
     compute_type: str = "f32"
+    #: its graphs' forward ops in ggml's float order by default (llama.cpp's bits; the loader
+    #: sets it for ``base_type="keep"``): see :func:`build_graph`
+    ggml_order: bool = False
 
 
 @dataclasses.dataclass
@@ -307,10 +307,11 @@ def _stage(c: Context, cache: KVCache, i: int, k: Tensor, vt: Tensor,
 
 
 def build_logits(ctx: Context, model: LlamaModel, inp: Inputs, output: bool = True,
-                 compute_type: str | None = None) -> Tensor:
+                 compute_type: str | None = None, ggml_order: bool | None = None) -> Tensor:
     """The logits ``[n_vocab, n_tokens*n_seq]`` of :func:`build_graph` without a cache;
     ``output=False`` for a loss over them (the logits then die at their gradient)."""
-    return build_graph(ctx, model, inp, output=output, compute_type=compute_type).logits
+    return build_graph(ctx, model, inp, output=output, compute_type=compute_type,
+                       ggml_order=ggml_order).logits
 
 
 def _rounded(c: Context, params: dict[str, Tensor], compute_type: str
@@ -333,13 +334,26 @@ def _rounded(c: Context, params: dict[str, Tensor], compute_type: str
 
 def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | None = None,
                 last_only: bool = False, output: bool = True,
-                compute_type: str | None = None) -> Graph:
+                compute_type: str | None = None, ggml_order: bool | None = None) -> Graph:
     """llama.cpp's graph in ``ctx``: logits ``[n_vocab, n_tokens*n_seq]`` (only the last
     token's with ``last_only``), flagged as output unless ``output=False`` (an output is
     never freed nor overwritten: the planner keeps the logits to the end of the graph).
     ``compute_type`` (default: the model's): ``"bf16"`` rounds every F32 weight matrix to BF16
-    once in this graph for its products (:mod:`.compute`)."""
+    once in this graph for its products (:mod:`.compute`). ``ggml_order`` (default: the
+    model's): the RMS norms, ropes, softmaxes, SwiGLUs, attention products and the products
+    of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights in ggml's float order (:func:`ggopt.set_ggml_order`,
+    docs/ggml-order.md); F32, F16/BF16 and K-quant weights, and a projection's products, keep
+    ggopt's."""
     cfg, p, c, g = model.cfg, model.params, ctx, ggopt
+    ordered = model.ggml_order if ggml_order is None else bool(ggml_order)
+
+    def go(t: Tensor) -> Tensor:  # t in ggml's order, where this graph asks and it has one
+        return g.set_ggml_order(t) if ordered and g.has_ggml_order(t) else t
+
+    def weight_product(w: Tensor, x: Tensor) -> Tensor:
+        y = g.mul_mat(c, w, x)
+        return go(y) if w.type.is_quantized else y
+
     fam = cfg.family
     weight = _rounded(c, p, check_compute_type(
         model.compute_type if compute_type is None else compute_type, "build_graph"))
@@ -354,7 +368,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
                          "no mask_swa (make them with make_inputs for this model)")
 
     def norm(x: Tensor, w: Tensor) -> Tensor:
-        return g.mul(c, g.rms_norm(c, x, cfg.eps), w)
+        return g.mul(c, go(g.rms_norm(c, x, cfg.eps)), w)
 
     def heads(x: Tensor, n_head: int, i: int, qk_norm: Tensor | None) -> Tensor:
         # [hd*n_head, N] -> [hd, n_head, T, B] (normed per head, roped) -> [hd, T, n_head, B]
@@ -362,14 +376,14 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         if qk_norm is not None:
             x = norm(x, qk_norm)
         swa = cfg.is_swa(i)
-        x = g.rope_ext(c, x, inp.pos, freqs, hd, fam.rope_type, 0, cfg.layer_freq_base(i),
-                       1.0 if swa else cfg.freq_scale, 0.0, 1.0, 32.0, 1.0)
+        x = go(g.rope_ext(c, x, inp.pos, freqs, hd, fam.rope_type, 0, cfg.layer_freq_base(i),
+                          1.0 if swa else cfg.freq_scale, 0.0, 1.0, 32.0, 1.0))
         return g.permute(c, g.reshape_4d(c, x, hd, n_head, T, B), 0, 2, 1, 3)
 
     def mm(i: int, name: str, x: Tensor) -> Tensor:  # a block's projection of x (+ its bias)
         key = f"blk.{i}.{name}.weight"
         if model.projection is None:
-            y = g.mul_mat(c, weight(key), x)
+            y = weight_product(weight(key), x)
         else:
             y = model.projection(c, key, weight(key), x)
         bias = p.get(f"blk.{i}.{name}.bias")
@@ -393,8 +407,11 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         if fam.scale_q:  # gemma3 scales Q, then the softmax by 1
             q, scale = g.scale(c, q, scale), 1.0
         mask = inp.mask_swa if cfg.is_swa(i) else inp.mask
-        kq = g.soft_max_ext(c, g.mul_mat(c, k, q), mask, scale, 0.0)
+        kq = g.soft_max_ext(c, go(g.mul_mat(c, k, q)), mask, scale, 0.0)
         kqv = g.mul_mat(c, vt, kq)                                          # [hd, T, H, B]
+        if ordered:  # over llama.cpp's KV cache, padded to a multiple of 8 (ggml-order.md)
+            kq, kqv = (g.set_ggml_order(kq, kv_padded=True),
+                       g.set_ggml_order(kqv, kv_padded=True))
         cur = g.reshape_2d(c, g.cont(c, g.permute(c, kqv, 0, 2, 1, 3)), cfg.n_embd_q, N)
         cur = mm(i, "attn_output", cur)
         if fam.post_norms:
@@ -404,7 +421,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
         if fam.ffn_gelu:
             ff = g.mul(c, g.gelu(c, mm(i, "ffn_gate", h)), mm(i, "ffn_up", h))
         else:
-            ff = g.swiglu_split(c, mm(i, "ffn_gate", h), mm(i, "ffn_up", h))
+            ff = go(g.swiglu_split(c, mm(i, "ffn_gate", h), mm(i, "ffn_up", h)))
         cur = mm(i, "ffn_down", ff)
         if fam.post_norms:
             cur = norm(cur, w["post_ffw_norm"])
@@ -412,7 +429,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     if last_only:
         x = g.view_2d(c, x, cfg.n_embd, 1, x.nb[1], (N - 1) * x.nb[1])
     out_w = weight("token_embd.weight" if cfg.tied_output else "output.weight")
-    logits = g.mul_mat(c, out_w, norm(x, p["output_norm.weight"]))
+    logits = weight_product(out_w, norm(x, p["output_norm.weight"]))
     if cfg.softcap:
         logits = g.scale(c, g.tanh(c, g.scale(c, logits, 1.0 / cfg.softcap)), cfg.softcap)
     g.set_name(logits, "logits")
@@ -451,41 +468,3 @@ def is_read_only(t: Tensor) -> bool:
     """``t``'s memory is a read-only host array (a weight mapped from its file)."""
     data = buffer_of(t.data_owner()).data
     return isinstance(data, np.ndarray) and not data.flags.writeable
-
-
-class WeightMap(Mapping[str, np.ndarray]):
-    """A model's weights as host float32 arrays (quantized, F16 and BF16 ones widened), NumPy order,
-    llama.cpp's names, each made when it is looked up and not kept: a reader (the GGUF export)
-    that takes one at a time holds one tensor's float32 copy, not the model's."""
-
-    def __init__(self, model: LlamaModel) -> None:
-        self.model = model
-        self.shapes = param_shapes(model.cfg)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        t = self.model.params[name]
-        raw = tensor_get(t)
-        if t.type.is_lowp:
-            raw = widen(t.type, raw)
-        return (dequantize(raw, t.type) if t.type.is_quantized else raw).reshape(
-            self.shapes[name])
-
-    def __contains__(self, name: object) -> bool:  # without computing the weight
-        return name in self.shapes
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.shapes)
-
-    def __len__(self) -> int:
-        return len(self.shapes)
-
-
-def weight_map(model: LlamaModel) -> WeightMap:
-    """:class:`WeightMap` of ``model``: its weights computed on access."""
-    return WeightMap(model)
-
-
-def get_weights(model: LlamaModel) -> dict[str, np.ndarray]:
-    """Host float32 copies of the weights (quantized ones dequantized), NumPy order,
-    llama.cpp's names."""
-    return dict(WeightMap(model))

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 import numpy as np
 from gguf import GGUFValueType
 
+from ..._kernels._ggml_order import QUANT_TYPES as GGML_ORDER_TYPES
 from ...backend import Scheduler, cpu_init, tensor_set
 from ...errors import DTypeError, GgoptError, InvalidValueError, ShapeError
 from ...io.gguf_reader import GGUFFile
@@ -100,7 +101,8 @@ def read_weights(path: str | os.PathLike[str]) -> tuple[Config, dict[str, np.nda
 
 def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
          progress: bool | None = None, stream: TextIO | None = None,
-         base_type: str = "f32", compute_type: str = "f32") -> Model:
+         base_type: str = "f32", compute_type: str = "f32",
+         ggml_order: bool | None = None) -> Model:
     """Load a GGUF of a family of :data:`.arch.ARCHITECTURES`, dispatched on
     ``general.architecture`` (any tensor type of :data:`weights.SUPPORTED_TYPES`).
 
@@ -113,7 +115,9 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     (``FinetuneParams(compute_type="bf16")``). ``sched``: where the weights live (default: a
     new CPU scheduler).
     ``progress``: draw a progress bar on ``stream`` (default stderr); None = for files over
-    64 MiB.
+    64 MiB. ``ggml_order``: inference graphs in ggml's float order, llama.cpp's bits
+    (:func:`.graph.build_graph`, docs/ggml-order.md); default: with ``base_type="keep"``
+    when a matrix is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0.
 
     Raises
     ------
@@ -152,5 +156,9 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     for t in table.values():
         key = t.tensor_type.name
         types[key] = types.get(key, 0) + 1
+    if ggml_order is None:  # llama.cpp's bits where a kept block type has ggml's order here
+        ggml_order = base_type == "keep" and any(
+            int(t.type) in GGML_ORDER_TYPES for t in net.params.values())
+    net.ggml_order = bool(ggml_order)
     return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes,
                  base_type, compute_type)

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...._kernels._fpmode import flushing, restore_this_thread, set_this_thread
+from ....ops.order import in_ggml_order
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from .. import threads as _threads
 from ..blas import products_blas
-from . import lowp, quant
+from . import ggml_order, lowp, quant
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -209,6 +210,8 @@ def _products(op: Op, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> list[Pro
 
 @COMPILERS.register(Op.MUL_MAT)
 def _mul_mat(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if in_ggml_order(node):
+        return ggml_order.mul_mat_step(be, node, srcs, mem)
     if srcs[0].type.is_quantized:
         return quant.product_step(be, node, srcs, mem)
     if srcs[0].type.is_lowp:

@@ -8,8 +8,10 @@ import ggopt._kernels._norm as _norm
 
 from ....ops._base import params_of
 from ....ops.norm import NormParams
+from ....ops.order import in_ggml_order
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from . import ggml_order
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ _NORM_BACK = {Op.RMS_NORM_BACK: _norm.rms_norm_back, Op.NORM_BACK: _norm.norm_ba
 
 @COMPILERS.register(Op.RMS_NORM, Op.NORM)
 def _norm_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if in_ggml_order(node):
+        return ggml_order.rms_norm_step(be, node, srcs, mem)
     kernel, eps = _NORM[node.op], params_of(node, NormParams).eps
     a, d = mem(srcs[0]), mem(node)
     return lambda: kernel(a, d, eps, be.n_threads)

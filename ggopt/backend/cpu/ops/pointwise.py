@@ -9,9 +9,11 @@ import ggopt._kernels._elementwise as ew
 import ggopt._kernels._pointwise as _pointwise
 
 from ....ops._base import params_of
+from ....ops.order import in_ggml_order
 from ....ops.pointwise import GluParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from . import ggml_order
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 
 @COMPILERS.register(Op.GLU)
 def _glu_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if in_ggml_order(node):
+        return ggml_order.swiglu_step(be, node, srcs, mem)
     d = mem(node)
     if len(srcs) == 2:
         x, u = mem(srcs[0]), mem(srcs[1])

@@ -24,4 +24,4 @@ def _rope_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     sign = 1.0 if node.op is Op.ROPE else -1.0
     return lambda: _rope.rope(x, pos, ff, d, p.n_dims, p.neox, p.n_ctx_orig, p.freq_base,
                               p.freq_scale, p.ext_factor, p.attn_factor, p.beta_fast,
-                              p.beta_slow, sign, be.n_threads)
+                              p.beta_slow, sign, be.n_threads, p.ggml_order)

@@ -12,9 +12,11 @@ import ggopt._kernels._ce_ids as _ce_ids
 import ggopt._kernels._softmax as _softmax
 
 from ....ops._base import params_of
+from ....ops.order import in_ggml_order
 from ....ops.softmax import CrossEntropyIdsParams, SoftMaxParams
 from ....tensor import Op, Tensor
 from ...base import Placement, Step
+from . import ggml_order
 from ._base import COMPILERS, Srcs
 
 if TYPE_CHECKING:
@@ -28,6 +30,8 @@ def _rows(arr: np.ndarray) -> np.ndarray:
 
 @COMPILERS.register(Op.SOFT_MAX)
 def _soft_max(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
+    if in_ggml_order(node):
+        return ggml_order.soft_max_step(be, node, srcs, mem)
     p = params_of(node, SoftMaxParams)
     a, d = mem(srcs[0]), mem(node)
     if len(srcs) == 1:

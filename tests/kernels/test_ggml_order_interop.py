@@ -1,0 +1,113 @@
+"""ggml's float order (``_kernels/_ggml_order``) against the functions of the ``libggml-cpu``
+that llama-cpp-python ships (built for this CPU), bit for bit: ``ggml_vec_dot_f32`` for every
+length mod 32, ``ggml_vec_soft_max_f32``, ``ggml_vec_swiglu_f32`` and the quantized
+``ggml_vec_dot_*`` of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. The rules are those of an x86 build with
+AVX2 and FMA (docs/ggml-order.md): on another build the test is skipped. Marker ``interop``,
+skipped unless ``GGOPT_INTEROP=1``:
+``GGOPT_INTEROP=1 python -m pytest -m interop tests/kernels/test_ggml_order_interop.py``."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+from ggopt import quants
+from ggopt._kernels import _ggml_order as go
+from ggopt.types import GGType
+from tests.support.ggml_lib import GGML, ggml_q8, load_ggml, ptr
+
+pytestmark = [
+    pytest.mark.interop,
+    pytest.mark.skipif(os.environ.get("GGOPT_INTEROP") != "1",
+                       reason="set GGOPT_INTEROP=1 to run tests against a real llama.cpp"),
+    pytest.mark.skipif(not go.vector(), reason="ggml's AVX2+FMA build needs such a CPU"),
+]
+
+f32 = np.float32
+
+
+def softmax(x, mask, out, scale, n_threads, padded=False) -> None:
+    """``_ggml_order.soft_max_rows`` on 2-D rows."""
+    go.soft_max_rows(x[None, None], None if mask is None else mask[None, None], out[None, None],
+                     scale, n_threads, padded)
+
+
+def mm_f32(a, b, out, tiny, n_threads) -> None:
+    """``_ggml_order.mul_mat_f32`` on 2-D operands."""
+    go.mul_mat_f32(a[None, None], b[None, None], out[None, None], tiny, n_threads)
+
+
+
+@pytest.fixture(scope="module")
+def ggml() -> ctypes.CDLL:
+    return load_ggml()
+
+
+def _bits(a) -> np.ndarray:
+    return np.asarray(a, f32).view(np.int32)
+
+
+@pytest.mark.parametrize("path", ["vector", "portable"])
+def test_f32_dot_is_ggml_vec_dot_f32(ggml, path):
+    rng = np.random.default_rng(0)
+    ggml.ggml_vec_dot_f32.restype = None
+    go.force_portable(path == "portable")
+    try:
+        for k in [*range(1, 70), 100, 128, 256, 1000, 1023]:
+            x = (rng.standard_normal((4, k)) * rng.uniform(0.01, 100, (4, 1))).astype(f32)
+            y = rng.standard_normal((1, k)).astype(f32)
+            ours = np.empty((1, 4), f32)
+            mm_f32(x, y, ours, False, 1)
+            for i in range(4):
+                s = ctypes.c_float()
+                ggml.ggml_vec_dot_f32(ctypes.c_int(k), ctypes.byref(s), ctypes.c_size_t(0),
+                                      ptr(np.ascontiguousarray(x[i])), ctypes.c_size_t(0),
+                                      ptr(y[0]), ctypes.c_size_t(0), ctypes.c_int(1))
+                assert _bits(ours[0, i]) == _bits(s.value), (k, i)
+    finally:
+        go.force_portable(False)
+
+
+def test_softmax_and_swiglu_are_ggml_s(ggml):
+    rng = np.random.default_rng(1)
+    ggml.ggml_vec_soft_max_f32.restype = ctypes.c_double
+    ggml.ggml_vec_swiglu_f32.restype = None
+    for n in [1, 5, 8, 13, 64, 129, 256, 1536]:
+        x = (rng.standard_normal(n) * 10).astype(f32)
+        x[rng.random(n) < 0.2] = -np.inf
+        x[0] = 1.0
+        y = np.empty(n, f32)
+        total = ggml.ggml_vec_soft_max_f32(ctypes.c_int(n), ptr(y), ptr(x),
+                                           ctypes.c_float(x.max()))
+        ours = np.empty((1, n), f32)
+        softmax(x[None], None, ours, 1.0, 1)
+        np.testing.assert_array_equal(_bits(ours[0]), _bits(y * f32(1.0 / total)))
+        g = rng.standard_normal(n).astype(f32)
+        a = (rng.standard_normal(n) * 8).astype(f32)
+        ggml.ggml_vec_swiglu_f32(ctypes.c_int(n), ptr(y), ptr(a), ptr(g))
+        go.swiglu_rows(a[None], g[None], ours, 1)
+        np.testing.assert_array_equal(_bits(ours[0]), _bits(y))
+
+
+@pytest.mark.parametrize("qtype", [GGType.Q4_0, GGType.Q4_1, GGType.Q5_0, GGType.Q5_1,
+                                   GGType.Q8_0], ids=lambda t: t.name)
+def test_quantized_products_are_ggml_vec_dot(ggml, qtype):
+    k, m, n = 768, 40, 11
+    rng = np.random.default_rng(int(qtype))
+    raw = quants.quantize((rng.standard_normal((m, k)) * rng.uniform(0.1, 3, (m, 1)))
+                          .astype(f32), qtype)
+    x = (rng.standard_normal((n, k)) * np.linspace(0.1, 20, k)).astype(f32)
+    ours = np.empty((n, m), f32)
+    go.mul_mat_quant(raw, int(qtype), x, ours, 2)
+    dot = getattr(ggml, GGML[qtype][3])
+    for i in range(n):
+        y = ggml_q8(ggml, qtype, x[i])
+        for j in range(m):
+            s = ctypes.c_float()
+            dot(ctypes.c_int(k), ctypes.byref(s), ctypes.c_size_t(0),
+                ptr(np.ascontiguousarray(raw[j])), ctypes.c_size_t(0), ptr(y),
+                ctypes.c_size_t(0), ctypes.c_int(1))
+            assert _bits(ours[i, j]) == _bits(s.value), (i, j)
