@@ -202,6 +202,19 @@ GGOPT_GO_AVX2 static void ggopt_go_swiglu8(const float *x, const float *g, float
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
+/* GGML_F32x8_REDUCE of four 8-lane sums */
+GGOPT_GO_AVX2 static inline float ggopt_go_reduce4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+/* the first n (< 8) lanes */
+GGOPT_GO_AVX2 static inline __m256i ggopt_go_lanes(Py_ssize_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 GGOPT_GO_AVX2 static float ggopt_go_dot_vec8(const float *x, const float *y, Py_ssize_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     Py_ssize_t np = n & ~(Py_ssize_t)31, i = 0;
@@ -211,10 +224,7 @@ GGOPT_GO_AVX2 static float ggopt_go_dot_vec8(const float *x, const float *y, Py_
         s2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), s2);
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), s3);
     }
-    s0 = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-    __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-    __m128 t1 = _mm_hadd_ps(t0, t0);
-    return ggopt_go_dot_tail(x, y, i, n, _mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
+    return ggopt_go_dot_tail(x, y, i, n, ggopt_go_reduce4(s0, s1, s2, s3));
 }
 
 GGOPT_GO_AVX2 static float ggopt_go_dot_tiny8(const float *x, const float *y, Py_ssize_t n) {
@@ -223,8 +233,7 @@ GGOPT_GO_AVX2 static float ggopt_go_dot_tiny8(const float *x, const float *y, Py
     for (; i + 8 <= n; i += 8)
         s = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), s);
     if (i < n) {  /* zeros in the missing lanes, as in llama.cpp's padded cache */
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i m = ggopt_go_lanes(n - i);
         s = _mm256_fmadd_ps(_mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m), s);
     }
     return ggopt_go_hsum8(s);
@@ -241,8 +250,7 @@ GGOPT_GO_AVX2 static inline void ggopt_go_tiny8x8(const float *a, Py_ssize_t lda
         for (int r = 0; r < 8; r++) s[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + i), yv, s[r]);
     }
     if (i < n) {
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i m = ggopt_go_lanes(n - i);
         const __m256 yv = _mm256_maskload_ps(y + i, m);
         for (int r = 0; r < 8; r++)
             s[r] = _mm256_fmadd_ps(_mm256_maskload_ps(a + r * lda + i, m), yv, s[r]);
@@ -263,12 +271,9 @@ GGOPT_GO_AVX2 static inline void ggopt_go_vec2(const float *a, Py_ssize_t lda, c
             for (int r = 0; r < 2; r++)
                 s[r][q] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + i + 8 * q), yv, s[r][q]);
         }
-    for (int r = 0; r < 2; r++) {
-        __m256 v = _mm256_add_ps(_mm256_add_ps(s[r][0], s[r][2]), _mm256_add_ps(s[r][1], s[r][3]));
-        __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        __m128 t1 = _mm_hadd_ps(t0, t0);
-        out[r] = ggopt_go_dot_tail(a + r * lda, y, np, n, _mm_cvtss_f32(_mm_hadd_ps(t1, t1)));
-    }
+    for (int r = 0; r < 2; r++)
+        out[r] = ggopt_go_dot_tail(a + r * lda, y, np, n,
+                                   ggopt_go_reduce4(s[r][0], s[r][1], s[r][2], s[r][3]));
 }
 
 /* out[i] = dot(a + i lda, y) for i < M in tinyBLAS's (tiny) or ggml_vec_dot_f32's order */
@@ -426,6 +431,14 @@ static inline void ggopt_go_decode(int t, const uint8_t *b, int8_t *c, float *d,
     }
 }
 
+/* c * q as ggml's sign trick computes it (vpsignb, vpmaddubsw): |c| unsigned times q with
+   c's sign, where negating -128 leaves -128 (a NaN or infinite activation's code) */
+static inline int32_t ggopt_go_signed_product(int8_t c, int8_t q) {
+    const int32_t a = c < 0 ? (uint8_t)(-(int)c) : c;
+    const int8_t sq = c < 0 ? (int8_t)(uint8_t)(-(int)q) : (c ? q : 0);
+    return a * sq;
+}
+
 /* one weight row decoded: its codes c (32 nb int8), the blocks' d and m (nb floats each) */
 static void ggopt_go_decode_row(int t, const uint8_t *row, Py_ssize_t nb, int8_t *c, float *d,
                                 float *m) {
@@ -452,7 +465,7 @@ static void ggopt_go_qdot1(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0
                 if (s) summs = fmaf(mw[i], s[k * nb + i], summs);
                 for (int l = 0; l < 8; l++) {
                     int32_t v = 0;
-                    for (int e = 4 * l; e < 4 * l + 4; e++) v += (int32_t)cb[e] * qy[e];
+                    for (int e = 4 * l; e < 4 * l + 4; e++) v += ggopt_go_signed_product(cb[e], qy[e]);
                     acc[l] = fmaf(dd, (float)v, acc[l]);
                 }
             }
@@ -489,8 +502,7 @@ __attribute__((always_inline)) GGOPT_GO_AVX2 static inline void ggopt_go_qtile(
     float dd[8], sm[8];
     for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
     __m256 summs = _mm256_setzero_ps();
-    const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk),
-                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i live = ggopt_go_lanes(nk);
     for (Py_ssize_t i = 0; i < nb; i++) {
         const __m256 dx = _mm256_maskload_ps(dT + i * n + k0, live);
         _mm256_storeu_ps(dd, _mm256_mul_ps(_mm256_set1_ps(dw[i]), dx));

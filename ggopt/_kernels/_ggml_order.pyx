@@ -2,9 +2,10 @@
 ``ggml_order=True`` rounded as llama.cpp's x86-64 AVX2+FMA build rounds them, so that a model
 gives llama.cpp's bits (docs/ggml-order.md).
 
-Every function takes 2-D rows with a unit stride along each row (rows may be spaced freely),
-checks shapes before it writes, and gives bits that depend neither on ``n_threads`` nor on the
-CPU (an AVX2+FMA version where the CPU has them, else the same operations lane by lane).
+Every function takes rows with a unit stride along each row (rows, and the 4-D operands' outer
+axes, may be spaced freely), checks shapes before it writes, and gives bits that depend neither
+on ``n_threads`` nor on the CPU (an AVX2+FMA version where the CPU has them, else the same
+operations lane by lane; only a NaN's sign may differ between the two).
 """
 
 from cython.parallel cimport prange
@@ -166,10 +167,11 @@ def rms_norm_rows(const float[:, :] x not None, float[:, :] dst not None, float 
         ggopt_go_rms_norm_row(<const float *>(xb + r * xs), <float *>(db + r * ds), n, eps)
 
 
-def tiny_order(Py_ssize_t K, bint b_contiguous) -> bool:
-    """Whether ggml computes an F32 ``mul_mat`` with llamafile's tinyBLAS (``b``, its src1,
-    contiguous and ``K`` a multiple of 8) rather than ``ggml_vec_dot_f32``."""
-    return bool(b_contiguous and K % 8 == 0)
+def tiny_order(Py_ssize_t K, Py_ssize_t M, Py_ssize_t N, bint b_contiguous) -> bool:
+    """Whether ggml computes an F32 ``mul_mat`` (``a`` M x K, ``b`` N x K) with llamafile's
+    tinyBLAS rather than ``ggml_vec_dot_f32``: ``b`` (its src1) contiguous, ``K`` a multiple of
+    8, ``M`` of 4 and ``N >= 2`` (measured against llama-cpp-python 0.3.36's ``libggml-cpu``)."""
+    return bool(b_contiguous and K % 8 == 0 and M % 4 == 0 and N >= 2)
 
 
 def mul_mat_f32(const float[:, :, :, :] a not None, const float[:, :, :, :] b not None,
@@ -235,9 +237,11 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
         raise ShapeError(f"{fn}: rows of {w.shape[1]} bytes are not {K} elements of type "
                          f"{qtype}")
     check_shape(fn, "out", out.shape, 2, N, M)
-    if M > 1 and w.strides[1] != 1:
+    if w.shape[1] > 1 and w.strides[1] != 1:
         raise ShapeError(f"{fn}: w needs a unit stride along its rows")
     _unit(fn, "out", M, out.strides[1])
+    if N > 1 and out.strides[0] % 4:
+        raise ShapeError(f"{fn}: out's rows are not whole floats apart")
     if N == 0 or M == 0:
         return
     if K == 0:
@@ -251,7 +255,8 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     s = np.empty((N, nb), np.float32)
     sums = np.empty((N, K // 16), np.int32)
     _quant_dot.quantize_activations(np.asarray(x), vt_of, q, d, s, sums, n_threads)
-    dT, sT = np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)  # block-major
+    # block-major copies for the tiles of 8 activation rows (fewer rows read d, s as they are)
+    dT, sT = (np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)) if N >= 8 else (d, s)
     cdef int8_t[:, ::1] qv = q
     cdef float[:, ::1] dv = d
     cdef float[:, ::1] sv = s

@@ -88,20 +88,30 @@ cdef extern from *:
        NORMAL mode computes the even and the odd results in separate loops (into tmp, 2*half
        floats), then interleaves them: one loop over interleaved pairs would be vectorized by
        GCC 12 as complex multiplication, with fused multiply-adds despite -ffp-contract=off. */
+    /* ggml's order (docs/ggml-order.md): each pair as GCC fused it in llama.cpp's AVX2 build;
+       the only fused multiply-adds of this module (tests/kernels/test_no_fma.py) */
+    __attribute__((noinline)) GGOPT_MULTIVERSION
+    static void ggopt_rope_row_fused(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
+                                     Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
+                                     const float *cache) {
+        Py_ssize_t half = n_dims / 2;
+        for (Py_ssize_t i0 = 0; i0 < n_dims; i0 += 2) {
+            float c = cache[i0], s = cache[i0 + 1];
+            Py_ssize_t k0 = neox ? i0 / 2 : i0;
+            Py_ssize_t k1 = neox ? i0 / 2 + half : i0 + 1;
+            float x0 = GGOPT_RX(k0), x1 = GGOPT_RX(k1);
+            GGOPT_RD(k0) = fmaf(x0, c, -(x1 * s));
+            GGOPT_RD(k1) = fmaf(x0, s, x1 * c);
+        }
+        for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) GGOPT_RD(i0) = GGOPT_RX(i0);
+    }
+
     GGOPT_ROW_INLINE void ggopt_rope_row(char *d, Py_ssize_t ds, const char *x, Py_ssize_t xs,
                                          Py_ssize_t ne0, Py_ssize_t n_dims, int neox,
                                          const float *cache, float *tmp, int fused) {
         Py_ssize_t half = n_dims / 2;
-        if (fused) {  /* ggml's order: each pair as GCC fused it in llama.cpp's AVX2 build */
-            for (Py_ssize_t i0 = 0; i0 < n_dims; i0 += 2) {
-                float c = cache[i0], s = cache[i0 + 1];
-                Py_ssize_t k0 = neox ? i0 / 2 : i0;
-                Py_ssize_t k1 = neox ? i0 / 2 + half : i0 + 1;
-                float x0 = GGOPT_RX(k0), x1 = GGOPT_RX(k1);
-                GGOPT_RD(k0) = fmaf(x0, c, -(x1 * s));
-                GGOPT_RD(k1) = fmaf(x0, s, x1 * c);
-            }
-            for (Py_ssize_t i0 = n_dims; i0 < ne0; i0++) GGOPT_RD(i0) = GGOPT_RX(i0);
+        if (fused) {
+            ggopt_rope_row_fused(d, ds, x, xs, ne0, n_dims, neox, cache);
             return;
         }
         if (xs == 4 && ds == 4) {

@@ -64,8 +64,8 @@ def _strength(text: str) -> float:
 
 
 FLOAT_ORDERS = ("ggml", "ggopt")
-FLOAT_ORDER_HELP = ("ggml (the default with --base-type keep on a Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 "
-                    "file): round every op as llama.cpp's x86 AVX2 build does, for its "
+FLOAT_ORDER_HELP = ("ggml (the default with --base-type keep on a file of Q4_0/Q4_1/Q5_0/Q5_1/"
+                    "Q8_0 matrices): round every op as llama.cpp's x86 AVX2 build does, for its "
                     "perplexity bit for bit on such files (docs/ggml-order.md); ggopt (the "
                     "default otherwise): ggopt's own order, the same values to float rounding, "
                     "about 2x faster")

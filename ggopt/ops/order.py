@@ -36,7 +36,8 @@ def _why_not(t: Tensor) -> str | None:
     if t.op is Op.RMS_NORM:
         return None
     if t.op is Op.ROPE:
-        return None
+        return None if isinstance(p, RopeParams) and p.ext_factor == 0 else \
+            "a YaRN rope (ext_factor != 0)"
     if t.op is Op.SOFT_MAX:
         return None if isinstance(p, SoftMaxParams) and p.max_bias == 0 else \
             "a softmax with ALiBi (max_bias > 0)"
@@ -59,10 +60,10 @@ def has_ggml_order(t: Tensor) -> bool:
 
 def set_ggml_order(t: Tensor, *, kv_padded: bool = False) -> Tensor:
     """Compute ``t`` in ggml's float order (llama.cpp's x86-64 AVX2+FMA build): an RMS_NORM,
-    a forward ROPE, a SOFT_MAX without ALiBi, a ``swiglu_split`` or a MUL_MAT of an F32, Q4_0,
-    Q4_1, Q5_0, Q5_1 or Q8_0 ``a``. Returns ``t``; InvalidValueError for any other op. Only
-    the rounding changes (the same values to float rounding); set it before the graph is
-    allocated.
+    a forward ROPE without YaRN, a SOFT_MAX without ALiBi, a ``swiglu_split`` or a MUL_MAT of
+    an F32, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 ``a``. Returns ``t``; InvalidValueError for any
+    other op. Only the rounding changes (the same values to float rounding); set it before the
+    graph is allocated.
 
     ``kv_padded`` (a SOFT_MAX, or a MUL_MAT of an F32 ``a``: attention's scores and their
     product with the values): round as llama.cpp does over its KV cache, whose width is padded

@@ -19,22 +19,12 @@ from ggopt._kernels import _ggml_order as go
 from ggopt._kernels import _quant_dot
 from ggopt.errors import DTypeError
 from ggopt.types import GGType
+from tests.support.ggml_order import mm_f32, softmax
 
 f32 = np.float32
 
 _LIBM = ctypes.util.find_library("m")
 pytestmark = pytest.mark.skipif(_LIBM is None, reason="the C library's expf (libm) is needed")
-
-
-def softmax(x, mask, out, scale, n_threads, padded=False) -> None:
-    """``_ggml_order.soft_max_rows`` on 2-D rows."""
-    go.soft_max_rows(x[None, None], None if mask is None else mask[None, None], out[None, None],
-                     scale, n_threads, padded)
-
-
-def mm_f32(a, b, out, tiny, n_threads) -> None:
-    """``_ggml_order.mul_mat_f32`` on 2-D operands."""
-    go.mul_mat_f32(a[None, None], b[None, None], out[None, None], tiny, n_threads)
 
 
 
@@ -334,6 +324,28 @@ def test_bits_do_not_depend_on_threads_or_the_path():
         assert_bits_equal(r, results[0])
 
 
+@pytest.mark.parametrize("qtype", [GGType.Q4_0, GGType.Q8_0], ids=lambda t: t.name)
+def test_non_finite_activations_give_the_same_numbers_on_both_paths(qtype):
+    """A NaN or infinite activation rounds to code -128 (as ggml's); ggml's sign trick leaves
+    -128 negated as -128, and the lane-by-lane version computes the same."""
+    if not go.vector():
+        pytest.skip("the CPU has no AVX2 and FMA")
+    rng = np.random.default_rng(9)
+    raw = quants.quantize(rng.standard_normal((5, 64)).astype(f32), qtype)
+    x = rng.standard_normal((9, 64)).astype(f32)
+    x[0, 3], x[1, 40], x[2, 7] = np.nan, np.inf, -np.inf
+    outs = []
+    for portable in (False, True):
+        go.force_portable(portable)
+        try:
+            out = np.empty((9, 5), f32)
+            go.mul_mat_quant(raw, int(qtype), x, out, 1)
+            outs.append(out)
+        finally:
+            go.force_portable(False)
+    np.testing.assert_array_equal(outs[0], outs[1])  # NaN where NaN; the numbers equal
+
+
 def test_shapes_and_types_are_checked_before_writing():
     x = np.ones((2, 64), f32)
     out = np.full((2, 3), 7, f32)
@@ -346,4 +358,11 @@ def test_shapes_and_types_are_checked_before_writing():
         softmax(np.ones((4, 4), f32)[:, ::2], None, np.empty((4, 2), f32), 1.0, 1)
     with pytest.raises(ValueError):
         mm_f32(np.ones((3, 8), f32), np.ones((2, 9), f32), out, True, 1)
+    w = quants.quantize(np.ones((2, 64), f32), GGType.Q8_0)
+    with pytest.raises(ValueError, match="unit stride"):  # one row read backwards
+        go.mul_mat_quant(w[:1, ::-1], int(GGType.Q8_0), x, out[:, :1], 1)
+    odd = np.full(2 * 5 + 1, 7, f32).view(np.uint8)[2:2 + 2 * 18].view(np.float32)
+    with pytest.raises(ValueError, match="whole floats"):  # rows 18 bytes apart
+        go.mul_mat_quant(w, int(GGType.Q8_0), x, np.lib.stride_tricks.as_strided(
+            odd, (2, 2), (18, 4)), 1)
     assert (out == 7).all()

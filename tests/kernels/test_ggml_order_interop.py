@@ -18,6 +18,7 @@ from ggopt import quants
 from ggopt._kernels import _ggml_order as go
 from ggopt.types import GGType
 from tests.support.ggml_lib import GGML, ggml_q8, load_ggml, ptr
+from tests.support.ggml_order import mm_f32, softmax
 
 pytestmark = [
     pytest.mark.interop,
@@ -27,17 +28,6 @@ pytestmark = [
 ]
 
 f32 = np.float32
-
-
-def softmax(x, mask, out, scale, n_threads, padded=False) -> None:
-    """``_ggml_order.soft_max_rows`` on 2-D rows."""
-    go.soft_max_rows(x[None, None], None if mask is None else mask[None, None], out[None, None],
-                     scale, n_threads, padded)
-
-
-def mm_f32(a, b, out, tiny, n_threads) -> None:
-    """``_ggml_order.mul_mat_f32`` on 2-D operands."""
-    go.mul_mat_f32(a[None, None], b[None, None], out[None, None], tiny, n_threads)
 
 
 

@@ -71,12 +71,12 @@ def assert_bits_of_llama_cpp(path, label, ids):
     ggopt's order they are near them only."""
     cpp = llama_cpp_model(path, 256)
     kept = llama.load(path, progress=False, base_type="keep")
-    for n in (128, 77):
-        ours, theirs = llama.logits(kept, ids[:n]), llama_cpp_logits(cpp, ids[:n])
+    for n in (128, 77):  # (llama.cpp's scores are a view of its buffer: copied)
+        ours, theirs = llama.logits(kept, ids[:n]), llama_cpp_logits(cpp, ids[:n]).copy()
         np.testing.assert_array_equal(ours.view(np.int32), theirs.view(np.int32))
-    ppl, want = perplexity(kept, ids, 256), llama_cpp_perplexity(cpp, ids, 256)
     fast = llama.load(path, progress=False, base_type="keep", ggml_order=False)
     diff = np.abs(llama.logits(fast, ids[:77]) - theirs)
+    ppl, want = perplexity(kept, ids, 256), llama_cpp_perplexity(cpp, ids, 256)
     print(f"\n{label} kept: logits of 128 and 77 tokens equal llama.cpp's bit for bit "
           f"(ggopt's order: max {diff.max():.3g}, mean {diff.mean():.3g}); GPL-3 ctx 256 "
           f"{ppl.ppl!r} against {want!r}; {ppl.tokens_per_second:.0f} tokens/s")

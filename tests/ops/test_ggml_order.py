@@ -15,6 +15,7 @@ from ggopt.backend.plan_cache import graph_signature
 from ggopt.errors import InvalidValueError
 from ggopt.types import GGType
 from tests.support.backend_cases import compute
+from tests.support.ggml_order import mm_f32, softmax
 from tests.support.helpers import new_tensor
 
 f32 = np.float32
@@ -23,17 +24,6 @@ X = (RNG.standard_normal((2, 3, 5, 40)) * 3).astype(f32)
 G = RNG.standard_normal((2, 3, 5, 40)).astype(f32)
 MASK = np.where(RNG.random((1, 1, 5, 40)) < 0.3, -np.inf, 0).astype(f32)
 MASK[..., 0] = 0
-
-
-def softmax(x, mask, out, scale, n_threads, padded=False) -> None:
-    """``_ggml_order.soft_max_rows`` on 2-D rows."""
-    go.soft_max_rows(x[None, None], None if mask is None else mask[None, None], out[None, None],
-                     scale, n_threads, padded)
-
-
-def mm_f32(a, b, out, tiny, n_threads) -> None:
-    """``_ggml_order.mul_mat_f32`` on 2-D operands."""
-    go.mul_mat_f32(a[None, None], b[None, None], out[None, None], tiny, n_threads)
 
 
 

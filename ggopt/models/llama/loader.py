@@ -117,7 +117,8 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     ``progress``: draw a progress bar on ``stream`` (default stderr); None = for files over
     64 MiB. ``ggml_order``: inference graphs in ggml's float order, llama.cpp's bits
     (:func:`.graph.build_graph`, docs/ggml-order.md); default: with ``base_type="keep"``
-    when a matrix is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0.
+    when every matrix is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 (with others it would not give
+    llama.cpp's bits, only be slower).
 
     Raises
     ------
@@ -156,9 +157,9 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     for t in table.values():
         key = t.tensor_type.name
         types[key] = types.get(key, 0) + 1
-    if ggml_order is None:  # llama.cpp's bits where a kept block type has ggml's order here
-        ggml_order = base_type == "keep" and any(
-            int(t.type) in GGML_ORDER_TYPES for t in net.params.values())
+    if ggml_order is None:  # llama.cpp's bits: every matrix of a type ordered here
+        ggml_order = base_type == "keep" and all(
+            int(t.type) in GGML_ORDER_TYPES for t in net.params.values() if t.ne[1] > 1)
     net.ggml_order = bool(ggml_order)
     return Model(spath, cfg, net, tokenizer, time.perf_counter() - t0, types, is_bytes,
                  base_type, compute_type)

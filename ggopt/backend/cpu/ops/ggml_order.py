@@ -35,7 +35,7 @@ def rms_norm_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> S
 
     def step() -> None:
         for x, d in pairs:
-            _go.rms_norm_rows(x, d, eps, be.n_threads)
+            _go.rms_norm_rows(_unit_rows(x), d, eps, be.n_threads)
 
     return step
 
@@ -46,7 +46,8 @@ def soft_max_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> S
     p = params_of(node, SoftMaxParams)
     a, d = mem(srcs[0]), mem(node)
     m = mem(srcs[1]) if len(srcs) > 1 else None
-    return lambda: _go.soft_max_rows(a, m, d, p.scale, be.n_threads, p.kv_padded)
+    return lambda: _go.soft_max_rows(_unit_rows(a), None if m is None else _unit_rows(m), d,
+                                     p.scale, be.n_threads, p.kv_padded)
 
 
 def swiglu_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
@@ -54,7 +55,7 @@ def swiglu_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Ste
 
     def step() -> None:
         for x, g, d in triples:
-            _go.swiglu_rows(x, g, d, be.n_threads)
+            _go.swiglu_rows(_unit_rows(x), _unit_rows(g), d, be.n_threads)
 
     return step
 
@@ -95,5 +96,7 @@ def mul_mat_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
 
         return quantized
     padded = params_of(node, MulMatParams).kv_padded
-    tiny = padded or _go.tiny_order(srcs[0].ne[0], _contiguous(srcs[1]))
+    a_t, b_t = srcs[0], srcs[1]
+    k = -(-a_t.ne[0] // 8) * 8 if padded else a_t.ne[0]  # llama.cpp's cache pads K (and b)
+    tiny = _go.tiny_order(k, a_t.ne[1], b_t.ne[1], padded or _contiguous(b_t))
     return lambda: _go.mul_mat_f32(_unit_rows(a), _unit_rows(b), c, tiny, be.n_threads)

@@ -24,7 +24,7 @@ _NORM_BACK = {Op.RMS_NORM_BACK: _norm.rms_norm_back, Op.NORM_BACK: _norm.norm_ba
 
 @COMPILERS.register(Op.RMS_NORM, Op.NORM)
 def _norm_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    if in_ggml_order(node):
+    if node.op is Op.RMS_NORM and in_ggml_order(node):
         return ggml_order.rms_norm_step(be, node, srcs, mem)
     kernel, eps = _NORM[node.op], params_of(node, NormParams).eps
     a, d = mem(srcs[0]), mem(node)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 @COMPILERS.register(Op.GLU)
 def _glu_c(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
-    if in_ggml_order(node):
+    if len(srcs) == 2 and in_ggml_order(node):
         return ggml_order.swiglu_step(be, node, srcs, mem)
     d = mem(node)
     if len(srcs) == 2:
