@@ -13,7 +13,9 @@
      accumulator over 8-element steps, then hsum8), chosen as ggml chooses (ggml-order.md);
    - the quantized dot products: per 32-block, 8 lanes of 4 consecutive integer products each,
      converted to float and fused-multiply-added with d_w * d_x into 8 lane sums, hsum8, then
-     (Q4_1, Q5_1) the blocks' m * s terms summed one after the other with fmaf. */
+     (Q4_1, Q5_1) the blocks' m * s terms summed one after the other with fmaf (as GCC fused
+     ggml's `summs += m*s`; m and s are F16 values, so m*s is exact and a plain multiply-add
+     gives the same sums). */
 #ifndef GGOPT_GGML_ORDER_H
 #define GGOPT_GGML_ORDER_H
 

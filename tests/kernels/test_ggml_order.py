@@ -269,12 +269,17 @@ def test_swiglu_is_its_model(path, n):
 
 
 def test_rms_norm_sums_in_double_one_after_the_other(path):
+    # many small rows: the F32 mean and the F32 `mean + eps` round where a double sum would not
     rng = np.random.default_rng(3)
-    x = (rng.standard_normal((4, 577)) * np.logspace(-3, 3, 577)).astype(f32)
+    x = (rng.standard_normal((3000, 7)) * np.logspace(-3, -1, 7)).astype(f32)
+    x[:2] = (rng.standard_normal((2, 7)) * 1e3).astype(f32)
     out = np.empty_like(x)
     go.rms_norm_rows(x, out, 1e-5, 2)
-    for r in range(4):
-        assert_bits_equal(out[r], rms_norm_model(x[r], 1e-5))
+    assert_bits_equal(out, np.stack([rms_norm_model(r, 1e-5) for r in x]))
+    wide = (rng.standard_normal((4, 577)) * np.logspace(-3, 3, 577)).astype(f32)
+    out = np.empty_like(wide)
+    go.rms_norm_rows(wide, out, 1e-5, 2)
+    assert_bits_equal(out, np.stack([rms_norm_model(r, 1e-5) for r in wide]))
 
 
 @pytest.mark.parametrize("k", [1, 7, 8, 31, 32, 33, 64, 67, 100, 256, 259])
@@ -303,21 +308,25 @@ def test_quantized_products_are_their_model(path, qtype, n):
 
 
 def test_bits_do_not_depend_on_threads_or_the_path():
+    # every call is large enough to take all its threads (min_parallel_work(2**15) work)
     rng = np.random.default_rng(5)
     raw = quants.quantize(rng.standard_normal((40, 128)).astype(f32), GGType.Q4_1)
-    x = rng.standard_normal((21, 128)).astype(f32)
+    x = rng.standard_normal((67, 128)).astype(f32)
+    g = rng.standard_normal((67, 128)).astype(f32)
     a = rng.standard_normal((37, 64)).astype(f32)
     results = []
     for portable in ((False, True) if go.vector() else (True,)):
         go.force_portable(portable)
         try:
             for nt in (1, 2, 3):
-                q, f, s = (np.empty((21, 40), f32), np.empty((21, 37), f32),
-                           np.empty((21, 128), f32))
+                q, f = np.empty((67, 40), f32), np.empty((67, 37), f32)
+                s, w, r = (np.empty((67, 128), f32) for _ in range(3))
                 go.mul_mat_quant(raw, int(GGType.Q4_1), x, q, nt)
                 mm_f32(a, x[:, :64], f, True, nt)
                 softmax(x, None, s, 0.5, nt, True)
-                results.append(np.concatenate([q.ravel(), f.ravel(), s.ravel()]))
+                go.swiglu_rows(x, g, w, nt)
+                go.rms_norm_rows(x, r, 1e-5, nt)
+                results.append(np.concatenate([v.ravel() for v in (q, f, s, w, r)]))
         finally:
             go.force_portable(False)
     for r in results[1:]:
@@ -356,6 +365,10 @@ def test_shapes_and_types_are_checked_before_writing():
         go.mul_mat_quant(np.zeros((3, 19), np.uint8), int(GGType.Q4_1), x, out, 1)
     with pytest.raises(ValueError, match="unit stride"):
         softmax(np.ones((4, 4), f32)[:, ::2], None, np.empty((4, 2), f32), 1.0, 1)
+    y = np.full((1, 2, 3, 8), 7, f32)
+    with pytest.raises(ValueError, match="does not broadcast"):  # 2 heads over a mask of 3
+        go.soft_max_rows(np.ones((1, 2, 3, 8), f32), np.zeros((1, 3, 3, 8), f32), y, 1.0, 1)
+    assert (y == 7).all()
     with pytest.raises(ValueError):
         mm_f32(np.ones((3, 8), f32), np.ones((2, 9), f32), out, True, 1)
     w = quants.quantize(np.ones((2, 64), f32), GGType.Q8_0)

@@ -17,7 +17,7 @@ from ....ops.order import MulMatParams
 from ....ops.softmax import SoftMaxParams
 from ....tensor import Tensor
 from ...base import Placement, Step
-from ._base import Srcs
+from ._base import Srcs, unit_rows
 
 if TYPE_CHECKING:
     from ..backend import CPUBackend
@@ -35,7 +35,7 @@ def rms_norm_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> S
 
     def step() -> None:
         for x, d in pairs:
-            _go.rms_norm_rows(_unit_rows(x), d, eps, be.n_threads)
+            _go.rms_norm_rows(unit_rows(x), d, eps, be.n_threads)
 
     return step
 
@@ -46,7 +46,7 @@ def soft_max_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> S
     p = params_of(node, SoftMaxParams)
     a, d = mem(srcs[0]), mem(node)
     m = mem(srcs[1]) if len(srcs) > 1 else None
-    return lambda: _go.soft_max_rows(_unit_rows(a), None if m is None else _unit_rows(m), d,
+    return lambda: _go.soft_max_rows(unit_rows(a), None if m is None else unit_rows(m), d,
                                      p.scale, be.n_threads, p.kv_padded)
 
 
@@ -55,7 +55,7 @@ def swiglu_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Ste
 
     def step() -> None:
         for x, g, d in triples:
-            _go.swiglu_rows(_unit_rows(x), _unit_rows(g), d, be.n_threads)
+            _go.swiglu_rows(unit_rows(x), unit_rows(g), d, be.n_threads)
 
     return step
 
@@ -73,11 +73,6 @@ def _contiguous(t: Tensor) -> bool:
     return True
 
 
-def _unit_rows(x: np.ndarray) -> np.ndarray:
-    """``x`` or a copy of it with a unit stride along its rows (the last axis)."""
-    return x if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize else np.ascontiguousarray(x)
-
-
 def mul_mat_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> Step:
     """``C = B @ A.T`` per slice (A broadcast over dims 2, 3): an F32 ``A`` in tinyBLAS's or
     ``ggml_vec_dot_f32``'s order as ggml chooses (``B`` contiguous and ``K % 8 == 0``: tinyBLAS;
@@ -92,11 +87,11 @@ def mul_mat_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
 
         def quantized() -> None:
             for w, x, out in jobs:
-                _go.mul_mat_quant(w, qtype, _unit_rows(x), out, be.n_threads)
+                _go.mul_mat_quant(w, qtype, unit_rows(x), out, be.n_threads)
 
         return quantized
     padded = params_of(node, MulMatParams).kv_padded
     a_t, b_t = srcs[0], srcs[1]
     k = -(-a_t.ne[0] // 8) * 8 if padded else a_t.ne[0]  # llama.cpp's cache pads K (and b)
     tiny = _go.tiny_order(k, a_t.ne[1], b_t.ne[1], padded or _contiguous(b_t))
-    return lambda: _go.mul_mat_f32(_unit_rows(a), _unit_rows(b), c, tiny, be.n_threads)
+    return lambda: _go.mul_mat_f32(unit_rows(a), unit_rows(b), c, tiny, be.n_threads)

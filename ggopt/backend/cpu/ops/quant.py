@@ -25,17 +25,10 @@ from ....tensor import Op, Tensor
 from ...base import Placement, Step
 from ...buffer import Buffer
 from ..blas import products_blas
-from ._base import Srcs
+from ._base import Srcs, unit_rows
 
 if TYPE_CHECKING:
     from ..backend import CPUBackend
-
-
-def _rows_unit(a: np.ndarray) -> np.ndarray:
-    """``a`` (2-D float32), with a unit stride along its rows (a copy when it has none)."""
-    if a.shape[1] <= 1 or a.strides[1] == a.itemsize:
-        return a
-    return np.ascontiguousarray(a)
 
 
 # The packed panels of read-only weights, per buffer (freed with it), keyed by the weight
@@ -90,7 +83,7 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
     if node.op is not Op.MUL_MAT:
         def out_prod() -> None:
             for w, x, out in slices:  # B (M, N) is the transposed gradient: use B.T
-                _quant.out_prod_quantized(w, qtype, _rows_unit(x.T), out, be.n_threads)
+                _quant.out_prod_quantized(w, qtype, unit_rows(x.T), out, be.n_threads)
 
         return out_prod
     buf, cols = mem.at(srcs[0])[0], srcs[0].ne[0]
@@ -102,7 +95,7 @@ def product_step(be: CPUBackend, node: Tensor, srcs: Srcs, mem: Placement) -> St
             packed = kept[i]
             if packed is None:
                 packed = kept[i] = weight_panels(buf, w, qtype, cols, n_threads, x.shape[0])
-            _quant_dot.mul_mat_q8(w, qtype, _rows_unit(x), out, n_threads, packed=packed)
+            _quant_dot.mul_mat_q8(w, qtype, unit_rows(x), out, n_threads, packed=packed)
 
     return step
 
