@@ -27,7 +27,13 @@ from ggopt.lm.perplexity import perplexity
 from ggopt.models import llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.smollm import f32_path, llama_cpp_model, llama_cpp_perplexity, q4_1_path  # noqa: E402
+from tools.smollm import (  # noqa: E402
+    f32_path,
+    llama_cpp_model,
+    llama_cpp_perplexity,
+    q4_1_path,
+    quantized_path,
+)
 
 pytestmark = pytest.mark.usefixtures("bench_threads")
 
@@ -201,7 +207,19 @@ def test_eval_q4_1_kept_alternating(benchmark):
     """Perplexity of the shipped Q4_1 file kept against llama.cpp's on the same file, in
     alternating rounds (both sides' minima and llama.cpp's time over ggopt's: above 1, ggopt is
     faster); in ggml's float order the two perplexities are equal (docs/ggml-order.md)."""
-    path = q4_1_path()
+    assert_equal_perplexity_alternating(benchmark, q4_1_path())
+
+
+@pytest.mark.benchmark(group=f"eval 2 windows of {EVAL_CTX}, SmolLM2 Q4_K_M kept, alternating")
+def test_eval_q4_k_m_kept_alternating(benchmark):
+    """The same on the Q4_K_M file of llama.cpp's quantizer (Q4_K and Q6_K products in the
+    order of ggml's tiled K-quant matmul, Q5_0 and Q8_0 in its vec_dot's)."""
+    assert_equal_perplexity_alternating(benchmark, quantized_path("Q4_K_M"))
+
+
+def assert_equal_perplexity_alternating(benchmark, path: Path) -> None:
+    """The file kept (ggml's float order) against llama.cpp, alternating rounds: the same
+    perplexity on both sides and in every round."""
     kept = llama.load(path, progress=False, base_type="keep")
     llm = llama_cpp_model(path, EVAL_CTX)
     llm.n_threads = ggopt.get_n_threads()

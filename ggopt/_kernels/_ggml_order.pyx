@@ -9,7 +9,7 @@ operations lane by lane; only a NaN's sign may differ between the two).
 """
 
 from cython.parallel cimport prange
-from libc.stdint cimport int8_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, uint8_t
 from libc.stdlib cimport free, malloc
 
 from ggopt._kernels._common cimport check_n_threads, check_shape
@@ -35,11 +35,21 @@ cdef extern from "_ggml_order.h" nogil:
                        const float *dT, const float *sT, Py_ssize_t n, float *out,
                        Py_ssize_t ldo, int8_t *scratch)
 
+cdef extern from "_ggml_order_k.h" nogil:
+    ctypedef struct ggopt_gok_block:
+        pass
+    int ggopt_k_block_bytes(int t)
+    void ggopt_gok_dot(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0, Py_ssize_t r1,
+                       Py_ssize_t nb, const int8_t *q, const float *d, const int32_t *bs,
+                       const float *dT, const int32_t *mT, Py_ssize_t n, float *out,
+                       Py_ssize_t ldo, void *scratch)
+
 cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 
-#: the weight types whose products have ggml's order here (32-element blocks; the K-quants keep
-#: ggopt's block order)
-QUANT_TYPES = frozenset({2, 3, 6, 7, 8})
+#: the weight types whose products have ggml's order here: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (32-element
+#: blocks) and Q2_K ... Q6_K (256-element super-blocks)
+QUANT_TYPES = frozenset({2, 3, 6, 7, 8, 10, 11, 12, 13, 14})
+_K_TYPES = frozenset({10, 11, 12, 13, 14})
 
 
 def vector() -> bool:
@@ -221,19 +231,25 @@ def mul_mat_f32(const float[:, :, :, :] a not None, const float[:, :, :, :] b no
 
 def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
                   float[:, :] out not None, int n_threads) -> None:
-    """``out = x @ W.T`` as ggml's AVX2 build computes mul_mat of a Q4_0, Q4_1, Q5_0, Q5_1 or
-    Q8_0 weight ``w`` (M rows of K/32 blocks): ``x`` rounded to Q8_0/Q8_1 (as
-    ``_quant_dot.quantize_activations``), per block 8 lanes of 4 integer products, each
-    fused-multiply-added with the two scales' product, the lanes added as ``hsum_float_8``,
-    then the blocks' ``m * s``."""
+    """``out = x @ W.T`` as ggml's AVX2 build computes mul_mat of a quantized weight ``w`` (M
+    rows of blocks), ``x`` rounded to the type's vec_dot_type (as
+    ``_quant_dot.quantize_activations``).
+
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: per block 8 lanes of 4 integer products, each
+    fused-multiply-added with the two scales' product, the lanes added as ``hsum_float_8``, then
+    the blocks' ``m * s``. Q2_K ... Q6_K: each super-block's integer sums, rounded in ggml's
+    vec_dot order below 8 rows of ``x`` and in its tiled matmul's from 8 on
+    (``_ggml_order_k.h``)."""
     cdef str fn = "mul_mat (quantized, ggml order)"
     check_n_threads(fn, n_threads)
     if qtype not in QUANT_TYPES:
         raise DTypeError(f"{fn}: weight type {qtype} has no ggml-order product here (Q4_0, "
-                         "Q4_1, Q5_0, Q5_1, Q8_0)")
-    cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1], k, nt
-    cdef int bb = ggopt_go_block_bytes(qtype)
-    if K % 32 or w.shape[1] != K // 32 * bb:
+                         "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K)")
+    cdef int kq = qtype in _K_TYPES
+    cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1], nt
+    cdef Py_ssize_t qk = 256 if kq else 32
+    cdef int bb = ggopt_k_block_bytes(qtype) if kq else ggopt_go_block_bytes(qtype)
+    if K % qk or w.shape[1] != K // qk * bb:
         raise ShapeError(f"{fn}: rows of {w.shape[1]} bytes are not {K} elements of type "
                          f"{qtype}")
     check_shape(fn, "out", out.shape, 2, N, M)
@@ -247,14 +263,53 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     if K == 0:
         np.asarray(out)[...] = 0
         return
-    cdef Py_ssize_t nb = K // 32
+    cdef Py_ssize_t nb = K // qk
     # Q8_0's codes unbiased: the activation rounding of a Q4_0 weight (the same vec_dot_type)
     cdef int vt_of = 2 if qtype == 8 else qtype
     q = np.empty((N, K), np.int8)
     d = np.empty((N, nb), np.float32)
-    s = np.empty((N, nb), np.float32)
+    s = np.empty((N, K // 32), np.float32)
     sums = np.empty((N, K // 16), np.int32)
     _quant_dot.quantize_activations(np.asarray(x), vt_of, q, d, s, sums, n_threads)
+    cdef const uint8_t *wb = &w[0, 0]
+    cdef Py_ssize_t ws = w.strides[0], ldo = out.strides[0] // 4 if N > 1 else M
+    cdef float *ob = &out[0, 0]
+    nt = _threads(n_threads, M * N * K)
+    if kq:
+        _k_dot(qtype, wb, ws, M, nb, q, d, sums, N, ob, ldo, nt)
+    else:
+        _block32_dot(qtype, wb, ws, M, nb, q, d, s, N, ob, ldo, nt)
+
+
+cdef void _k_dot(int qtype, const uint8_t *wb, Py_ssize_t ws, Py_ssize_t M, Py_ssize_t nb,
+                 q, d, sums, Py_ssize_t N, float *ob, Py_ssize_t ldo, Py_ssize_t nt) except *:
+    # from 8 rows on (ggml's tiled order): the scales and the minimums' code sums block-major
+    dT = np.ascontiguousarray(d.T) if N >= 8 else d
+    per = sums.reshape(N, nb, 16)
+    if qtype != 10:  # Q4_K, Q5_K: sums of 32 (Q3_K, Q6_K have no minimums: unused)
+        per = per[:, :, 0::2] + per[:, :, 1::2]
+    mT = np.ascontiguousarray(per.transpose(1, 2, 0)) if N >= 8 else sums
+    cdef int8_t[:, ::1] qv = q
+    cdef float[:, ::1] dv = d
+    cdef int32_t[:, ::1] bv = sums
+    cdef float[:, ::1] dTv = dT
+    cdef const int32_t[::1] mTv = np.ascontiguousarray(mT).reshape(-1)
+    cdef Py_ssize_t k, row_bytes = nb * (sizeof(ggopt_gok_block) + 32)  # a decoded row, its lanes
+    cdef char *scratch = <char *>malloc(nt * row_bytes)
+    if scratch == NULL:
+        raise MemoryError(f"mul_mat (quantized, ggml order): no memory for {nt} decoded rows")
+    try:
+        for k in prange(nt, nogil=True, num_threads=nt, schedule="static"):
+            ggopt_gok_dot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
+                          &dv[0, 0], &bv[0, 0], &dTv[0, 0], &mTv[0], N, ob, ldo,
+                          scratch + k * row_bytes)
+    finally:
+        free(scratch)
+
+
+cdef void _block32_dot(int qtype, const uint8_t *wb, Py_ssize_t ws, Py_ssize_t M, Py_ssize_t nb,
+                       q, d, s, Py_ssize_t N, float *ob, Py_ssize_t ldo,
+                       Py_ssize_t nt) except *:
     # block-major copies for the tiles of 8 activation rows (fewer rows read d, s as they are)
     dT, sT = (np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)) if N >= 8 else (d, s)
     cdef int8_t[:, ::1] qv = q
@@ -264,14 +319,10 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     cdef float[:, ::1] sTv = sT
     cdef const float *sp = &sv[0, 0] if qtype in (3, 7) else NULL
     cdef const float *sTp = &sTv[0, 0] if qtype in (3, 7) else NULL
-    cdef const uint8_t *wb = &w[0, 0]
-    cdef Py_ssize_t ws = w.strides[0], ldo = out.strides[0] // 4 if N > 1 else M
-    cdef float *ob = &out[0, 0]
-    nt = _threads(n_threads, M * N * K)
-    cdef Py_ssize_t row_bytes = 40 * nb  # a decoded row: 32 codes and two floats a block
+    cdef Py_ssize_t k, row_bytes = 40 * nb  # a decoded row: 32 codes and two floats a block
     cdef int8_t *scratch = <int8_t *>malloc(nt * row_bytes)
     if scratch == NULL:
-        raise MemoryError(f"{fn}: no memory for {nt} decoded rows")
+        raise MemoryError(f"mul_mat (quantized, ggml order): no memory for {nt} decoded rows")
     try:
         for k in prange(nt, nogil=True, num_threads=nt, schedule="static"):
             ggopt_go_qdot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],

@@ -483,31 +483,10 @@ static inline void ggopt_pack_metak(int wtype, const uint8_t *b, int lane, ggopt
 
 static inline void ggopt_pack_blockk(int wtype, const uint8_t *b, int lane, uint8_t *codes,
                                      ggopt_metak *meta) {
+    int q[GGOPT_QK_K];
     ggopt_pack_metak(wtype, b, lane, meta);
-    if (wtype == GGOPT_Q2_K || wtype == GGOPT_Q3_K) {  /* Q3_K: + 4 where hmask's bit is set */
-        int q3 = wtype == GGOPT_Q3_K;
-        for (int e = 0; e < GGOPT_QK_K; e++)
-            ggopt_put_code(codes, lane, e, ggopt_k_code2(b + (q3 ? 32 : 16), e)
-                                               | (q3 ? ggopt_k_hbit(b, e) << 2 : 0));
-        return;
-    }
-    if (ggopt_k_has_min(wtype)) {  /* Q5_K: qh[32] before the nibbles; bit e / 32 of qh[e % 32] */
-        int q5 = wtype == GGOPT_Q5_K;
-        for (int e = 0; e < GGOPT_QK_K; e++) {
-            int g = e >> 6, l = e & 63;
-            uint8_t byte = b[(q5 ? 48 : 16) + 32 * g + (l & 31)];
-            int hi = q5 ? ggopt_k_hbit(b + 16, e) << 4 : 0;
-            ggopt_put_code(codes, lane, e, (l < 32 ? byte & 0x0f : byte >> 4) | hi);
-        }
-        return;
-    }
-    /* Q6_K: ql[128] | qh[64] | scales[16] | d */
-    for (int e = 0; e < GGOPT_QK_K; e++) {
-        int h = e >> 7, qq = (e & 127) >> 5, l = e & 31;
-        int lo = (b[64 * h + (qq & 1) * 32 + l] >> ((qq >> 1) * 4)) & 0x0f;
-        int hi = (b[128 + 32 * h + l] >> (2 * qq)) & 3;
-        ggopt_put_code(codes, lane, e, lo | (hi << 4));
-    }
+    ggopt_k_codes(wtype, b, q);
+    for (int e = 0; e < GGOPT_QK_K; e++) ggopt_put_code(codes, lane, e, q[e]);
 }
 
 #if GGOPT_HAVE_BLOCKS_AVX2

@@ -71,6 +71,36 @@ static inline int ggopt_k_code2(const uint8_t *qs, int e) {
     return (qs[32 * (e >> 7) + (e & 31)] >> (2 * ((e >> 5) & 3))) & 3;
 }
 
+/* a K-quant block's 256 codes as unsigned integers: Q2_K 0..3, Q3_K 0..7 (its value plus 4: the
+   2 bits, plus 4 where hmask's bit is set), Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 (value plus 32) */
+static inline void ggopt_k_codes(int type, const uint8_t *b, int *codes) {
+    switch (type) {
+    case GGOPT_Q2_K:
+        for (int e = 0; e < GGOPT_QK_K; e++) codes[e] = ggopt_k_code2(b + 16, e);
+        break;
+    case GGOPT_Q3_K:
+        for (int e = 0; e < GGOPT_QK_K; e++)
+            codes[e] = ggopt_k_code2(b + 32, e) | ggopt_k_hbit(b, e) << 2;
+        break;
+    case GGOPT_Q4_K: case GGOPT_Q5_K: {  /* Q5_K: qh[32] before the nibbles */
+        const int q5 = type == GGOPT_Q5_K;
+        const uint8_t *qs = b + (q5 ? 48 : 16);
+        for (int e = 0; e < GGOPT_QK_K; e++) {
+            const uint8_t byte = qs[32 * (e >> 6) + (e & 31)];
+            codes[e] = ((e & 63) < 32 ? byte & 0x0f : byte >> 4)
+                       | (q5 ? ggopt_k_hbit(b + 16, e) << 4 : 0);
+        }
+        break;
+    }
+    default:  /* Q6_K: ql[128] | qh[64] | scales[16] | d */
+        for (int e = 0; e < GGOPT_QK_K; e++) {
+            const int h = e >> 7, qq = (e & 127) >> 5, l = e & 31;
+            const int lo = (b[64 * h + (qq & 1) * 32 + l] >> ((qq >> 1) * 4)) & 0x0f;
+            codes[e] = lo | ((b[128 + 32 * h + l] >> (2 * qq)) & 3) << 4;
+        }
+    }
+}
+
 static inline void ggopt_dequant_q2_k(const uint8_t *b, float *y) {
     float d = ggopt_load_f16(b + 80), dmin = ggopt_load_f16(b + 82);
     for (int j = 0; j < 16; j++) {

@@ -65,10 +65,10 @@ def _strength(text: str) -> float:
 
 FLOAT_ORDERS = ("ggml", "ggopt")
 FLOAT_ORDER_HELP = ("ggml (the default with --base-type keep on a file of Q4_0/Q4_1/Q5_0/Q5_1/"
-                    "Q8_0 matrices): round every op as llama.cpp's x86 AVX2 build does, for its "
-                    "perplexity bit for bit on such files (docs/ggml-order.md); ggopt (the "
-                    "default otherwise): ggopt's own order, the same values to float rounding, "
-                    "about 2x faster")
+                    "Q8_0 and K-quant matrices): round every op as llama.cpp's x86 AVX2 build "
+                    "does, for its perplexity bit for bit on such files (and on F32 ones: "
+                    "docs/ggml-order.md); ggopt (the default otherwise): ggopt's own order, "
+                    "the same values to float rounding, about 2x faster")
 
 
 def _load(args: argparse.Namespace) -> Model:

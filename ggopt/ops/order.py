@@ -49,7 +49,8 @@ def _why_not(t: Tensor) -> str | None:
             return "a product without both sources"
         if a.type is F32 or int(a.type) in QUANT_TYPES:
             return None
-        return f"a product of a {a.type.name} weight (F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 have one)"
+        return (f"a product of a {a.type.name} weight (F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and "
+                "Q2_K ... Q6_K have one)")
     return f"op {t.op.name}"
 
 
@@ -61,9 +62,9 @@ def has_ggml_order(t: Tensor) -> bool:
 def set_ggml_order(t: Tensor, *, kv_padded: bool = False) -> Tensor:
     """Compute ``t`` in ggml's float order (llama.cpp's x86-64 AVX2+FMA build): an RMS_NORM,
     a forward ROPE without YaRN, a SOFT_MAX without ALiBi, a ``swiglu_split`` or a MUL_MAT of
-    an F32, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 ``a``. Returns ``t``; InvalidValueError for any
-    other op. Only the rounding changes (the same values to float rounding); set it before the
-    graph is allocated.
+    an F32, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q2_K ... Q6_K ``a``. Returns ``t``;
+    InvalidValueError for any other op. Only the rounding changes (the same values to float
+    rounding); set it before the graph is allocated.
 
     ``kv_padded`` (a SOFT_MAX, or a MUL_MAT of an F32 ``a``: attention's scores and their
     product with the values): round as llama.cpp does over its KV cache, whose width is padded

@@ -1,7 +1,9 @@
 """ggml's float order (``_kernels/_ggml_order``) against the functions of the ``libggml-cpu``
 that llama-cpp-python ships (built for this CPU), bit for bit: ``ggml_vec_dot_f32`` for every
 length mod 32, ``ggml_vec_soft_max_f32``, ``ggml_vec_swiglu_f32`` and the quantized
-``ggml_vec_dot_*`` of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0. The rules are those of an x86 build with
+``ggml_vec_dot_*`` of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0; the K-quant products (Q2_K ... Q6_K)
+against ggml's own ``mul_mat`` (its graph API), which takes vec_dot below 8 activation rows and
+its tiled matmul from 8 on. The rules are those of an x86 build with
 AVX2 and FMA (docs/ggml-order.md): on another build the test is skipped. Marker ``interop``,
 skipped unless ``GGOPT_INTEROP=1``:
 ``GGOPT_INTEROP=1 python -m pytest -m interop tests/kernels/test_ggml_order_interop.py``."""
@@ -17,8 +19,9 @@ import pytest
 from ggopt import quants
 from ggopt._kernels import _ggml_order as go
 from ggopt.types import GGType
-from tests.support.ggml_lib import GGML, ggml_q8, load_ggml, ptr
+from tests.support.ggml_lib import GGML, GgmlGraphs, ggml_q8, load_ggml, ptr
 from tests.support.ggml_order import mm_f32, softmax
+from tools.kquants import K_TYPES, k_blocks
 
 pytestmark = [
     pytest.mark.interop,
@@ -101,3 +104,16 @@ def test_quantized_products_are_ggml_vec_dot(ggml, qtype):
                 ptr(np.ascontiguousarray(raw[j])), ctypes.c_size_t(0), ptr(y),
                 ctypes.c_size_t(0), ctypes.c_int(1))
             assert _bits(ours[i, j]) == _bits(s.value), (i, j)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_k_quant_products_are_ggml_s_mul_mat(ggml, path, qtype):
+    graphs = GgmlGraphs(ggml)
+    rng = np.random.default_rng(int(qtype))
+    raw = k_blocks(qtype, 72, 1536, seed=int(qtype), scale=4e-3)
+    for n in (1, 2, 7, 8, 9, 33):  # vec_dot, then tiled
+        x = (rng.standard_normal((n, 1536)) * rng.uniform(0.05, 20, (n, 1))).astype(f32)
+        ours = np.empty((n, 72), f32)
+        go.mul_mat_quant(raw, int(qtype), x, ours, 2)
+        np.testing.assert_array_equal(_bits(ours), _bits(graphs.mul_mat(qtype, raw, x)),
+                                      err_msg=f"{n} rows")

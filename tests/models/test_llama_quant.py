@@ -23,6 +23,8 @@ from tests.support.llama_files import Q, write
 
 CFG = llama.Config(n_ctx=64, n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=96,
                    tied_output=True)
+K_CFG = llama.Config(n_ctx=32, n_embd=256, n_layer=1, n_head=4, n_head_kv=2, n_ff=256,
+                     tied_output=True)  # K-quant rows are 256-element super-blocks
 IDS = np.array([3, 250, 17, 0, 99, 128, 7, 64, 200, 1, 33, 90, 12])
 KERNEL_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.F32]
 
@@ -80,7 +82,7 @@ def test_keep_maps_every_block_type(tmp_path):
     path = tmp_path / "mixed.gguf"
     write(path, cfg, types=types)
     kept = llama.load(path, progress=False, base_type="keep")
-    assert not kept.net.ggml_order  # K-quants have no ggml order here: ggopt's for the file
+    assert kept.net.ggml_order  # every matrix has a ggml-order product: llama.cpp's bits
     for name, qtype in types.items():
         w = kept.net.params[name]
         assert int(qtype) in {int(t) for t in MAPPABLE_TYPES}
@@ -140,12 +142,12 @@ def test_kept_logits_are_the_same_bits_for_1_2_and_3_threads(tmp_path, order):
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q6_K])
 def test_kept_models_compute_in_ggml_order_by_default(tmp_path, qtype):
     """``base_type="keep"`` gives llama.cpp's bits (ggml's float order; against llama.cpp
     itself: tests/models/test_smollm_interop.py), the same values as ggopt's order to the
     8-bit rounding, and the same bits on the lane-by-lane kernels as on AVX2."""
-    path = _file(tmp_path, qtype)
+    path = _file(tmp_path, qtype, cfg=K_CFG if qtype in (Q.Q4_K, Q.Q6_K) else CFG)
     kept = llama.load(path, progress=False, base_type="keep")
     fast = llama.load(path, progress=False, base_type="keep", ggml_order=False)
     assert kept.net.ggml_order and not fast.net.ggml_order
@@ -235,3 +237,28 @@ def test_a_file_of_the_other_byte_order_is_not_mapped(tmp_path):
     write(path, CFG, types={n: Q.Q8_0 for n in _matrices(CFG)}, big_endian=True)
     with pytest.raises(DTypeError, match="byte order.*base_type='f32'"):
         llama.load(path, progress=False, base_type="keep")
+
+
+def test_f32_weights_take_ggml_s_order_when_asked(tmp_path):
+    """An F32 load asked for ggml's order (``ggml_order=True``): its weight products are
+    flagged too (llama.cpp's bits on the F32 copy: tests/models/test_smollm_interop.py), the
+    logits are ggopt's order's to float rounding, and the lane-by-lane kernels give the same
+    bits."""
+    path = _file(tmp_path, Q.Q4_1)
+    f32 = llama.load(path, progress=False)
+    ordered = llama.load(path, progress=False, ggml_order=True)
+    assert not f32.net.ggml_order and ordered.net.ggml_order
+    weights = {id(t) for t in ordered.net.params.values() if t.ne[1] > 1}
+    graph = ggopt.new_graph_custom(ggopt.Context(), 8192, False)
+    inp = llama.make_inputs(ordered.net, 1, len(IDS))
+    ggopt.build_forward_expand(graph, llama.build_logits(ggopt.Context(), ordered.net, inp))
+    products = [n for n in graph.nodes if n.op.name == "MUL_MAT" and id(n.src[0]) in weights]
+    assert len(products) == 7 * CFG.n_layer + 1  # the blocks' seven and the (tied) output
+    assert all(getattr(n.op_params, "ggml_order", False) for n in products)
+    got = llama.logits(ordered, IDS)
+    np.testing.assert_allclose(got, llama.logits(f32, IDS), rtol=0, atol=1e-4)
+    _ggml_order.force_portable(True)
+    try:
+        assert np.array_equal(llama.logits(ordered, IDS).view(np.int32), got.view(np.int32))
+    finally:
+        _ggml_order.force_portable(False)

@@ -5,11 +5,12 @@ the measured numbers).
 
 On the F32 copy (``ggopt.models.llama.write_f32``) the logits agree to 1e-3 on 128 tokens of
 GPL-3, fed at once and the last 32 one at a time (generation's one-token products), and greedy
-generation of 32 tokens is identical. On the Q4_1 file as shipped (and the Q8_0 file of
-llama.cpp's quantizer), kept, ggopt computes in ggml's float order (docs/ggml-order.md): its
-logits and its perplexity of GPL-3 at ctx 256 equal llama.cpp's bit for bit. In ggopt's own
-order the 8-bit rounding of the activations turns float-rounding differences into whole steps:
-the logits differ by up to about 3, the perplexity by up to 0.5 %.
+generation of 32 tokens is identical. On the Q4_1 file as shipped (and the Q8_0 and K-quant
+files of llama.cpp's quantizer), kept, ggopt computes in ggml's float order
+(docs/ggml-order.md): its logits and its perplexity of GPL-3 at ctx 256 equal llama.cpp's bit
+for bit; the F32 copy too, asked with ``ggml_order=True``. In ggopt's own order the 8-bit
+rounding of the activations turns float-rounding differences into whole steps: the logits
+differ by up to about 3, the perplexity by up to 0.5 %.
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
     assert generate(model, prompt, 32, SamplingParams(temp=0)).tokens == want
 
 
-def assert_bits_of_llama_cpp(path, label, ids):
-    """The file kept (ggml's float order): the logits of 128 and of 77 tokens (a width that is
-    no multiple of 8) and GPL-3's perplexity at ctx 256 are llama.cpp's bit for bit; in
-    ggopt's order they are near them only."""
+def assert_bits_of_llama_cpp(path, label, ids, ggml_order=None):
+    """The file kept (ggml's float order: the default, or ``ggml_order``): the logits of 128
+    and of 77 tokens (a width that is no multiple of 8) and GPL-3's perplexity at ctx 256 are
+    llama.cpp's bit for bit; in ggopt's order they are near them only."""
     cpp = llama_cpp_model(path, 256)
-    kept = llama.load(path, progress=False, base_type="keep")
+    kept = llama.load(path, progress=False, base_type="keep", ggml_order=ggml_order)
+    assert kept.net.ggml_order
     for n in (128, 77):  # (llama.cpp's scores are a view of its buffer: copied)
         ours, theirs = llama.logits(kept, ids[:n]), llama_cpp_logits(cpp, ids[:n]).copy()
         np.testing.assert_array_equal(ours.view(np.int32), theirs.view(np.int32))
@@ -96,45 +98,34 @@ def test_perplexity_of_gpl3_at_ctx_256_within_half_a_percent(setup):
     assert abs(ours.ppl / theirs - 1) < 0.005
 
 
-def assert_kept_near_llama_cpp(path, label, ids):
-    """The file kept: logits near llama.cpp's and GPL-3's perplexity at ctx 256 within 0.5 %
-    of it. The largest logit difference is the 8-bit activations' chaos
-    (docs/quantized-products.md, "Why the gap remains"), larger the coarser the weights (Q2_K:
-    4.2 of a 74 span, as with F32 activations); the mean is the measure."""
-    cpp = llama_cpp_model(path, 256)
-    kept = llama.load(path, progress=False, base_type="keep")
-    ours, theirs = llama.logits(kept, ids[:128]), llama_cpp_logits(cpp, ids[:128])
-    diff = np.abs(ours - theirs)
-    agree = float(np.mean(ours.argmax(-1) == theirs.argmax(-1)))
-    ppl, want = perplexity(kept, ids, 256).ppl, llama_cpp_perplexity(cpp, ids, 256)
-    print(f"\n{label} kept: logits max {diff.max():.3g} mean {diff.mean():.3g}, top-1 "
-          f"{100 * agree:.1f} %; GPL-3 ctx 256 ggopt {ppl:.4f}, llama.cpp {want:.4f} "
-          f"({100 * (ppl / want - 1):+.3f} %)")
-    assert diff.max() < 0.08 * np.ptp(theirs) and diff.mean() < 0.01 * np.ptp(theirs)
-    # top-1 counts near ties that either side's 8-bit chaos flips; llama.cpp's own bits differ
-    # per CPU build (Q2_K's file: 89.8 % against an AVX2 build on a Zen 3, more on AVX-512)
-    assert agree > 0.85
-    assert abs(ppl / want - 1) < 0.005
-
-
 @pytest.mark.slow
 def test_q8_0_file_of_llama_cpp_s_quantizer_kept_gives_its_bits(setup):
     assert_bits_of_llama_cpp(quantized_path("Q8_0"), "Q8_0", setup[2])
 
 
+def test_q4_k_m_file_of_llama_cpp_s_quantizer_kept_gives_its_bits(setup):
+    """Q4_K and Q6_K products (SmolLM2's 576-wide rows fall back to Q5_0/Q8_0): ggml's tiled
+    K-quant matmul's order."""
+    assert_bits_of_llama_cpp(quantized_path("Q4_K_M"), "Q4_K_M", setup[2])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("ftype", ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M"])
-def test_files_of_llama_cpp_s_quantizer_kept(setup, ftype):
-    """The K-quant mixes of llama.cpp's quantizer (SmolLM2's 576-wide rows fall back to
-    Q4_0/Q5_0/Q5_1/Q8_0, so Q2_K's file holds Q3_K and Q4_0 matrices): their K-quant products
-    have no ggml order here, so near llama.cpp only."""
-    assert_kept_near_llama_cpp(quantized_path(ftype), ftype, setup[2])
+@pytest.mark.parametrize("ftype", ["Q2_K", "Q3_K_M", "Q5_K_M"])
+def test_other_k_quant_files_of_llama_cpp_s_quantizer_kept_give_their_bits(setup, ftype):
+    """The other K-quant mixes (Q2_K's file holds Q3_K and Q4_0 matrices)."""
+    assert_bits_of_llama_cpp(quantized_path(ftype), ftype, setup[2])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K"])
-def test_k_quant_matrices_of_ggml_s_quantizer_kept(setup, qtype):
+def test_k_quant_matrices_of_ggml_s_quantizer_in_ggml_order_give_their_bits(setup, qtype):
     """The F32 copy with its 30 ffn_down matrices quantized by ggml's own quantize_chunk (the
     only SmolLM2 matrices of whole super-blocks; llama.cpp's Q2_K file type puts no Q2_K
-    matrix there)."""
-    assert_kept_near_llama_cpp(ggml_quantized_path(qtype), f"{qtype} ffn_down", setup[2])
+    matrix there): with F32 matrices, ordered on request."""
+    assert_bits_of_llama_cpp(ggml_quantized_path(qtype), f"{qtype} ffn_down", setup[2],
+                             ggml_order=True)
+
+
+@pytest.mark.slow
+def test_f32_copy_in_ggml_order_gives_llama_cpp_s_bits(setup):
+    assert_bits_of_llama_cpp(f32_path(), "F32 copy", setup[2], ggml_order=True)

@@ -110,8 +110,8 @@ def test_other_ops_and_misplaced_kv_padded_are_refused():
     for t, what in ((ggopt.add(ctx, a, a), "op ADD"),
                     (ggopt.soft_max_ext(ctx, a, m, 1.0, 0.5), "ALiBi"),
                     (ggopt.swiglu(ctx, a), "one-source swiglu"),
-                    (ggopt.mul_mat(ctx, ctx.new_tensor(GGType.Q4_K, (256, 4)),
-                                   ctx.new_tensor(ggopt.F32, (256, 2))), "Q4_K weight")):
+                    (ggopt.mul_mat(ctx, ctx.new_tensor(GGType.F16, (256, 4)),
+                                   ctx.new_tensor(ggopt.F32, (256, 2))), "F16 weight")):
         before = t.op_params
         with pytest.raises(InvalidValueError, match=what):
             ggopt.set_ggml_order(t)

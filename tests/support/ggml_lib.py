@@ -47,3 +47,61 @@ def ggml_q8(lib: ctypes.CDLL, qtype: GGType, x: np.ndarray) -> np.ndarray:
     return out
 
 
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p),
+                ("no_alloc", ctypes.c_bool)]
+
+
+class _Tensor(ctypes.Structure):  # struct ggml_tensor's head, up to its data pointer
+    _fields_ = [("type", ctypes.c_int32), ("buffer", ctypes.c_void_p),
+                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int32),
+                ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
+                ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p)]
+
+
+class GgmlGraphs:
+    """ggml's own ``mul_mat`` through its graph API (``ggml_init``, ``ggml_mul_mat``,
+    ``ggml_graph_compute_with_ctx``): whatever path ggml takes for the shapes (for K-quant
+    weights: vec_dot below 8 activation rows, its tiled matmul from 8 on)."""
+
+    def __init__(self, cpu: ctypes.CDLL) -> None:
+        base = ctypes.CDLL(str(Path(cpu._name).parent / "libggml-base.so"))
+        pt = ctypes.POINTER(_Tensor)
+        base.ggml_init.restype, base.ggml_init.argtypes = ctypes.c_void_p, [_InitParams]
+        base.ggml_new_tensor_2d.restype = pt
+        base.ggml_new_tensor_2d.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                                            ctypes.c_int64]
+        base.ggml_mul_mat.restype = pt
+        base.ggml_mul_mat.argtypes = [ctypes.c_void_p, pt, pt]
+        base.ggml_new_graph.restype = ctypes.c_void_p
+        base.ggml_new_graph.argtypes = [ctypes.c_void_p]
+        base.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, pt]
+        base.ggml_free.argtypes = [ctypes.c_void_p]
+        cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p,
+                                                    ctypes.c_int]
+        cpu.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+        self.base, self.cpu = base, cpu
+
+    def mul_mat(self, qtype: GGType, raw: np.ndarray, x: np.ndarray,
+                n_threads: int = 2) -> np.ndarray:
+        """``x @ W.T`` (N x M) for ``raw``: M rows of ``qtype`` blocks, ``x``: N x K F32."""
+        b = self.base
+        (m, k), n = (raw.shape[0], x.shape[1]), x.shape[0]
+        size = (16 << 20) + raw.nbytes + 3 * x.nbytes + 4 * m * n  # tensors and the graph
+        ctx = b.ggml_init(_InitParams(size, None, False))
+        try:
+            a_t = b.ggml_new_tensor_2d(ctx, int(qtype), k, m)
+            x_t = b.ggml_new_tensor_2d(ctx, int(GGType.F32), k, n)
+            ctypes.memmove(a_t.contents.data, ptr(np.ascontiguousarray(raw)), raw.nbytes)
+            ctypes.memmove(x_t.contents.data, ptr(np.ascontiguousarray(x, np.float32)), x.nbytes)
+            c = b.ggml_mul_mat(ctx, a_t, x_t)
+            graph = b.ggml_new_graph(ctx)
+            b.ggml_build_forward_expand(graph, c)
+            assert self.cpu.ggml_graph_compute_with_ctx(ctx, graph, n_threads) == 0
+            buf = (ctypes.c_char * (4 * m * n)).from_address(c.contents.data)
+            return np.frombuffer(buf, np.float32).reshape(n, m).copy()
+        finally:
+            b.ggml_free(ctx)

@@ -341,9 +341,9 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
     ``compute_type`` (default: the model's): ``"bf16"`` rounds every F32 weight matrix to BF16
     once in this graph for its products (:mod:`.compute`). ``ggml_order`` (default: the
     model's): the RMS norms, ropes, softmaxes, SwiGLUs, attention products and the products
-    of Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights in ggml's float order (:func:`ggopt.set_ggml_order`,
-    docs/ggml-order.md); F32, F16/BF16 and K-quant weights, and a projection's products, keep
-    ggopt's."""
+    of F32, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 and Q2_K ... Q6_K weights in ggml's float order
+    (:func:`ggopt.set_ggml_order`, docs/ggml-order.md); F16/BF16 weights, a projection's
+    products and the BF16 compute type keep ggopt's."""
     cfg, p, c, g = model.cfg, model.params, ctx, ggopt
     ordered = model.ggml_order if ggml_order is None else bool(ggml_order)
 
@@ -352,7 +352,7 @@ def build_graph(ctx: Context, model: LlamaModel, inp: Inputs, cache: KVCache | N
 
     def weight_product(w: Tensor, x: Tensor) -> Tensor:
         y = g.mul_mat(c, w, x)
-        return go(y) if w.type.is_quantized else y
+        return go(y) if w.type.is_quantized or w.type is F32 else y
 
     fam = cfg.family
     weight = _rounded(c, p, check_compute_type(

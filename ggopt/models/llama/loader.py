@@ -117,8 +117,8 @@ def load(path: str | os.PathLike[str], sched: Scheduler | None = None, *,
     ``progress``: draw a progress bar on ``stream`` (default stderr); None = for files over
     64 MiB. ``ggml_order``: inference graphs in ggml's float order, llama.cpp's bits
     (:func:`.graph.build_graph`, docs/ggml-order.md); default: with ``base_type="keep"``
-    when every matrix is Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 (with others it would not give
-    llama.cpp's bits, only be slower).
+    when every matrix is Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or Q2_K ... Q6_K (with others it would
+    not give llama.cpp's bits, only be slower).
 
     Raises
     ------
