@@ -21,7 +21,7 @@ from ggopt._kernels import _ggml_order as go
 from ggopt.types import GGType
 from tests.support.ggml_lib import GGML, GgmlGraphs, ggml_q8, load_ggml, ptr
 from tests.support.ggml_order import mm_f32, softmax
-from tools.kquants import K_TYPES, k_blocks
+from tools.kquants import K_TYPES, SCALE_AT, k_blocks
 
 pytestmark = [
     pytest.mark.interop,
@@ -111,9 +111,50 @@ def test_k_quant_products_are_ggml_s_mul_mat(ggml, path, qtype):
     graphs = GgmlGraphs(ggml)
     rng = np.random.default_rng(int(qtype))
     raw = k_blocks(qtype, 72, 1536, seed=int(qtype), scale=4e-3)
-    for n in (1, 2, 7, 8, 9, 33):  # vec_dot, then tiled
+    for n in (1, 2, 7, 8, 9, 15, 33):  # vec_dot, then tiled (tails of 1 and 7 rows)
         x = (rng.standard_normal((n, 1536)) * rng.uniform(0.05, 20, (n, 1))).astype(f32)
         ours = np.empty((n, 72), f32)
         go.mul_mat_quant(raw, int(qtype), x, ours, 2)
         np.testing.assert_array_equal(_bits(ours), _bits(graphs.mul_mat(qtype, raw, x)),
                                       err_msg=f"{n} rows")
+
+
+def _same_or_both_nan(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal bits, or NaN on both sides (a NaN's sign and payload are not promised)."""
+    nan = np.isnan(a)
+    return np.array_equal(nan, np.isnan(b)) and np.array_equal(_bits(a)[~nan], _bits(b)[~nan])
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_k_quant_products_of_extreme_scales_and_activations_are_ggml_s(ggml, qtype):
+    """F16 scales at the edges (subnormal, largest, infinite, NaN, zero) and activation rows of
+    zeros, NaN, infinities, the largest floats and subnormals: the same numbers as ggml on both
+    paths and any thread count, for vec_dot's row counts and tiled's."""
+    graphs = GgmlGraphs(ggml)
+    rng = np.random.default_rng(int(qtype) + 100)
+    special = np.array([0x0001, 0x03FF, 0x0400, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0x8001, 0x0000,
+                        0xFBFF, 0x3C00], np.uint16)
+    raw = k_blocks(qtype, 22, 512, seed=7).reshape(22, 2, -1)
+    for r in range(11):  # one row per special scale (each F16 scale of its blocks)
+        for at in SCALE_AT[qtype]:
+            raw[r, :, at:at + 2] = special[r:r + 1].view(np.uint8)
+    raw = raw.reshape(22, -1)
+    for n in (3, 12):
+        x = (rng.standard_normal((n, 512)) * 4).astype(f32)
+        x[0] = 0.0
+        x[1, 5] = np.nan
+        x[2, 300] = np.inf
+        if n > 3:
+            x[3, :7] = -np.inf
+            x[4] = 3e38
+            x[5] *= 1e-40
+        want = graphs.mul_mat(qtype, raw, x)
+        for portable in (False, True):
+            go.force_portable(portable)
+            try:
+                for nt in (1, 3):
+                    ours = np.empty((n, 22), f32)
+                    go.mul_mat_quant(raw, int(qtype), x, ours, nt)
+                    assert _same_or_both_nan(ours, want), (n, portable, nt)
+            finally:
+                go.force_portable(False)

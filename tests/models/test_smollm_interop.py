@@ -67,19 +67,21 @@ def test_logits_and_greedy_equal_llama_cpp_on_the_f32_copy(setup):
 
 
 def assert_bits_of_llama_cpp(path, label, ids, ggml_order=None):
-    """The file kept (ggml's float order: the default, or ``ggml_order``): the logits of 128
-    and of 77 tokens (a width that is no multiple of 8) and GPL-3's perplexity at ctx 256 are
-    llama.cpp's bit for bit; in ggopt's order they are near them only."""
+    """The file kept (ggml's float order: the default, or ``ggml_order``): the logits of 128,
+    77 (a width that is no multiple of 8) and 5 tokens (fewer than 8: ggml's vec_dot for the
+    K-quants, its tiled matmul from 8 on) and GPL-3's perplexity at ctx 256 are llama.cpp's bit
+    for bit; in ggopt's order they are near them only."""
     cpp = llama_cpp_model(path, 256)
     kept = llama.load(path, progress=False, base_type="keep", ggml_order=ggml_order)
     assert kept.net.ggml_order
-    for n in (128, 77):  # (llama.cpp's scores are a view of its buffer: copied)
+    for n in (128, 77, 5):  # (llama.cpp's scores are a view of its buffer: copied)
         ours, theirs = llama.logits(kept, ids[:n]), llama_cpp_logits(cpp, ids[:n]).copy()
         np.testing.assert_array_equal(ours.view(np.int32), theirs.view(np.int32))
     fast = llama.load(path, progress=False, base_type="keep", ggml_order=False)
+    theirs = llama_cpp_logits(cpp, ids[:77]).copy()
     diff = np.abs(llama.logits(fast, ids[:77]) - theirs)
     ppl, want = perplexity(kept, ids, 256), llama_cpp_perplexity(cpp, ids, 256)
-    print(f"\n{label} kept: logits of 128 and 77 tokens equal llama.cpp's bit for bit "
+    print(f"\n{label} kept: logits of 128, 77 and 5 tokens equal llama.cpp's bit for bit "
           f"(ggopt's order: max {diff.max():.3g}, mean {diff.mean():.3g}); GPL-3 ctx 256 "
           f"{ppl.ppl!r} against {want!r}; {ppl.tokens_per_second:.0f} tokens/s")
     assert ppl.ppl == want

@@ -11,6 +11,7 @@ import pytest
 
 import ggopt
 from ggopt import backend as gb
+from ggopt._kernels import _ggml_order as go
 from ggopt.backend.array.backend import numpy_backend
 from ggopt.backend.array.ops.quant import int_product
 from ggopt.errors import DTypeError, ShapeError
@@ -153,3 +154,23 @@ def test_refusals_before_anything_runs(qtype):
                lambda: ggopt.transpose(ctx, w), lambda: ggopt.rms_norm(ctx, w, 1e-5)):
         with pytest.raises(DTypeError):
             op()
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, **IDS)
+def test_batched_product_in_ggml_order_takes_each_slice_s_row_count(qtype):
+    """ggml picks vec_dot or its tiled matmul by each batch slice's rows (``ne11``), not by
+    all of them: 4 slices of 4 rows are 4 vec_dot products, 2 of 9 two tiled ones; a flattened
+    product of the first would round otherwise."""
+    raw = k_blocks(qtype, 24, 512, seed=4, scale=0.01)
+    for shape in ((4, 4, 512), (2, 9, 512)):
+        x = _f32(*shape, seed=5)
+        got = _compute(lambda c, w, t: ggopt.set_ggml_order(ggopt.mul_mat(c, w, t)), qtype, raw,
+                       [x], gb.cpu_init(2))[0]
+        want = np.empty(shape[:2] + (24,), np.float32)
+        for i in range(shape[0]):
+            go.mul_mat_quant(raw, int(qtype), x[i], want[i], 1)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        if shape[1] < 8:  # all the rows at once would be tiled
+            flat = np.empty_like(want.reshape(-1, 24))
+            go.mul_mat_quant(raw, int(qtype), x.reshape(-1, 512), flat, 1)
+            assert not np.array_equal(flat.reshape(want.shape), want)
