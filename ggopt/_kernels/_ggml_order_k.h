@@ -203,17 +203,16 @@ __attribute__((always_inline)) GGOPT_GO_AVX2 static inline __m256i ggopt_gok_s1x
     const int sgn = t == GGOPT_Q3_K || t == GGOPT_Q6_K;
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     __m256i s[8];
-    for (int j = 0; j < 8; j++) {
-        s[j] = _mm256_setzero_si256();
-        if (j >= nk) continue;
-        for (int c = 0; c < 8; c++) {
+    for (int j = 0; j < 8; j++) s[j] = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {  /* one chunk's codes and scales against each row */
+        const __m256i w = _mm256_loadu_si256((const __m256i *)((sgn ? k->v : (const int8_t *)k->u)
+                                                               + 32 * c));
+        const __m256i sc = _mm256_loadu_si256((const __m256i *)k->scv[c]);
+        for (int j = 0; j < nk; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(y + j * ys + 32 * c));
-            const __m256i p = sgn
-                ? _mm256_maddubs_epi16(_mm256_xor_si256(q, bias),
-                                       _mm256_loadu_si256((const __m256i *)(k->v + 32 * c)))
-                : _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(k->u + 32 * c)), q);
-            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(
-                _mm256_loadu_si256((const __m256i *)k->scv[c]), p));
+            const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_xor_si256(q, bias), w)
+                                  : _mm256_maddubs_epi16(w, q);
+            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(sc, p));
         }
     }
     const __m256i a0 = _mm256_hadd_epi32(s[0], s[1]), a1 = _mm256_hadd_epi32(s[2], s[3]);
