@@ -246,7 +246,7 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
         raise DTypeError(f"{fn}: weight type {qtype} has no ggml-order product here (Q4_0, "
                          "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K)")
     cdef int kq = qtype in _K_TYPES
-    cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1], nt
+    cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1], k, nt
     cdef Py_ssize_t qk = 256 if kq else 32
     cdef int bb = ggopt_k_block_bytes(qtype) if kq else ggopt_go_block_bytes(qtype)
     if K % qk or w.shape[1] != K // qk * bb:
@@ -271,61 +271,42 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     s = np.empty((N, K // 32), np.float32)
     sums = np.empty((N, K // 16), np.int32)
     _quant_dot.quantize_activations(np.asarray(x), vt_of, q, d, s, sums, n_threads)
+    # block-major copies for the tiles of 8 activation rows (fewer rows read them as they are):
+    # the scales, Q8_1's s and (K-quants, ggml's tiled order) the minimums' code sums
+    dT, sT = (np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)) if N >= 8 else (d, s)
+    mT = sums
+    if kq and N >= 8:
+        per = sums.reshape(N, nb, 16)
+        if qtype in (12, 13):  # Q4_K, Q5_K: sums of 32 (Q2_K: of 16; the others: unused)
+            per = per[:, :, 0::2] + per[:, :, 1::2]
+        mT = np.ascontiguousarray(per.transpose(1, 2, 0))
+    cdef int8_t[:, ::1] qv = q
+    cdef float[:, ::1] dv = d
+    cdef float[:, ::1] sv = s
+    cdef int32_t[:, ::1] bv = sums
+    cdef float[:, ::1] dTv = dT
+    cdef float[:, ::1] sTv = sT
+    cdef const int32_t[::1] mTv = np.ascontiguousarray(mT).reshape(-1)
+    cdef const float *sp = &sv[0, 0] if qtype in (3, 7) else NULL
+    cdef const float *sTp = &sTv[0, 0] if qtype in (3, 7) else NULL
     cdef const uint8_t *wb = &w[0, 0]
     cdef Py_ssize_t ws = w.strides[0], ldo = out.strides[0] // 4 if N > 1 else M
     cdef float *ob = &out[0, 0]
     nt = _threads(n_threads, M * N * K)
-    if kq:
-        _k_dot(qtype, wb, ws, M, nb, q, d, sums, N, ob, ldo, nt)
-    else:
-        _block32_dot(qtype, wb, ws, M, nb, q, d, s, N, ob, ldo, nt)
-
-
-cdef void _k_dot(int qtype, const uint8_t *wb, Py_ssize_t ws, Py_ssize_t M, Py_ssize_t nb,
-                 q, d, sums, Py_ssize_t N, float *ob, Py_ssize_t ldo, Py_ssize_t nt) except *:
-    # from 8 rows on (ggml's tiled order): the scales and the minimums' code sums block-major
-    dT = np.ascontiguousarray(d.T) if N >= 8 else d
-    per = sums.reshape(N, nb, 16)
-    if qtype != 10:  # Q4_K, Q5_K: sums of 32 (Q3_K, Q6_K have no minimums: unused)
-        per = per[:, :, 0::2] + per[:, :, 1::2]
-    mT = np.ascontiguousarray(per.transpose(1, 2, 0)) if N >= 8 else sums
-    cdef int8_t[:, ::1] qv = q
-    cdef float[:, ::1] dv = d
-    cdef int32_t[:, ::1] bv = sums
-    cdef float[:, ::1] dTv = dT
-    cdef const int32_t[::1] mTv = np.ascontiguousarray(mT).reshape(-1)
-    cdef Py_ssize_t k, row_bytes = nb * (sizeof(ggopt_gok_block) + 32)  # a decoded row, its lanes
+    # a decoded row per thread: K-quants their blocks and lanes, else 32 codes and 2 floats
+    cdef Py_ssize_t row_bytes = nb * (sizeof(ggopt_gok_block) + 32) if kq else 40 * nb
     cdef char *scratch = <char *>malloc(nt * row_bytes)
     if scratch == NULL:
-        raise MemoryError(f"mul_mat (quantized, ggml order): no memory for {nt} decoded rows")
+        raise MemoryError(f"{fn}: no memory for {nt} decoded rows")
     try:
         for k in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            ggopt_gok_dot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
-                          &dv[0, 0], &bv[0, 0], &dTv[0, 0], &mTv[0], N, ob, ldo,
-                          scratch + k * row_bytes)
-    finally:
-        free(scratch)
-
-
-cdef void _block32_dot(int qtype, const uint8_t *wb, Py_ssize_t ws, Py_ssize_t M, Py_ssize_t nb,
-                       q, d, s, Py_ssize_t N, float *ob, Py_ssize_t ldo,
-                       Py_ssize_t nt) except *:
-    # block-major copies for the tiles of 8 activation rows (fewer rows read d, s as they are)
-    dT, sT = (np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)) if N >= 8 else (d, s)
-    cdef int8_t[:, ::1] qv = q
-    cdef float[:, ::1] dv = d
-    cdef float[:, ::1] sv = s
-    cdef float[:, ::1] dTv = dT
-    cdef float[:, ::1] sTv = sT
-    cdef const float *sp = &sv[0, 0] if qtype in (3, 7) else NULL
-    cdef const float *sTp = &sTv[0, 0] if qtype in (3, 7) else NULL
-    cdef Py_ssize_t k, row_bytes = 40 * nb  # a decoded row: 32 codes and two floats a block
-    cdef int8_t *scratch = <int8_t *>malloc(nt * row_bytes)
-    if scratch == NULL:
-        raise MemoryError(f"mul_mat (quantized, ggml order): no memory for {nt} decoded rows")
-    try:
-        for k in prange(nt, nogil=True, num_threads=nt, schedule="static"):
-            ggopt_go_qdot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
-                          &dv[0, 0], sp, &dTv[0, 0], sTp, N, ob, ldo, scratch + k * row_bytes)
+            if kq:
+                ggopt_gok_dot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
+                              &dv[0, 0], &bv[0, 0], &dTv[0, 0], &mTv[0], N, ob, ldo,
+                              scratch + k * row_bytes)
+            else:
+                ggopt_go_qdot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
+                              &dv[0, 0], sp, &dTv[0, 0], sTp, N, ob, ldo,
+                              <int8_t *>(scratch + k * row_bytes))
     finally:
         free(scratch)

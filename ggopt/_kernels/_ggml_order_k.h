@@ -107,6 +107,21 @@ static void ggopt_gok_lanes1(int t, const ggopt_gok_block *k, const int8_t *y,
         for (int l = 0; l < 8; l++) lane[l] -= ggopt_gok_q6_fix(k, bs, l);
 }
 
+/* vec_dot's minimum terms of one block: Q4_K's 4 lanes, Q5_K's one sum */
+static inline void ggopt_gok_vec_mins(int t, const ggopt_gok_block *k, const int32_t *b,
+                                      float dmin, float *m, float *s) {
+    if (t == GGOPT_Q4_K)
+        for (int q = 0; q < 4; q++) m[q] = fmaf(dmin, (float)ggopt_gok_min32(k, b, q), m[q]);
+    if (t == GGOPT_Q5_K) *s = fmaf(dmin, (float)ggopt_gok_s2(t, k, b), *s);
+}
+
+/* vec_dot's result: the lanes' hsum_float_8 h, plus Q4_K's (m0 + m2) + (m1 + m3) or Q5_K's s */
+static inline float ggopt_gok_vec_finish(int t, float h, const float *m, float s) {
+    if (t == GGOPT_Q4_K) return h + ((m[0] + m[2]) + (m[1] + m[3]));
+    if (t == GGOPT_Q5_K) return h + s;
+    return h;
+}
+
 /* ggml's combine of one output from its blocks' lanes (lanes: nb x 8 ints) */
 static float ggopt_gok_vec_combine1(int t, const ggopt_gok_block *w, Py_ssize_t nb,
                                     const int32_t *lanes, const float *dy, const int32_t *bs) {
@@ -121,14 +136,9 @@ static float ggopt_gok_vec_combine1(int t, const ggopt_gok_block *w, Py_ssize_t 
                               acc[l]);
             acc[l] = fmaf(d, (float)lanes[8 * i + l], acc[l]);
         }
-        if (t == GGOPT_Q4_K)
-            for (int q = 0; q < 4; q++) m[q] = fmaf(dmin, (float)ggopt_gok_min32(k, b, q), m[q]);
-        if (t == GGOPT_Q5_K) s = fmaf(dmin, (float)ggopt_gok_s2(t, k, b), s);
+        ggopt_gok_vec_mins(t, k, b, dmin, m, &s);
     }
-    float r = ggopt_go_hsum8_1(acc);
-    if (t == GGOPT_Q4_K) r += (m[0] + m[2]) + (m[1] + m[3]);
-    if (t == GGOPT_Q5_K) r += s;
-    return r;
+    return ggopt_gok_vec_finish(t, ggopt_go_hsum8_1(acc), m, s);
 }
 
 static float ggopt_gok_tiled_combine(int t, const ggopt_gok_block *w, Py_ssize_t nb,
@@ -185,14 +195,9 @@ GGOPT_GO_AVX2 static float ggopt_gok_vec8(int t, const ggopt_gok_block *w, Py_ss
         }
         const __m256i lanes = ggopt_gok_lanes8(t, k, y + 256 * i, b);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc);
-        if (t == GGOPT_Q4_K)
-            for (int q = 0; q < 4; q++) m[q] = fmaf(dmin, (float)ggopt_gok_min32(k, b, q), m[q]);
-        if (t == GGOPT_Q5_K) s = fmaf(dmin, (float)ggopt_gok_s2(t, k, b), s);
+        ggopt_gok_vec_mins(t, k, b, dmin, m, &s);
     }
-    float r = ggopt_go_hsum8(acc);
-    if (t == GGOPT_Q4_K) r += (m[0] + m[2]) + (m[1] + m[3]);
-    if (t == GGOPT_Q5_K) r += s;
-    return r;
+    return ggopt_gok_vec_finish(t, ggopt_go_hsum8(acc), m, s);
 }
 
 /* S1 of one block for up to 8 activation rows (lane j: row k0 + j; rows past nk: 0). The
