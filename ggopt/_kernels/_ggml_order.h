@@ -23,6 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_quant_blocks.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define GGOPT_GO_X86 1
 #include <immintrin.h>
@@ -382,55 +384,20 @@ static void ggopt_go_dots(const float *a, Py_ssize_t lda, Py_ssize_t M, const fl
 
 /* ---------------------------------------------------------------- quantized products */
 
-/* the 32-blocks ggml-order products take: weight type -> block bytes, code offset, whether
-   the block has an F16 m (Q4_1, Q5_1: the m * s term) */
-enum { GGOPT_GO_Q4_0 = 2, GGOPT_GO_Q4_1 = 3, GGOPT_GO_Q5_0 = 6, GGOPT_GO_Q5_1 = 7,
-       GGOPT_GO_Q8_0 = 8 };
-
-static inline int ggopt_go_block_bytes(int t) {
-    switch (t) {
-    case GGOPT_GO_Q4_0: return 18;
-    case GGOPT_GO_Q4_1: return 20;
-    case GGOPT_GO_Q5_0: return 22;
-    case GGOPT_GO_Q5_1: return 24;
-    case GGOPT_GO_Q8_0: return 34;
-    default: return 0;
-    }
-}
-
-static inline float ggopt_go_half(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 0x3ffu;
-    if (e == 31) return ggopt_go_f(sign | 0x7f800000u | (m << 13));
-    if (e == 0) {
-        float v = (float)m * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    return ggopt_go_f(sign | ((e + 112u) << 23) | (m << 13));
-}
-
-/* the 32 codes of a block (natural order) and its d (and m) */
+/* the 32 codes of a block of a 32-element type (natural order, signed: Q4_0's and Q5_0's
+   offsets taken off) and its d (and Q4_1's, Q5_1's m); block layouts: _quant_blocks.h */
 static inline void ggopt_go_decode(int t, const uint8_t *b, int8_t *c, float *d, float *m) {
-    *d = ggopt_go_half(b);
+    *d = ggopt_load_f16(b);
     *m = 0.0f;
-    if (t == GGOPT_GO_Q8_0) { memcpy(c, b + 2, 32); return; }
-    const uint8_t *qs;
-    uint32_t qh = 0;
-    int off;
+    if (t == GGOPT_Q8_0) { memcpy(c, b + 2, 32); return; }
+    int q[GGOPT_QK], off = 0;
     switch (t) {
-    case GGOPT_GO_Q4_0: qs = b + 2; off = 8; break;
-    case GGOPT_GO_Q4_1: *m = ggopt_go_half(b + 2); qs = b + 4; off = 0; break;
-    case GGOPT_GO_Q5_0: memcpy(&qh, b + 2, 4); qs = b + 6; off = 16; break;
-    default: *m = ggopt_go_half(b + 2); memcpy(&qh, b + 4, 4); qs = b + 8; off = 0; break;
+    case GGOPT_Q4_0: ggopt_codes(b + 2, NULL, q); off = 8; break;
+    case GGOPT_Q4_1: *m = ggopt_load_f16(b + 2); ggopt_codes(b + 4, NULL, q); break;
+    case GGOPT_Q5_0: ggopt_codes(b + 6, b + 2, q); off = 16; break;
+    default: *m = ggopt_load_f16(b + 2); ggopt_codes(b + 8, b + 4, q); break;
     }
-    for (int e = 0; e < 16; e++) {
-        int lo = qs[e] & 15, hi = qs[e] >> 4;
-        lo |= (int)((qh >> e) & 1u) << 4;
-        hi |= (int)((qh >> (e + 16)) & 1u) << 4;
-        c[e] = (int8_t)(lo - off);
-        c[e + 16] = (int8_t)(hi - off);
-    }
+    for (int e = 0; e < GGOPT_QK; e++) c[e] = (int8_t)(q[e] - off);
 }
 
 /* c * q as ggml's sign trick computes it (vpsignb, vpmaddubsw): |c| unsigned times q with
@@ -444,7 +411,7 @@ static inline int32_t ggopt_go_signed_product(int8_t c, int8_t q) {
 /* one weight row decoded: its codes c (32 nb int8), the blocks' d and m (nb floats each) */
 static void ggopt_go_decode_row(int t, const uint8_t *row, Py_ssize_t nb, int8_t *c, float *d,
                                 float *m) {
-    const int bb = ggopt_go_block_bytes(t);
+    const int bb = ggopt_q_block_bytes(t);
     for (Py_ssize_t i = 0; i < nb; i++) ggopt_go_decode(t, row + i * bb, c + 32 * i, d + i, m + i);
 }
 
@@ -480,13 +447,13 @@ static void ggopt_go_qdot1(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0
 /* a block's 32 codes in a register (Q4_0/Q4_1/Q8_0 decoded here, Q5_0/Q5_1 by the portable
    decoder), the same values as ggopt_go_decode */
 GGOPT_GO_AVX2 static inline __m256i ggopt_go_codes8(int t, const uint8_t *b) {
-    if (t == GGOPT_GO_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
-    if (t == GGOPT_GO_Q4_0 || t == GGOPT_GO_Q4_1) {
-        const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (t == GGOPT_GO_Q4_0 ? 2 : 4)));
+    if (t == GGOPT_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    if (t == GGOPT_Q4_0 || t == GGOPT_Q4_1) {
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (t == GGOPT_Q4_0 ? 2 : 4)));
         const __m128i lo = _mm_and_si128(qs, _mm_set1_epi8(15));
         const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(15));
         const __m256i c = _mm256_set_m128i(hi, lo);
-        return t == GGOPT_GO_Q4_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(8)) : c;
+        return t == GGOPT_Q4_0 ? _mm256_sub_epi8(c, _mm256_set1_epi8(8)) : c;
     }
     int8_t c[32];
     float d, m;
@@ -530,7 +497,7 @@ __attribute__((always_inline)) GGOPT_GO_AVX2 static inline void ggopt_go_qrows(
         int t, int unsig, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r, const int nr,
         Py_ssize_t nb, const int8_t *qk, const float *dk, const float *sk, float *out) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const int bb = ggopt_go_block_bytes(t);
+    const int bb = ggopt_q_block_bytes(t);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                      _mm256_setzero_ps()};
     float sm[4] = {0, 0, 0, 0};
@@ -560,16 +527,16 @@ GGOPT_GO_AVX2 static void ggopt_go_qdot8_few(int t, const uint8_t *w, Py_ssize_t
                                              Py_ssize_t r0, Py_ssize_t r1, Py_ssize_t nb,
                                              const int8_t *q, const float *d, const float *s,
                                              Py_ssize_t n, float *out, Py_ssize_t ldo) {
-    const int unsig = t == GGOPT_GO_Q4_1 || t == GGOPT_GO_Q5_1;
+    const int unsig = t == GGOPT_Q4_1 || t == GGOPT_Q5_1;
     for (Py_ssize_t k = 0; k < n; k++) {
         const int8_t *qk = q + k * nb * 32;
         const float *dk = d + k * nb, *sk = s ? s + k * nb : NULL;
         float *o = out + k * ldo;
         Py_ssize_t r = r0;
         switch (t) {
-        case GGOPT_GO_Q4_0: GGOPT_GO_QROWS(GGOPT_GO_Q4_0, 0) break;
-        case GGOPT_GO_Q4_1: GGOPT_GO_QROWS(GGOPT_GO_Q4_1, 1) break;
-        case GGOPT_GO_Q8_0: GGOPT_GO_QROWS(GGOPT_GO_Q8_0, 0) break;
+        case GGOPT_Q4_0: GGOPT_GO_QROWS(GGOPT_Q4_0, 0) break;
+        case GGOPT_Q4_1: GGOPT_GO_QROWS(GGOPT_Q4_1, 1) break;
+        case GGOPT_Q8_0: GGOPT_GO_QROWS(GGOPT_Q8_0, 0) break;
         default: break;  /* Q5_0, Q5_1: below, one row at a time */
         }
         for (; r < r1; r++) ggopt_go_qrows(t, unsig, w, ws, r, 1, nb, qk, dk, sk, o);
@@ -583,15 +550,15 @@ GGOPT_GO_AVX2 static void ggopt_go_qdot8(int t, const uint8_t *w, Py_ssize_t ws,
                                          Py_ssize_t r1, Py_ssize_t nb, const int8_t *q,
                                          const float *dT, const float *sT, Py_ssize_t n,
                                          float *out, Py_ssize_t ldo, int8_t *scratch) {
-    const int bb = ggopt_go_block_bytes(t), unsig = t == GGOPT_GO_Q4_1 || t == GGOPT_GO_Q5_1;
+    const int bb = ggopt_q_block_bytes(t), unsig = t == GGOPT_Q4_1 || t == GGOPT_Q5_1;
     int8_t *c = scratch;
     float *dw = (float *)(scratch + 32 * nb), *mw = dw + nb;
     for (Py_ssize_t r = r0; r < r1; r++) {
         const uint8_t *row = w + r * ws;
         for (Py_ssize_t i = 0; i < nb; i++) {
             _mm256_storeu_si256((__m256i *)(c + 32 * i), ggopt_go_codes8(t, row + i * bb));
-            dw[i] = ggopt_go_half(row + i * bb);
-            mw[i] = unsig ? ggopt_go_half(row + i * bb + 2) : 0.0f;
+            dw[i] = ggopt_load_f16(row + i * bb);
+            mw[i] = unsig ? ggopt_load_f16(row + i * bb + 2) : 0.0f;
         }
         Py_ssize_t k0 = 0;
         if (unsig)  /* constant tile sizes: the sums stay in registers */

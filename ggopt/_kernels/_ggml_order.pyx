@@ -23,7 +23,7 @@ from ggopt.errors import DTypeError, ShapeError
 cdef extern from "_ggml_order.h" nogil:
     int ggopt_go_vector
     int ggopt_go_use_vector()
-    int ggopt_go_block_bytes(int t)
+    int ggopt_q_block_bytes(int t)
     void ggopt_go_softmax_row(const float *x, const float *mask, float *y, float *w,
                               Py_ssize_t n, float scale, int pad8)
     void ggopt_go_swiglu_row(const float *x, const float *g, float *y, Py_ssize_t n)
@@ -38,7 +38,6 @@ cdef extern from "_ggml_order.h" nogil:
 cdef extern from "_ggml_order_k.h" nogil:
     ctypedef struct ggopt_gok_block:
         pass
-    int ggopt_k_block_bytes(int t)
     void ggopt_gok_dot(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0, Py_ssize_t r1,
                        Py_ssize_t nb, const int8_t *q, const float *d, const int32_t *bs,
                        const float *dT, const int32_t *mT, Py_ssize_t n, float *out,
@@ -248,7 +247,7 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     cdef int kq = qtype in _K_TYPES
     cdef Py_ssize_t M = w.shape[0], N = x.shape[0], K = x.shape[1], k, nt
     cdef Py_ssize_t qk = 256 if kq else 32
-    cdef int bb = ggopt_k_block_bytes(qtype) if kq else ggopt_go_block_bytes(qtype)
+    cdef int bb = ggopt_q_block_bytes(qtype)
     if K % qk or w.shape[1] != K // qk * bb:
         raise ShapeError(f"{fn}: rows of {w.shape[1]} bytes are not {K} elements of type "
                          f"{qtype}")
@@ -273,7 +272,8 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     _quant_dot.quantize_activations(np.asarray(x), vt_of, q, d, s, sums, n_threads)
     # block-major copies for the tiles of 8 activation rows (fewer rows read them as they are):
     # the scales, Q8_1's s and (K-quants, ggml's tiled order) the minimums' code sums
-    dT, sT = (np.ascontiguousarray(d.T), np.ascontiguousarray(s.T)) if N >= 8 else (d, s)
+    dT = np.ascontiguousarray(d.T) if N >= 8 else d
+    sT = np.ascontiguousarray(s.T) if N >= 8 and qtype in (3, 7) else s
     mT = sums
     if kq and N >= 8:
         per = sums.reshape(N, nb, 16)

@@ -22,7 +22,6 @@
 #define GGOPT_GGML_ORDER_K_H
 
 #include "_ggml_order.h"
-#include "_quant_blocks.h"
 
 /* one super-block decoded: u the unsigned codes (Q3_K: value + 4, Q6_K: value + 32), sc the
    scale of each 16 elements (Q4_K/Q5_K: each 32-element scale twice), scv the scales as the

@@ -149,11 +149,13 @@ def test_k_products_do_not_depend_on_threads_path_or_output_stride(qtype):
         assert all(np.array_equal(outs[0].view(np.int32), o.view(np.int32)) for o in outs)
 
 
-def test_k_products_check_whole_super_blocks():
+def test_k_products_check_whole_super_blocks_before_writing():
     x = np.ones((2, 256), f32)
+    out = np.full((2, 3), 7.0, f32)
     with pytest.raises(ShapeError, match="not 256 elements"):
-        go.mul_mat_quant(np.zeros((3, 143), np.uint8), int(GGType.Q4_K), x,
-                         np.empty((2, 3), f32), 1)
+        go.mul_mat_quant(np.zeros((3, 143), np.uint8), int(GGType.Q4_K), x, out, 1)
     with pytest.raises(ShapeError, match="not 96 elements"):
-        go.mul_mat_quant(np.zeros((3, 210), np.uint8), int(GGType.Q6_K), x[:, :96],
-                         np.empty((2, 3), f32), 1)
+        go.mul_mat_quant(np.zeros((3, 210), np.uint8), int(GGType.Q6_K), x[:, :96], out, 1)
+    with pytest.raises(ShapeError, match="out"):
+        go.mul_mat_quant(np.zeros((4, 210), np.uint8), int(GGType.Q6_K), x, out, 1)
+    assert np.all(out == 7.0)
