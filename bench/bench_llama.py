@@ -8,7 +8,7 @@ with an F32 KV cache and flash attention off. Run with ``pytest bench/bench_llam
 ggopt rows store ``ratio_vs_llama_cpp`` (above 1 is faster). ``test_generate_alternating``
 times both sides round by round (llama.cpp, then ggopt), the fairer comparison on a shared
 machine: its ``min_ratio_vs_llama_cpp`` and ``median_ratio_vs_llama_cpp`` are the numbers to
-quote. Run with ``GOMP_SPINCOUNT=10000`` (bench/README.md: the torch import in conftest.py
+quote. Run with ``GOMP_SPINCOUNT=30000`` (bench/README.md: the torch import in conftest.py
 otherwise gives both sides libgomp's default wait, 2.5x slower here).
 """
 

@@ -7,7 +7,7 @@ median(row), ``min_ratio_vs_<ref>`` the same of the minima, ``target_vs_<ref>`` 
 ``met_vs_<ref>``; see bench/README.md), then the row's other records. The header says when,
 where and on which commit the run was made, and the load the caller measured::
 
-    GOMP_SPINCOUNT=10000 python -m pytest bench --benchmark-json=bench.json
+    GOMP_SPINCOUNT=30000 python -m pytest bench --benchmark-json=bench.json
     python tools/perf_page.py bench.json --load "1.2-2.4 (uptime during the run)" \\
         -o docs/performance.md
 """
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("json", help="the file of `pytest bench --benchmark-json=FILE`")
     p.add_argument("--load", required=True,
                    help="the machine's load during the run (uptime's load averages)")
-    p.add_argument("--command", default="GOMP_SPINCOUNT=10000 python -m pytest bench "
+    p.add_argument("--command", default="GOMP_SPINCOUNT=30000 python -m pytest bench "
                    "--benchmark-json=bench.json", help="the command the run used")
     p.add_argument("--note", default="", help="anything else the reader must know of the run")
     p.add_argument("-o", "--out", default="docs/performance.md")

@@ -1,9 +1,10 @@
 """How idle OpenMP threads wait: chosen by ``import ggopt`` before any kernel loads libgomp.
 
 libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when it loads. Unless the user set
-one of them, ggopt sets a short spin (about 0.1 ms, then sleep): waking a sleeping thread costs
-20-100 µs per parallel region on a VM, and libgomp's own default spin (30x longer) takes a core
-from NumPy's BLAS between computes. When a launcher started several processes of one job on
+one of them, ggopt sets a short spin (about 1 ms, then sleep): waking a sleeping thread costs
+60-100 µs per parallel region on a VM (more when the host is busy), and a training step's small
+kernels and Python leave gaps of 0.3-1 ms between its parallel products; libgomp's own default
+spin (10x longer) holds a core that NumPy's BLAS may need between computes. When a launcher started several processes of one job on
 this machine (MPI ranks: ``MPI_LOCALNRANKS``, ``OMPI_COMM_WORLD_LOCAL_SIZE``), their threads
 share the cores, and a spinning thread would hold one that another rank needs (2 ranks x 2
 threads on 2 cores: an MNIST-FC epoch took 0.77 s spinning, 0.39 s with PASSIVE): idle threads
@@ -18,8 +19,9 @@ from collections.abc import Mapping, MutableMapping
 
 __all__ = ["SPIN_COUNT", "choose_wait_policy", "local_processes"]
 
-#: Spins of an idle libgomp thread before it sleeps (about 0.1 ms).
-SPIN_COUNT = 10000
+#: Spins of an idle libgomp thread before it sleeps (about 1 ms on an AMD Zen 3: 10,000 spins
+#: slept between gaps of 0.2 and 0.5 ms, 30,000 between 0.7 and 1 ms).
+SPIN_COUNT = 30000
 
 #: Variables through which launchers tell a process how many processes of its job share this
 #: machine (MPICH's Hydra and Intel MPI; Open MPI).
