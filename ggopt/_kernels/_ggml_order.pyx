@@ -40,8 +40,7 @@ cdef extern from "_ggml_order_k.h" nogil:
         pass
     void ggopt_gok_dot(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0, Py_ssize_t r1,
                        Py_ssize_t nb, const int8_t *q, const float *d, const int32_t *bs,
-                       const float *dT, const int32_t *mT, Py_ssize_t n, float *out,
-                       Py_ssize_t ldo, void *scratch)
+                       Py_ssize_t n, float *out, Py_ssize_t ldo, void *scratch)
 
 cdef Py_ssize_t _PAR_MIN_WORK = min_parallel_work(1 << 15)
 
@@ -238,7 +237,8 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     fused-multiply-added with the two scales' product, the lanes added as ``hsum_float_8``, then
     the blocks' ``m * s``. Q2_K ... Q6_K: each super-block's integer sums, rounded in ggml's
     vec_dot order below 8 rows of ``x`` and in its tiled matmul's from 8 on
-    (``_ggml_order_k.h``)."""
+    (``_ggml_order_k.h``; on AVX2 the tiled order's integers come from
+    ``_quant_dot.mul_mat_q8(ggml_tiled=True)``)."""
     cdef str fn = "mul_mat (quantized, ggml order)"
     check_n_threads(fn, n_threads)
     if qtype not in QUANT_TYPES:
@@ -263,6 +263,11 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
         np.asarray(out)[...] = 0
         return
     cdef Py_ssize_t nb = K // qk
+    if kq and N >= 8 and ggopt_go_use_vector() and _quant_dot.has_ggml_tiled(qtype):
+        # the tiled order's integers from ggopt's packed AVX2 kernel (4 activation rows x 16
+        # weight rows a step), rounded in ggml's order: the same bits, 2-3x sooner
+        _quant_dot.mul_mat_q8(w, qtype, x, out, n_threads, ggml_tiled=True)
+        return
     # Q8_0's codes unbiased: the activation rounding of a Q4_0 weight (the same vec_dot_type)
     cdef int vt_of = 2 if qtype == 8 else qtype
     q = np.empty((N, K), np.int8)
@@ -271,22 +276,15 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
     sums = np.empty((N, K // 16), np.int32)
     _quant_dot.quantize_activations(np.asarray(x), vt_of, q, d, s, sums, n_threads)
     # block-major copies for the tiles of 8 activation rows (fewer rows read them as they are):
-    # the scales, Q8_1's s and (K-quants, ggml's tiled order) the minimums' code sums
-    dT = np.ascontiguousarray(d.T) if N >= 8 else d
+    # the scales and Q8_1's s
+    dT = np.ascontiguousarray(d.T) if N >= 8 and not kq else d
     sT = np.ascontiguousarray(s.T) if N >= 8 and qtype in (3, 7) else s
-    mT = sums
-    if kq and N >= 8:
-        per = sums.reshape(N, nb, 16)
-        if qtype in (12, 13):  # Q4_K, Q5_K: sums of 32 (Q2_K: of 16; the others: unused)
-            per = per[:, :, 0::2] + per[:, :, 1::2]
-        mT = np.ascontiguousarray(per.transpose(1, 2, 0))
     cdef int8_t[:, ::1] qv = q
     cdef float[:, ::1] dv = d
     cdef float[:, ::1] sv = s
     cdef int32_t[:, ::1] bv = sums
     cdef float[:, ::1] dTv = dT
     cdef float[:, ::1] sTv = sT
-    cdef const int32_t[::1] mTv = np.ascontiguousarray(mT).reshape(-1)
     cdef const float *sp = &sv[0, 0] if qtype in (3, 7) else NULL
     cdef const float *sTp = &sTv[0, 0] if qtype in (3, 7) else NULL
     cdef const uint8_t *wb = &w[0, 0]
@@ -302,8 +300,7 @@ def mul_mat_quant(const uint8_t[:, :] w not None, int qtype, const float[:, :] x
         for k in prange(nt, nogil=True, num_threads=nt, schedule="static"):
             if kq:
                 ggopt_gok_dot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
-                              &dv[0, 0], &bv[0, 0], &dTv[0, 0], &mTv[0], N, ob, ldo,
-                              scratch + k * row_bytes)
+                              &dv[0, 0], &bv[0, 0], N, ob, ldo, scratch + k * row_bytes)
             else:
                 ggopt_go_qdot(qtype, wb, ws, M * k // nt, M * (k + 1) // nt, nb, &qv[0, 0],
                               &dv[0, 0], sp, &dTv[0, 0], sTp, N, ob, ldo,

@@ -29,10 +29,8 @@
    (Q2_K: 16; Q4_K/Q5_K: 8) */
 typedef struct {
     uint8_t u[256];
-    int8_t v[256];       /* Q3_K, Q6_K: the signed values (unset for the others) */
     int16_t scv[8][16];
     int32_t sc[16], mn[16];
-    int32_t corr;        /* Q3_K, Q6_K: 128 * sum sc * v (the activations' +128 bias) */
     float d, dmin;
 } ggopt_gok_block;
 
@@ -68,13 +66,6 @@ static void ggopt_gok_decode(int t, const uint8_t *b, ggopt_gok_block *k) {
     }
     for (int c = 0; c < 8; c++)
         for (int l = 0; l < 16; l++) k->scv[c][l] = (int16_t)k->sc[2 * c + (l >> 3)];
-    k->corr = 0;
-    if (t != GGOPT_Q3_K && t != GGOPT_Q6_K) return;
-    const int off = t == GGOPT_Q3_K ? 4 : 32;
-    for (int e = 0; e < GGOPT_QK_K; e++) {
-        k->v[e] = (int8_t)(k->u[e] - off);
-        k->corr += 128 * k->sc[e >> 4] * k->v[e];
-    }
 }
 
 /* Q6_K's lane corrections and the minimums' sums (bs: the 16 sums of 16 codes of Q8_K) */
@@ -199,112 +190,19 @@ GGOPT_GO_AVX2 static float ggopt_gok_vec8(int t, const ggopt_gok_block *w, Py_ss
     return ggopt_gok_vec_finish(t, ggopt_go_hsum8(acc), m, s);
 }
 
-/* S1 of one block for up to 8 activation rows (lane j: row k0 + j; rows past nk: 0). The
-   unsigned codes times the activations, or (Q3_K, Q6_K) the activations plus 128 times the
-   signed values, less corr: the same integers as ggopt_gok_lanes1's sum. */
-__attribute__((always_inline)) GGOPT_GO_AVX2 static inline __m256i ggopt_gok_s1x8(
-        const int t, const ggopt_gok_block *k, const int8_t *y, Py_ssize_t ys, const int nk) {
-    const int sgn = t == GGOPT_Q3_K || t == GGOPT_Q6_K;
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    __m256i s[8];
-    for (int j = 0; j < 8; j++) s[j] = _mm256_setzero_si256();
-    for (int c = 0; c < 8; c++) {  /* one chunk's codes and scales against each row */
-        const __m256i w = _mm256_loadu_si256((const __m256i *)((sgn ? k->v : (const int8_t *)k->u)
-                                                               + 32 * c));
-        const __m256i sc = _mm256_loadu_si256((const __m256i *)k->scv[c]);
-        for (int j = 0; j < nk; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(y + j * ys + 32 * c));
-            const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_xor_si256(q, bias), w)
-                                  : _mm256_maddubs_epi16(w, q);
-            s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(sc, p));
-        }
-    }
-    const __m256i a0 = _mm256_hadd_epi32(s[0], s[1]), a1 = _mm256_hadd_epi32(s[2], s[3]);
-    const __m256i a2 = _mm256_hadd_epi32(s[4], s[5]), a3 = _mm256_hadd_epi32(s[6], s[7]);
-    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
-    __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
-                                 _mm256_permute2x128_si256(b0, b1, 0x31));
-    return sgn ? _mm256_sub_epi32(r, _mm256_set1_epi32(k->corr)) : r;
-}
-
-/* the tiled order for activation rows k0 .. k0+nk-1 (nk <= 8) against one decoded row, each
-   lane one row's chain: r = d * S1, r = fma(-dmin, S2, r), acc = fma(r, d_y, acc). dT: the
-   activations' scales block-major (nb x n); mT: their sums of 32 (Q4_K, Q5_K: nb x 8 x n) or
-   16 codes (Q2_K: nb x 16 x n) */
-__attribute__((always_inline)) GGOPT_GO_AVX2 static inline void ggopt_gok_tile8(
-        const int t, const ggopt_gok_block *w, Py_ssize_t nb, const int8_t *q, const float *dT,
-        const int32_t *mT, Py_ssize_t n, Py_ssize_t k0, const int nk, float *out,
-        Py_ssize_t ldo) {
-    const int nm = t == GGOPT_Q2_K ? 16 : 8, mins = ggopt_k_has_min(t);
-    const __m256i live = ggopt_go_lanes(nk);
-    __m256 acc = _mm256_setzero_ps();
-    for (Py_ssize_t i = 0; i < nb; i++) {
-        const ggopt_gok_block *k = w + i;
-        __m256 r = _mm256_mul_ps(_mm256_set1_ps(k->d), _mm256_cvtepi32_ps(
-            ggopt_gok_s1x8(t, k, q + k0 * 256 * nb + 256 * i, 256 * nb, nk)));
-        if (mins) {
-            __m256i s2 = _mm256_setzero_si256();
-            const int32_t *m = mT + i * nm * n + k0;
-            for (int j = 0; j < nm; j++)
-                s2 = _mm256_add_epi32(s2, _mm256_mullo_epi32(
-                    _mm256_set1_epi32(k->mn[j]), _mm256_maskload_epi32(m + j * n, live)));
-            r = _mm256_fnmadd_ps(_mm256_set1_ps(k->dmin), _mm256_cvtepi32_ps(s2), r);
-        }
-        acc = _mm256_fmadd_ps(r, _mm256_maskload_ps(dT + i * n + k0, live), acc);
-    }
-    float o[8];
-    _mm256_storeu_ps(o, acc);
-    for (int j = 0; j < nk; j++) out[(k0 + j) * ldo] = o[j];
-}
-
-__attribute__((always_inline)) GGOPT_GO_AVX2 static inline void ggopt_gok_tiled_rows(
-        const int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0, Py_ssize_t r1,
-        Py_ssize_t nb, const int8_t *q, const float *dT, const int32_t *mT, Py_ssize_t n,
-        float *out, Py_ssize_t ldo, ggopt_gok_block *blk) {
-    const int bb = ggopt_k_block_bytes(t);
-    for (Py_ssize_t r = r0; r < r1; r++) {
-        for (Py_ssize_t i = 0; i < nb; i++) ggopt_gok_decode(t, w + r * ws + i * bb, blk + i);
-        Py_ssize_t k0 = 0;
-        for (; k0 + 8 <= n; k0 += 8) ggopt_gok_tile8(t, blk, nb, q, dT, mT, n, k0, 8, out + r, ldo);
-        if (k0 < n)
-            ggopt_gok_tile8(t, blk, nb, q, dT, mT, n, k0, (int)(n - k0), out + r, ldo);
-    }
-}
-
-/* ggml's tiled order for n >= 8 activation rows, the weight type a constant of each loop */
-GGOPT_GO_AVX2 static void ggopt_gok_tiled(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0,
-                                          Py_ssize_t r1, Py_ssize_t nb, const int8_t *q,
-                                          const float *dT, const int32_t *mT, Py_ssize_t n,
-                                          float *out, Py_ssize_t ldo, ggopt_gok_block *blk) {
-    switch (t) {
-#define GGOPT_GOK_CASE(T) \
-    case T: ggopt_gok_tiled_rows(T, w, ws, r0, r1, nb, q, dT, mT, n, out, ldo, blk); break;
-    GGOPT_GOK_CASE(GGOPT_Q2_K) GGOPT_GOK_CASE(GGOPT_Q3_K) GGOPT_GOK_CASE(GGOPT_Q4_K)
-    GGOPT_GOK_CASE(GGOPT_Q5_K) GGOPT_GOK_CASE(GGOPT_Q6_K)
-#undef GGOPT_GOK_CASE
-    default: break;
-    }
-}
 #endif
 
 /* out[k * ldo + r] for weight rows r0 .. r1-1 (nb super-blocks each, row stride ws bytes)
    against n activation rows rounded to Q8_K: codes q (n x 256 nb), scales d (n x nb), sums of
-   16 codes bs (n x 16 nb); from 8 rows on also d block-major (dT: nb x n) and the sums the
-   minimums take (mT: Q2_K nb x 16 x n; Q4_K, Q5_K the sums of 32, nb x 8 x n). scratch: nb decoded blocks (and, lane by lane, 8 nb ints). ggml's
-   tiled order from 8 activation rows on, its vec_dot's below. */
+   16 codes bs (n x 16 nb). scratch: nb decoded blocks and 8 nb ints. ggml's tiled order from
+   8 activation rows on (lane by lane: on AVX2 the products take _quant_avx2.h's packed
+   kernel instead, _quant_dot.mul_mat_q8(ggml_tiled=True)), its vec_dot's below. */
 static void ggopt_gok_dot(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0, Py_ssize_t r1,
                           Py_ssize_t nb, const int8_t *q, const float *d, const int32_t *bs,
-                          const float *dT, const int32_t *mT, Py_ssize_t n, float *out,
-                          Py_ssize_t ldo, void *scratch) {
+                          Py_ssize_t n, float *out, Py_ssize_t ldo, void *scratch) {
     ggopt_gok_block *blk = (ggopt_gok_block *)scratch;
     int32_t *lanes = (int32_t *)(blk + nb);
     const int bb = ggopt_k_block_bytes(t), tiled = n >= 8;
-#if GGOPT_GO_X86
-    if (tiled && ggopt_go_use_vector()) {
-        ggopt_gok_tiled(t, w, ws, r0, r1, nb, q, dT, mT, n, out, ldo, blk);
-        return;
-    }
-#endif
     for (Py_ssize_t r = r0; r < r1; r++) {
         for (Py_ssize_t i = 0; i < nb; i++) ggopt_gok_decode(t, w + r * ws + i * bb, blk + i);
         for (Py_ssize_t k = 0; k < n; k++) {
@@ -313,7 +211,7 @@ static void ggopt_gok_dot(int t, const uint8_t *w, Py_ssize_t ws, Py_ssize_t r0,
             const int32_t *bk = bs + k * 16 * nb;
             float v;
 #if GGOPT_GO_X86
-            if (ggopt_go_use_vector()) {
+            if (!tiled && ggopt_go_use_vector()) {
                 out[k * ldo + r] = ggopt_gok_vec8(t, blk, nb, y, dk, bk);
                 continue;
             }

@@ -111,7 +111,9 @@ static inline int ggopt_qdot_panel_avx2(int kern, int wtype, const uint8_t *g0, 
     if (kern != GGOPT_KERN_AVX2 && kern != GGOPT_KERN_AVXVNNI) return 0;
     void (*group)(int, const uint8_t *, const ggopt_q8_rows *, Py_ssize_t, int, int, float *,
                   Py_ssize_t) =
-        kern == GGOPT_KERN_AVXVNNI ? ggopt_qdot_group_avxvnni : ggopt_qdot_group_avx2;
+        kern == GGOPT_KERN_AVXVNNI
+            ? (x->ggml_tiled ? ggopt_qdot_group_ggml_avxvnni : ggopt_qdot_group_avxvnni)
+            : (x->ggml_tiled ? ggopt_qdot_group_ggml_avx2 : ggopt_qdot_group_avx2);
     for (int g = 0; g < 2 && 16 * g < ml; g++) {
         int nl = ml - 16 * g < 16 ? ml - 16 * g : 16;
         for (Py_ssize_t n0 = 0; n0 < N; n0 += 4)
@@ -243,10 +245,11 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_x
 }
 
 /* out[r*ldo + lane] for rows n0..n0+nr-1 of x and the lanes < nl of one group: each output
-   the portable kernel's integers and float operations in the same order */
+   the portable kernel's integers and float operations in the same order (a K-quant with
+   ggml_tiled: the same integers in ggml's tiled order, which only these kernels take) */
 GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_qdot_group_nr)(
-        int wtype, const int kind, const uint8_t *grp, const ggopt_q8_rows *x, Py_ssize_t n0,
-        const int nr, int nl, float *out, Py_ssize_t ldo) {
+        int wtype, const int kind, const int ggml_tiled, const uint8_t *grp,
+        const ggopt_q8_rows *x, Py_ssize_t n0, const int nr, int nl, float *out, Py_ssize_t ldo) {
     Py_ssize_t pbb = ggopt_packed_block_bytes(wtype), nb = x->nb, K = x->K;
     const int kq = kind >= GGOPT_XK_Q4K, q8 = kind == GGOPT_XK_Q8;
     const int q4k = kind == GGOPT_XK_Q4K || kind == GGOPT_XK_Q5K;  /* 32-element sub-blocks */
@@ -340,12 +343,21 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
                     q4k ? ggopt_pair32(bs[4 * k] + bs[4 * k + 1], bs[4 * k + 2] + bs[4 * k + 3])
                         : ggopt_pair32(bs[2 * k], bs[2 * k + 1]));
             for (int h = 0; h < 2; h++) {
+                __m256i msum = _mm256_setzero_si256();
+                for (int k = 0; k < np; k++)
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[h][k], bp[k]));
+                if (ggml_tiled) {  /* r = d_w S1, r = fma(-dmin_w, S2, r), acc = fma(r, d_y, acc) */
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(m->d + 8 * h),
+                                             _mm256_cvtepi32_ps(is[r][h]));
+                    if (np)
+                        t = _mm256_fnmadd_ps(_mm256_loadu_ps(m->m + 8 * h),
+                                             _mm256_cvtepi32_ps(msum), t);
+                    acc[r][h] = _mm256_fmadd_ps(t, da, acc[r][h]);
+                    continue;
+                }
                 __m256 t = _mm256_mul_ps(_mm256_loadu_ps(m->d + 8 * h), da);
                 acc[r][h] = _mm256_add_ps(acc[r][h], _mm256_mul_ps(t, _mm256_cvtepi32_ps(is[r][h])));
                 if (np) {
-                    __m256i msum = _mm256_setzero_si256();
-                    for (int k = 0; k < np; k++)
-                        msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mp[h][k], bp[k]));
                     __m256 tm = _mm256_mul_ps(_mm256_loadu_ps(m->m + 8 * h), da);
                     acc[r][h] = _mm256_sub_ps(acc[r][h], _mm256_mul_ps(tm, _mm256_cvtepi32_ps(msum)));
                 }
@@ -361,13 +373,14 @@ GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_q
 }
 
 GGOPT_X_TARGET static inline __attribute__((always_inline)) void GGOPT_X(ggopt_qdot_group_kind)(
-        int wtype, const int kind, const uint8_t *grp, const ggopt_q8_rows *x, Py_ssize_t n0,
-        int nr, int nl, float *out, Py_ssize_t ldo) {
+        int wtype, const int kind, const int ggml_tiled, const uint8_t *grp,
+        const ggopt_q8_rows *x, Py_ssize_t n0, int nr, int nl, float *out, Py_ssize_t ldo) {
     switch (nr) {
-    case 4: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, grp, x, n0, 4, nl, out, ldo); break;
-    case 3: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, grp, x, n0, 3, nl, out, ldo); break;
-    case 2: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, grp, x, n0, 2, nl, out, ldo); break;
-    default: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, grp, x, n0, 1, nl, out, ldo); break;
+#define GGOPT_X_NR(R) \
+    case R: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, ggml_tiled, grp, x, n0, R, nl, out, ldo); break;
+    GGOPT_X_NR(4) GGOPT_X_NR(3) GGOPT_X_NR(2)
+#undef GGOPT_X_NR
+    default: GGOPT_X(ggopt_qdot_group_nr)(wtype, kind, ggml_tiled, grp, x, n0, 1, nl, out, ldo);
     }
 }
 
@@ -375,14 +388,29 @@ GGOPT_X_TARGET static void GGOPT_X(ggopt_qdot_group)(int wtype, const uint8_t *g
                                                      const ggopt_q8_rows *x, Py_ssize_t n0,
                                                      int nr, int nl, float *out, Py_ssize_t ldo) {
     switch (ggopt_avx2_kind(wtype)) {
-    case GGOPT_XK_Q8: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q8, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_U4: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_U4, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_U5: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_U5, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_Q4K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q4K, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_Q5K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q5K, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_Q2K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q2K, grp, x, n0, nr, nl, out, ldo); break;
-    case GGOPT_XK_Q3K: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q3K, grp, x, n0, nr, nl, out, ldo); break;
-    default: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q6K, grp, x, n0, nr, nl, out, ldo); break;
+#define GGOPT_X_KIND(K) \
+    case K: GGOPT_X(ggopt_qdot_group_kind)(wtype, K, 0, grp, x, n0, nr, nl, out, ldo); break;
+    GGOPT_X_KIND(GGOPT_XK_Q8) GGOPT_X_KIND(GGOPT_XK_U4) GGOPT_X_KIND(GGOPT_XK_U5)
+    GGOPT_X_KIND(GGOPT_XK_Q4K) GGOPT_X_KIND(GGOPT_XK_Q5K) GGOPT_X_KIND(GGOPT_XK_Q2K)
+    GGOPT_X_KIND(GGOPT_XK_Q3K)
+#undef GGOPT_X_KIND
+    default: GGOPT_X(ggopt_qdot_group_kind)(wtype, GGOPT_XK_Q6K, 0, grp, x, n0, nr, nl, out, ldo);
+    }
+}
+
+/* the K-quants' groups with their block sums rounded in ggml's tiled order (x->ggml_tiled):
+   the only fused multiply-adds of this module */
+GGOPT_X_TARGET static void GGOPT_X(ggopt_qdot_group_ggml)(int wtype, const uint8_t *grp,
+                                                          const ggopt_q8_rows *x, Py_ssize_t n0,
+                                                          int nr, int nl, float *out,
+                                                          Py_ssize_t ldo) {
+    switch (ggopt_avx2_kind(wtype)) {
+#define GGOPT_X_KIND(K) \
+    case K: GGOPT_X(ggopt_qdot_group_kind)(wtype, K, 1, grp, x, n0, nr, nl, out, ldo); break;
+    GGOPT_X_KIND(GGOPT_XK_Q4K) GGOPT_X_KIND(GGOPT_XK_Q5K) GGOPT_X_KIND(GGOPT_XK_Q2K)
+    GGOPT_X_KIND(GGOPT_XK_Q3K) GGOPT_X_KIND(GGOPT_XK_Q6K)
+#undef GGOPT_X_KIND
+    default: break;  /* mul_mat_q8 takes ggml's order for the K-quants only */
     }
 }
 #endif

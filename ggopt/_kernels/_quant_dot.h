@@ -622,6 +622,8 @@ typedef struct {
     const float *d, *s;    /* rows of nb scales (and Q8_1's s) */
     const int32_t *sums;   /* rows of K/16 sums */
     Py_ssize_t K, nb;
+    int ggml_tiled;        /* K-quants on the AVX2 kernels only: each block's integer sums rounded
+                              in ggml's tiled order (_ggml_order_k.h) instead of ggopt's */
 } ggopt_q8_rows;
 
 /* the offset of a 32-block type's codes (Q4_0: 8, Q5_0: 16; 0 for the rest) */

@@ -29,6 +29,7 @@ cdef extern from "_quant_dot.h" nogil:
         const float *s
         const int32_t *sums
         Py_ssize_t K, nb
+        int ggml_tiled
     int ggopt_q_block_bytes(int type)
     int ggopt_q_block_elems(int type)
     int ggopt_vec_dot_type(int wtype)
@@ -129,6 +130,12 @@ def set_kernel(str name) -> None:
     _kern = _FOUND[0] if name in ("auto", "amx") else _KERNS.index(name)
 
 
+def has_ggml_tiled(int qtype) -> bool:
+    """True when :func:`mul_mat_q8` can round a ``qtype`` weight's products in ggml's tiled
+    order: a K-quant (Q2_K ... Q6_K), on a CPU with AVX2 and the portable kernel not forced."""
+    return 10 <= qtype <= 14 and _HAS_AVX2 and _kern != 0
+
+
 def available() -> list[str]:
     """The kernels this CPU can run, fastest first."""
     return ["amx"] * _HAS_AMX + [_KERNS[i] for i in _FOUND]
@@ -218,7 +225,8 @@ def pack_weight(const uint8_t[:, :] w not None, int qtype, uint8_t[:, ::1] panel
 
 
 def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x not None,
-               float[:, :] out not None, int n_threads, const uint8_t[:, ::1] packed=None):
+               float[:, :] out not None, int n_threads, const uint8_t[:, ::1] packed=None,
+               bint ggml_tiled=False):
     """``out = x @ W.T`` as ggml's CPU backend computes mul_mat of a quantized ``w`` (M rows of
     K): ``x`` rounded to the type's vec_dot_type (:func:`quantize_activations`), integer sums
     per block, then the blocks' scales, added block after block.
@@ -234,10 +242,15 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     x : (N, K) float32, unit stride in a row
     out : (N, M) float32, unit stride in a row, overwritten
     packed : :func:`pack_weight`'s panels of this ``w`` (the caller keeps them matched), or None
+    ggml_tiled : a K-quant's block sums rounded in ggml's tiled order (``_ggml_order_k.h``)
+        instead of ggopt's; only on the AVX2 and AVX-VNNI kernels (:func:`has_ggml_tiled`)
     """
     cdef str fn = "mul_mat (quantized src0, integer product)"
     check_n_threads(fn, n_threads)
     cdef int vt = _vec_dot_type(fn, qtype)
+    if ggml_tiled and not has_ggml_tiled(qtype):
+        raise InvalidValueError(f"{fn}: ggml's tiled order is for Q2_K ... Q6_K weights on the "
+                                f"avx2 or avxvnni kernel; got type {qtype} on {kernel()!r}")
     _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
     _check_unit(fn, "x", x.shape[1], x.strides[1], 4)
     _check_unit(fn, "out", out.shape[1], out.strides[1], 4)
@@ -281,11 +294,14 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     rows.sums = asums
     rows.K = K
     rows.nb = nb
+    rows.ggml_tiled = ggml_tiled
     cdef const char *xb = <const char *>&x[0, 0]
     cdef Py_ssize_t xs = x.strides[0]
     cdef const char *wb = <const char *>&w[0, 0]
     cdef Py_ssize_t ws = w.strides[0]
-    cdef int bias = qtype == 8, kern = _kern, use_amx = _use_amx
+    cdef int bias = qtype == 8, kern = _kern, use_amx = _use_amx and not ggml_tiled
+    if ggml_tiled and kern != 3:  # the AVX2 kernel, or AVX-VNNI's: the same integers
+        kern = 2
     cdef Py_ssize_t qb = K // nb
     # a Q8_0 weight's activations: signed codes for the AMX kernel's rows, biased for the rest
     cdef Py_ssize_t namx = ggopt_amx_rows(qtype, N, use_amx)

@@ -438,7 +438,7 @@ def test_every_public_kernel_is_covered():
     # the kernel choices of _lowp, _quant_dot and _quant (switches) and the sizes of their
     # packed panels: no work of their own
     switches = {"available", "kernel", "set_kernel", "force_portable", "vnni_kernel",
-                "set_vectorized", "packed_shape", "packed_words"}
+                "set_vectorized", "packed_shape", "packed_words", "has_ggml_tiled"}
     assert public - switches == set(KERNELS)
 
 

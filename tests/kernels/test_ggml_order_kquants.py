@@ -12,7 +12,7 @@ import pytest
 
 from ggopt._kernels import _ggml_order as go
 from ggopt._kernels import _quant_dot
-from ggopt.errors import ShapeError
+from ggopt.errors import InvalidValueError, ShapeError
 from ggopt.types import GGType
 from tests.support.ggml_order import fma, hsum8
 from tools.kquants import K_TYPES, k_blocks
@@ -158,4 +158,47 @@ def test_k_products_check_whole_super_blocks_before_writing():
         go.mul_mat_quant(np.zeros((3, 210), np.uint8), int(GGType.Q6_K), x[:, :96], out, 1)
     with pytest.raises(ShapeError, match="out"):
         go.mul_mat_quant(np.zeros((4, 210), np.uint8), int(GGType.Q6_K), x, out, 1)
+    assert np.all(out == 7.0)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_tiled_order_on_the_packed_kernel_is_the_model(qtype):
+    """From 8 rows on, AVX2 takes the tiled order's integers from ``_quant_dot``'s packed
+    kernel (panels of 32 weight rows, 4 activation rows a step): ragged panels and row groups
+    give the model's bits, and so does the lane-by-lane code that runs when that kernel is
+    forced portable."""
+    if not (go.vector() and _quant_dot.has_ggml_tiled(int(qtype))):
+        pytest.skip("the CPU has no AVX2")
+    raw = k_blocks(qtype, 70, 512, seed=int(qtype), scale=5e-3)
+    x = _x(37, 512, 3)
+    want = kdot_model(raw, qtype, x)
+    outs = []
+    for kern in ("auto", "portable"):
+        _quant_dot.set_kernel(kern)
+        try:
+            for nt in (1, 3):
+                out = np.empty((37, 70), f32)
+                go.mul_mat_quant(raw, int(qtype), x, out, nt)
+                outs.append(out)
+        finally:
+            _quant_dot.set_kernel("auto")
+    for out in outs:
+        np.testing.assert_array_equal(out.view(np.int32), want.view(np.int32))
+
+
+def test_tiled_order_is_refused_where_the_packed_kernel_lacks_it():
+    x = np.ones((8, 256), f32)
+    out = np.full((8, 2), 7.0, f32)
+    with pytest.raises(InvalidValueError, match="tiled order"):
+        _quant_dot.mul_mat_q8(np.zeros((2, 18), np.uint8), int(GGType.Q4_0), x, out, 1,
+                              ggml_tiled=True)
+    assert not _quant_dot.has_ggml_tiled(int(GGType.Q8_0))
+    _quant_dot.set_kernel("portable")
+    try:
+        assert not _quant_dot.has_ggml_tiled(int(GGType.Q4_K))
+        with pytest.raises(InvalidValueError, match="tiled order"):
+            _quant_dot.mul_mat_q8(k_blocks(GGType.Q4_K, 2, 256), int(GGType.Q4_K), x, out, 1,
+                                  ggml_tiled=True)
+    finally:
+        _quant_dot.set_kernel("auto")
     assert np.all(out == 7.0)

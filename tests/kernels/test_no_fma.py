@@ -17,8 +17,9 @@ import ggopt._kernels
 # low-precision products are defined as vdpbf16ps's fused steps (docs/low-precision.md), ggml's
 # float order as llama.cpp's fused steps (docs/ggml-order.md).
 FUSED_BY_DEFINITION = {"_lowp", "_ggml_order"}
-# Modules with fused steps in named functions only: the rope's rotation in ggml's order.
-FUSED_FUNCTIONS = {"_rope": "ggopt_rope_row_fused"}
+# Modules with fused steps in named functions only: the rope's rotation and the K-quant
+# products' block sums in ggml's order.
+FUSED_FUNCTIONS = {"_rope": "ggopt_rope_row_fused", "_quant_dot": "ggopt_qdot_group_ggml"}
 FMA = re.compile(r"\bv?f(n)?m(add|sub)(sub|add)?(132|213|231)[ps][sd]\b")
 SYMBOL = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
 
