@@ -1,7 +1,8 @@
 /* The integer products of _quant_dot.h on CPUs without AVX-512 VNNI: an AVX2 kernel
    (vpmaddubsw + vpmaddwd) and an AVX-VNNI one (vpdpbusd on 256-bit registers), on the same
    packed groups as the portable and AVX-512 kernels, with the same float operations per output
-   in the same order: the same bits.
+   in the same order: the same bits. They alone also round a K-quant's block sums in ggml's
+   tiled order (ggopt_qdot_group_ggml_*, with fused multiply-adds: docs/ggml-order.md).
 
    Each call computes up to 4 activation rows x one group of 16 weight rows (two registers of
    8 lanes). The integer sums are exact:

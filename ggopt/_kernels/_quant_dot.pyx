@@ -115,7 +115,8 @@ def kernel() -> str:
 def set_kernel(str name) -> None:
     """Choose mul_mat_q8's kernel: "auto" (the fastest this CPU has), "amx" (AMX-INT8 for each
     16 activation rows, VNNI for the rest), "vnni" (AVX-512 VNNI), "avxvnni" (AVX-VNNI),
-    "avx2" or "portable"; all give the same bits. InvalidValueError for an unknown name or one
+    "avx2" or "portable"; all give the same bits (ggml's tiled order runs on AVX-VNNI when
+    chosen, else on AVX2, and not with "portable"). InvalidValueError for an unknown name or one
     this CPU lacks, before anything changes."""
     global _kern, _use_amx
     has = {"auto": True, "amx": _HAS_AMX, "vnni": _HAS_VNNI, "avxvnni": _HAS_AVXVNNI,
@@ -243,14 +244,16 @@ def mul_mat_q8(const uint8_t[:, :] w not None, int qtype, const float[:, :] x no
     out : (N, M) float32, unit stride in a row, overwritten
     packed : :func:`pack_weight`'s panels of this ``w`` (the caller keeps them matched), or None
     ggml_tiled : a K-quant's block sums rounded in ggml's tiled order (``_ggml_order_k.h``)
-        instead of ggopt's; only on the AVX2 and AVX-VNNI kernels (:func:`has_ggml_tiled`)
+        instead of ggopt's; this runs the AVX-VNNI kernel when it is the chosen one, else the
+        AVX2 kernel (never AMX, AVX-512 VNNI or the portable one; :func:`has_ggml_tiled`)
     """
     cdef str fn = "mul_mat (quantized src0, integer product)"
     check_n_threads(fn, n_threads)
     cdef int vt = _vec_dot_type(fn, qtype)
     if ggml_tiled and not has_ggml_tiled(qtype):
-        raise InvalidValueError(f"{fn}: ggml's tiled order is for Q2_K ... Q6_K weights on the "
-                                f"avx2 or avxvnni kernel; got type {qtype} on {kernel()!r}")
+        raise InvalidValueError(f"{fn}: ggml's tiled order is for Q2_K ... Q6_K weights on a "
+                                f"CPU with AVX2, the portable kernel not forced; got type "
+                                f"{qtype} on {kernel()!r}")
     _check_unit(fn, "w", w.shape[1], w.strides[1], 1)
     _check_unit(fn, "x", x.shape[1], x.strides[1], 4)
     _check_unit(fn, "out", out.shape[1], out.strides[1], 4)

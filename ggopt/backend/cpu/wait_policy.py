@@ -4,12 +4,13 @@ libgomp reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when it loads. Un
 one of them, ggopt sets a short spin (about 1 ms, then sleep): waking a sleeping thread costs
 60-100 µs per parallel region on a VM (more when the host is busy), and a training step's small
 kernels and Python leave gaps of 0.3-1 ms between its parallel products; libgomp's own default
-spin (10x longer) holds a core that NumPy's BLAS may need between computes. When a
-launcher started several processes of one job on this machine (MPI ranks: ``MPI_LOCALNRANKS``,
-``OMPI_COMM_WORLD_LOCAL_SIZE``), their threads share the cores, and a spinning thread would
-hold one that another rank needs (2 ranks x 2 threads on 2 cores: an MNIST-FC epoch took 0.77 s
-spinning, 0.39 s with PASSIVE): idle threads then sleep at once. Importing this module makes
-the choice for the running process (``import ggopt`` imports it first).
+spin (10x longer) holds a core for several ms after every compute, which NumPy's BLAS or
+another process may need. When a launcher started several processes of one job on this
+machine (MPI ranks: ``MPI_LOCALNRANKS``, ``OMPI_COMM_WORLD_LOCAL_SIZE``), their threads share
+the cores, and a spinning thread would hold one that another rank needs (2 ranks x 2 threads
+on 2 cores: an MNIST-FC epoch took 0.77 s spinning, 0.39 s with PASSIVE): idle threads then
+sleep at once. Importing this module makes the choice for the running process (``import
+ggopt`` imports it first).
 """
 
 from __future__ import annotations
