@@ -202,3 +202,28 @@ def test_tiled_order_is_refused_where_the_packed_kernel_lacks_it():
     finally:
         _quant_dot.set_kernel("auto")
     assert np.all(out == 7.0)
+
+
+def test_tiled_order_takes_the_packed_kernel_from_8_rows_on(monkeypatch):
+    """The routing itself: on AVX2 a product of 8 rows or more runs ``mul_mat_q8`` with
+    ``ggml_tiled=True`` (once, for the whole slice); 7 rows, or the ggml-order kernels forced
+    lane by lane, never call it."""
+    if not (go.vector() and _quant_dot.has_ggml_tiled(int(GGType.Q4_K))):
+        pytest.skip("the CPU has no AVX2")
+    calls = []
+    real = _quant_dot.mul_mat_q8
+
+    def spy(*args, **kwargs):
+        calls.append((args[3].shape, kwargs.get("ggml_tiled")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_quant_dot, "mul_mat_q8", spy)
+    raw = k_blocks(GGType.Q4_K, 5, 256)
+    for n in (7, 8):
+        go.mul_mat_quant(raw, int(GGType.Q4_K), _x(n, 256, n), np.empty((n, 5), f32), 2)
+    go.force_portable(True)
+    try:
+        go.mul_mat_quant(raw, int(GGType.Q4_K), _x(9, 256, 9), np.empty((9, 5), f32), 2)
+    finally:
+        go.force_portable(False)
+    assert calls == [((8, 5), True)]
